@@ -1,0 +1,92 @@
+"""nbdist: run a notebook cell as a torch.distributed data-parallel job on warm workers.
+
+In Jupyter::
+
+    %load_ext nbdist
+    %nbdist start -n 2
+
+    %%distributed
+    import torch.distributed as dist
+    print(rank, world_size, device)
+
+The same from Python: ``nbdist.start(2)``, ``nbdist.run_cell(code)``, ``nbdist.pull("model")``.
+Importing this package is cheap: torch, widgets and engines load on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional
+
+from ._extension import load_ipython_extension, unload_ipython_extension
+
+if TYPE_CHECKING:
+    from .records import ClusterStatus, RemoteValue
+    from .session import Session
+
+__version__ = "0.1.0"
+__all__ = [
+    "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",
+    "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
+]
+
+
+def current_session() -> Session:
+    """The notebook's shared :class:`~nbdist.session.Session` (magics use the same one)."""
+    from .session import default_session
+
+    return default_session()
+
+
+def start(n: Optional[int] = None, **options: Any) -> Session:
+    """Start a local cluster of ``n`` workers; see :meth:`Session.start` for ``options``."""
+    return current_session().start(n, **options)
+
+
+def connect(**options: Any) -> Session:
+    """Attach to an existing cluster; see :meth:`Session.connect`."""
+    return current_session().connect(**options)
+
+
+def stop() -> None:
+    """Stop the workers nbdist started (or disconnect)."""
+    current_session().stop()
+
+
+def restart() -> Session:
+    """Fresh workers with the same options."""
+    return current_session().restart()
+
+
+def scale(n: int) -> Session:
+    """Resize the cluster to ``n`` workers and re-form the process group."""
+    return current_session().scale(n)
+
+
+def status() -> ClusterStatus:
+    """Workers with rank, host, pid, device and liveness."""
+    return current_session().status()
+
+
+def run_cell(code: str, **options: Any) -> Optional[RemoteValue]:
+    """Run ``code`` on every rank, like a ``%%distributed`` cell."""
+    return current_session().run_cell(code, **options)
+
+
+def run_script(path: str, argv: Sequence[str] = (), **options: Any) -> None:
+    """Run a torchrun-style script on every rank (``%nbdist run``)."""
+    current_session().run_script(path, argv, **options)
+
+
+def push(*args: dict[str, Any], **values: Any) -> None:
+    """Send values to every worker: ``nbdist.push(lr=0.1)`` or ``nbdist.push({"lr": 0.1})``."""
+    merged: dict[str, Any] = {}
+    for d in args:
+        merged.update(d)
+    merged.update(values)
+    current_session().push(merged)
+
+
+def pull(name: str, rank: int = 0) -> Any:
+    """Bring a worker variable into the notebook, tensors and modules moved to CPU."""
+    return current_session().pull(name, rank=rank)

@@ -1,0 +1,165 @@
+"""ipyparallel engine: an embedded local cluster, or any cluster ipyparallel's launchers reach."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+from urllib.parse import urlparse
+
+import ipyparallel as ipp
+
+from ..errors import ClusterError
+from ..telemetry.events import Batch
+from .base import Backend, Call, Job, Outcome, WorkerId
+
+_KEY = "nbdist:"
+
+
+def publish(batch: Batch) -> None:
+    """Worker side: send one event batch over the engine's IOPub channel."""
+    from ipyparallel.datapub import publish_data
+
+    # Unique keys, because the client merges data messages into one dict per request.
+    publish_data({f"{_KEY}{batch['rank']}:{batch['seq']}": batch})
+
+
+class _IppJob(Job):
+    def __init__(self, client: ipp.Client, results: list[tuple[WorkerId, Any]]):
+        self._client = client
+        self._results = results
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _, ar in self._results:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not ar.wait(left):
+                return False
+        return True
+
+    def pending(self) -> list[WorkerId]:
+        return [w for w, ar in self._results if not ar.ready()]
+
+    def outcomes(self) -> list[Outcome]:
+        out = []
+        for w, ar in self._results:
+            try:
+                out.append(Outcome(w, value=ar.get(0)))
+            except ipp.error.RemoteError as e:
+                out.append(Outcome(w, engine_error=f"{e.ename}: {e.evalue}\n{e.traceback or ''}"))
+            except Exception as e:  # engine died, or unregistered mid-call
+                out.append(Outcome(w, engine_error=f"{type(e).__name__}: {e}"))
+        return out
+
+    def drain_events(self) -> list[Batch]:
+        batches = []
+        for _, ar in self._results:
+            mds = ar.metadata  # the live dicts the client's IO thread updates
+            for md in mds if isinstance(mds, list) else [mds]:
+                data = md["data"]
+                for key in [k for k in list(data) if k.startswith(_KEY)]:
+                    batches.append(data.pop(key))
+        return batches
+
+
+class IpyparallelBackend(Backend):
+    """Workers are ipyparallel engines; their channel is authenticated by the cluster's key."""
+
+    name = "ipyparallel"
+
+    def __init__(self) -> None:
+        self.cluster: Optional[ipp.Cluster] = None
+        self.client: Optional[ipp.Client] = None
+
+    def start(self, n: int, timeout: float) -> None:
+        # Controller and engines listen on loopback only; the connection files carry the key.
+        self.cluster = ipp.Cluster(n=n, controller_ip="127.0.0.1", log_level=logging.WARNING)
+        self.owns_cluster = True
+        try:
+            self.cluster.start_controller_sync()
+            self.cluster.start_engines_sync(n)
+            self.client = self.cluster.connect_client_sync()
+            self.client.wait_for_engines(n, timeout=timeout)
+        except Exception as exc:
+            self.stop()
+            raise ClusterError(
+                f"could not start {n} ipyparallel engines within {timeout:g} s ({exc}). "
+                "Try a longer --timeout, or fewer workers with -n."
+            ) from None
+        self.controller_ip = "127.0.0.1"
+
+    def connect(self, timeout: float, **target: Any) -> None:
+        kwargs = {k: v for k, v in target.items() if v is not None}
+        try:
+            self.client = ipp.Client(timeout=timeout, **kwargs)
+            self.client.wait_for_engines(1, timeout=timeout)
+        except Exception as exc:
+            raise ClusterError(
+                f"could not connect to the ipyparallel cluster {kwargs or '(default profile)'}: "
+                f"{exc}. Check that `ipcluster start` is running and the connection file is "
+                "readable here."
+            ) from None
+        self.owns_cluster = False
+        url = getattr(self.client, "_config", {}).get("registration") or ""
+        self.controller_ip = urlparse(url).hostname
+
+    def worker_ids(self) -> list[WorkerId]:
+        return sorted(self._require().ids)
+
+    def submit(self, calls: Sequence[Call]) -> Job:
+        client = self._require()
+        results = []
+        for c in calls:
+            view = client[c.worker]
+            results.append((c.worker, view.apply_async(c.fn, *c.args, **(c.kwargs or {}))))
+        return _IppJob(client, results)
+
+    def interrupt(self, workers: Sequence[WorkerId]) -> None:
+        if workers:
+            self._require().send_signal(signal.SIGINT, targets=list(workers), block=False)
+
+    def scale(self, n: int, timeout: float) -> None:
+        client = self._require()
+        if not self.owns_cluster or self.cluster is None:
+            raise ClusterError("this cluster was not started by nbdist: scale it with the "
+                               "launcher that started it (ipcluster, Slurm, ...)")
+        ids = self.worker_ids()
+        if n > len(ids):
+            self.cluster.start_engines_sync(n - len(ids))
+            client.wait_for_engines(n, timeout=timeout)
+        elif n < len(ids):
+            victims = ids[n:]
+            client.shutdown(targets=victims, block=True)
+            deadline = time.monotonic() + timeout
+            while set(victims) & set(client.ids):
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"engines {victims} did not stop within {timeout:g} s")
+                time.sleep(0.05)  # client.ids is updated by the client's IO thread
+
+    def stop(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+            self.client = None
+        if self.cluster is not None:
+            try:
+                self.cluster.stop_cluster_sync()
+            finally:
+                self.cluster = None
+
+    def transport(self) -> Callable[[Batch], None]:
+        return publish
+
+    def describe(self) -> str:
+        if self.cluster is not None:
+            return f"ipyparallel (local cluster {self.cluster.cluster_id})"
+        return "ipyparallel (connected)"
+
+    def _require(self) -> ipp.Client:
+        if self.client is None:
+            raise ClusterError("no ipyparallel cluster: run %nbdist start or %nbdist connect")
+        return self.client

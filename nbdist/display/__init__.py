@@ -1,0 +1,1 @@
+"""Views of sessions and runs: text (baseline), static HTML, widgets. Never talks to engines."""

@@ -1,0 +1,198 @@
+"""``%nbdist <verb>`` and ``%%distributed``: parse, call one Session method, show the result."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any, Optional
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, needs_local_scope
+from IPython.core.magic_arguments import (
+    MagicArgumentParser,
+    argument,
+    magic_arguments,
+    parse_argstring,
+)
+
+from .options import DEVICES, DIST_BACKENDS, ENGINES
+from .session import default_session
+
+
+def _cluster_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``start`` and ``connect``: defined once."""
+    p.add_argument("--engine", choices=ENGINES, default="ipyparallel",
+                   help="engine that runs the workers (default: ipyparallel)")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="auto: one GPU per worker where GPUs exist, else CPU")
+    p.add_argument("--dist-backend", choices=DIST_BACKENDS, default="auto",
+                   help="torch.distributed backend; auto: nccl on GPU, gloo on CPU")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="seconds allowed for start-up and for any collective (default 300)")
+    p.add_argument("--threads", type=int, default=None, metavar="T",
+                   help="torch threads per worker (default: host cores / workers on host)")
+
+
+def _build_parser() -> MagicArgumentParser:
+    parser = MagicArgumentParser(prog="%nbdist", description="Manage the nbdist cluster.")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+
+    p = verbs.add_parser("start", help="start a local cluster (controller + N workers, loopback)")
+    p.add_argument("-n", type=int, default=None, metavar="N",
+                   help="workers (default: visible GPUs, else 2)")
+    _cluster_options(p)
+
+    p = verbs.add_parser("connect", help="attach to a running cluster")
+    p.add_argument("address", nargs="?", default=None,
+                   help="dask: scheduler address tcp://HOST:PORT")
+    p.add_argument("--cluster-id", default=None, help="ipyparallel cluster id")
+    p.add_argument("--profile", default=None, help="ipyparallel profile name")
+    p.add_argument("--url-file", default=None, metavar="FILE",
+                   help="ipyparallel client connection file (ipcontroller-client.json)")
+    p.add_argument("--scheduler-file", default=None, metavar="FILE",
+                   help="dask scheduler file")
+    _cluster_options(p)
+
+    verbs.add_parser("status", help="workers: rank, host, pid, device, alive")
+    verbs.add_parser("stop", help="stop the workers nbdist started (or disconnect)")
+    verbs.add_parser("restart", help="fresh workers with the same options")
+
+    p = verbs.add_parser("scale", help="resize to N workers and re-form the process group")
+    p.add_argument("n", type=int, metavar="N")
+
+    p = verbs.add_parser("push", help="send notebook variables to every worker")
+    p.add_argument("names", nargs="+", metavar="NAME")
+
+    p = verbs.add_parser("pull", help="bring a worker variable into the notebook (on CPU)")
+    p.add_argument("name", metavar="NAME", help="variable (or dotted attribute) on the worker")
+    p.add_argument("--rank", type=int, default=0, help="which rank to pull from (default 0)")
+    p.add_argument("--as", dest="as_name", default=None, metavar="VAR",
+                   help="notebook name to bind (default: NAME's last part)")
+
+    p = verbs.add_parser("run", help="run a torchrun-style script on every worker")
+    p.add_argument("--timeout", type=float, default=None, metavar="S")
+    p.add_argument("--all-output", action="store_true", help="show output of every rank")
+    p.add_argument("script", metavar="SCRIPT")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    return parser
+
+
+_PARSER = _build_parser()
+
+
+@magics_class
+class NbdistMagics(Magics):
+    """The nbdist magics. State lives in the Session, never here."""
+
+    @line_magic
+    @needs_local_scope
+    def nbdist(self, line: str, local_ns: Optional[dict] = None) -> Any:
+        try:
+            args = _PARSER.parse_args(shlex.split(line))
+        except ValueError as exc:  # unbalanced quotes
+            raise UsageError(f"%nbdist: {exc}") from None
+        if args.verb is None:
+            raise UsageError(_PARSER.format_usage() + "\nSee %nbdist? for the verbs.")
+        session = default_session()
+        verb = args.verb
+        if verb in ("start", "connect"):
+            opts = dict(engine=args.engine, device=args.device, dist_backend=args.dist_backend,
+                        timeout=args.timeout, threads=args.threads)
+            _check(opts)
+            if verb == "start":
+                _check({"n": args.n})
+                session.start(args.n, **opts)
+            else:
+                target = {k: v for k, v in dict(
+                    cluster_id=args.cluster_id, profile=args.profile, url_file=args.url_file,
+                    address=args.address, scheduler_file=args.scheduler_file).items()
+                    if v is not None}
+                session.connect(**opts, **target)
+            return session.status()
+        if verb == "status":
+            return session.status()
+        if verb == "stop":
+            session.stop()
+            return None
+        if verb == "restart":
+            return session.restart().status()
+        if verb == "scale":
+            _check({"n": args.n})
+            return session.scale(args.n).status()
+        if verb == "push":
+            ns = self.shell.user_ns
+            missing = [n for n in args.names if n not in ns]
+            if missing:
+                raise UsageError(f"%nbdist push: not defined in the notebook: {', '.join(missing)}")
+            session.push({n: ns[n] for n in args.names})
+            return None
+        if verb == "pull":
+            value = session.pull(args.name, rank=args.rank)
+            self.shell.user_ns[args.as_name or args.name.split(".")[-1]] = value
+            return None
+        if verb == "run":
+            session.run_script(args.script, args.args, timeout=args.timeout,
+                               output="all" if args.all_output else "rank0")
+            return None
+        raise UsageError(f"unknown verb {verb!r}")  # argparse already limits verbs
+
+    @magic_arguments()
+    @argument("--ranks", default=None, metavar="SPEC",
+              help="run on these ranks only, e.g. 0 or 0,2-3 (default: all)")
+    @argument("--timeout", type=float, default=None, metavar="S",
+              help="interrupt the cell on every rank after S seconds")
+    @argument("--quiet", action="store_true", help="show no worker output")
+    @argument("--all-output", action="store_true",
+              help="show stdout/stderr of every rank (default: rank 0 only)")
+    @cell_magic
+    def distributed(self, line: str, cell: str) -> Any:
+        """Run this cell on every worker as one torch.distributed data-parallel job.
+
+        The default process group is formed once and kept across cells; RANK, LOCAL_RANK,
+        WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set as torchrun sets them,
+        and the names ``rank``, ``local_rank``, ``world_size`` and ``device`` are defined. The
+        namespace persists across cells. Output streams live, prefixed with the rank; the value
+        of the last expression on rank 0 is the cell's result. An error on any rank is raised
+        here, naming the rank. Start workers first with ``%nbdist start``.
+        """
+        args = parse_argstring(self.distributed, line)
+        if args.quiet and args.all_output:
+            raise UsageError("%%distributed: use --quiet or --all-output, not both")
+        session = default_session()
+        if not session.running:
+            raise UsageError("no nbdist cluster is running. Start one first:  %nbdist start -n 2"
+                             "   (or attach: %nbdist connect --profile NAME)")
+        output = "quiet" if args.quiet else ("all" if args.all_output else "rank0")
+        try:
+            return session.run_cell(cell, ranks=args.ranks, timeout=args.timeout, output=output)
+        except ValueError as exc:  # bad --ranks / --timeout values
+            if isinstance(exc, SyntaxError):
+                raise
+            raise UsageError(f"%%distributed: {exc}") from None
+
+
+def _check(values: dict[str, Any]) -> None:
+    """Validate values the way the Python API does, but report them as usage errors."""
+    from .options import ClusterOptions
+
+    try:
+        ClusterOptions(**{k: v for k, v in values.items() if v is not None})
+    except ValueError as exc:
+        raise UsageError(f"%nbdist: {exc}") from None
+
+
+NbdistMagics.nbdist.__doc__ = (
+    "Manage nbdist's cluster of warm workers.\n\n"
+    "Examples::\n\n"
+    "    %nbdist start -n 2                 # local cluster, gloo on CPU / nccl on GPUs\n"
+    "    %nbdist connect --profile mpi      # an ipcluster started by SSH/MPI/Slurm launchers\n"
+    "    %nbdist status\n"
+    "    %nbdist push lr epochs\n"
+    "    %nbdist pull model --rank 0\n"
+    "    %nbdist run train.py --epochs 3    # a torchrun script, unchanged\n"
+    "    %nbdist scale 4\n"
+    "    %nbdist stop\n\n"
+    + _PARSER.format_help()
+    + "".join(f"\n%nbdist {name}:\n{sub.format_help()}"
+              for name, sub in _PARSER._subparsers._group_actions[0].choices.items())
+)

@@ -1,0 +1,113 @@
+"""Worker-side event batching and stdout/stderr capture.
+
+Output and telemetry leave a worker in batches through a transport the engine backend installs
+(ipyparallel data publication, Dask pub-sub). A background thread flushes a few times a second,
+so training never waits on the notebook, and a cell's end flushes synchronously so the notebook
+can wait for exactly the batches that belong to it.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Callable, Optional
+
+from ..telemetry.events import STREAM, Batch, Event, stream
+
+Transport = Callable[[Batch], None]
+
+
+class EventSink:
+    """Collects events from any thread and sends them in batches."""
+
+    def __init__(self, rank: int, transport: Optional[Transport], interval: float = 0.1):
+        self.rank = rank
+        self.transport = transport
+        self.interval = interval
+        self.seq = 0  # batches sent so far
+        self._pending: list[Event] = []
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="nbdist-events", daemon=True)
+        self._thread.start()
+
+    def emit(self, event: Event) -> None:
+        with self._lock:
+            self._pending.append(event)
+
+    def flush(self) -> int:
+        """Send what is pending now; return the sequence number of the last batch sent."""
+        with self._send_lock:
+            with self._lock:
+                events, self._pending = self._pending, []
+            if events and self.transport is not None:
+                self.seq += 1
+                self.transport({"rank": self.rank, "seq": self.seq, "events": _coalesce(events)})
+            return self.seq
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=2)
+        self.flush()
+
+    def _loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.interval)
+            try:
+                self.flush()
+            except Exception as exc:  # a broken channel must not kill training; say so once
+                sys.__stderr__.write(f"nbdist: could not send events: {exc!r}\n")
+                self._closed = True
+
+
+def _coalesce(events: list[Event]) -> list[Event]:
+    """Merge consecutive stream chunks of one stream, so a print loop is one event."""
+    out: list[Event] = []
+    for ev in events:
+        prev = out[-1] if out else None
+        if (ev["kind"] == STREAM and prev is not None and prev["kind"] == STREAM
+                and prev["name"] == ev["name"]):
+            out[-1] = stream(ev["name"], prev["text"] + ev["text"])
+        else:
+            out.append(ev)
+    return out
+
+
+class StreamTee(io.TextIOBase):
+    """A text stream that turns writes into ``stream`` events."""
+
+    def __init__(self, sink: EventSink, name: str):
+        self._sink = sink
+        self.name = name
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            self._sink.emit(stream(self.name, text))
+        return len(text)
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
+
+@contextmanager
+def captured_output(sink: EventSink) -> Iterator[None]:
+    """Route ``sys.stdout``/``sys.stderr`` to ``sink`` for the duration of a cell."""
+    old = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = StreamTee(sink, "stdout"), StreamTee(sink, "stderr")
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = old

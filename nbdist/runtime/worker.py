@@ -1,0 +1,274 @@
+"""Entry points the notebook calls on each worker. Stdlib, torch, cloudpickle and psutil only.
+
+Every entry point returns a plain dict and reports user errors as data (``{"ok": False, ...}``),
+so the engine's own error path only ever carries nbdist bugs.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import cloudpickle
+
+from . import env as envmod
+from .capture import EventSink, Transport, captured_output
+from .execute import format_error, mimebundle, run_code
+
+
+class _State:
+    """Everything one worker keeps between cells."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+        self.plan: Optional[envmod.RankPlan] = None
+        self.env_before: dict[str, Optional[str]] = {}
+        self.port: Optional[int] = None
+        self.device: Any = None
+        self.backend: Optional[str] = None
+        self.timeout: float = 300.0
+        self.sink: Optional[EventSink] = None
+        self.transport: Optional[Transport] = None
+        self.lock = threading.Lock()
+
+
+_state = _State()
+
+
+def describe(controller_ip: Optional[str] = None) -> dict[str, Any]:
+    """What this worker knows about its host, without touching CUDA."""
+    addresses = []
+    try:
+        import psutil
+
+        for iface, addrs in psutil.net_if_addrs().items():
+            for a in addrs:
+                if a.family == socket.AF_INET:
+                    mask = a.netmask or "255.255.255.255"
+                    prefix = sum(bin(int(x)).count("1") for x in mask.split("."))
+                    addresses.append({"ip": a.address, "prefix": prefix, "iface": iface})
+    except ImportError:
+        pass
+    route_ip = None
+    if controller_ip:
+        # The source address the kernel routes towards the controller: reachable by design.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect((controller_ip, 9))
+                route_ip = s.getsockname()[0]
+            except OSError:
+                pass
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "cpu_count": cpus,
+        "gpu_count": _gpu_count(),
+        "addresses": addresses,
+        "route_ip": route_ip,
+        "python": sys.executable,
+    }
+
+
+def _gpu_count() -> int:
+    import torch
+
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def set_transport(transport: Transport) -> None:
+    _state.transport = transport
+    if _state.sink is not None:
+        _state.sink.transport = transport
+
+
+def open_store(host: str, purpose: str = "cluster", timeout: float = 300.0) -> int:
+    from . import group
+
+    return group.open_store(host, purpose, timeout)
+
+
+def close_store(purpose: str) -> None:
+    from . import group
+
+    group.close_store(purpose)
+
+
+def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeout: float,
+         gen: int, warm: bool = True) -> dict[str, Any]:
+    """Take ``plan``'s rank: set torchrun's env, pin threads and GPU, form the group, warm up."""
+    import torch
+
+    from . import group
+
+    leave()
+    _state.plan = plan
+    _state.port = port
+    _state.timeout = timeout
+    _state.env_before = envmod.apply_env(os.environ, plan.env(port))
+    torch.set_num_threads(plan.threads)
+    if device == "cuda" or (device == "auto" and plan.gpu is not None):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"--device cuda asked, but {plan.hostname} has no CUDA device")
+        torch.cuda.set_device(plan.gpu or 0)
+        _state.device = torch.device("cuda", plan.gpu or 0)
+    else:
+        _state.device = torch.device("cpu")
+    _state.backend = group.resolved_backend(dist_backend, _state.device)
+    if _state.sink is None:
+        _state.sink = EventSink(plan.rank, _state.transport)
+    _state.sink.rank = plan.rank
+    group.install_guard()
+    t0 = time.perf_counter()
+    group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr, port,
+               timeout, _state.device)
+    t_group = time.perf_counter() - t0
+    if warm:
+        _warm_up()
+    _state.namespace.update(rank=plan.rank, local_rank=plan.local_rank,
+                            world_size=plan.world_size, device=_state.device)
+    return {"rank": plan.rank, "device": str(_state.device), "backend": _state.backend,
+            "threads": plan.threads, "group_s": t_group,
+            "warm_s": time.perf_counter() - t0 - t_group}
+
+
+def _warm_up() -> None:
+    """Pay DDP's first-use cost (imports, reducer set-up) now instead of in the first cell."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = torch.nn.Linear(4, 2).to(_state.device)
+    ddp = DDP(model, device_ids=[_state.device.index] if _state.device.type == "cuda" else None)
+    ddp(torch.zeros(2, 4, device=_state.device)).sum().backward()
+    del ddp, model
+
+
+def leave() -> None:
+    """Drop the rank: tear the group down and restore the environment."""
+    from . import group
+
+    group.teardown()
+    envmod.restore_env(os.environ, _state.env_before)
+    _state.env_before = {}
+    _state.plan = None
+
+
+def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
+             want_result: bool, grace: float = 3.0) -> dict[str, Any]:
+    """Run one cell on this rank. ``peers`` are the ranks running the same cell."""
+    from . import group
+
+    plan = _state.plan
+    if plan is None:
+        return {"ok": False, "error": {"ename": "RuntimeError", "evalue": "worker has no rank",
+                                       "traceback": "this worker has not joined the job; run "
+                                       "%nbdist restart", "line": None}}
+    full = len(peers) == plan.world_size
+    with _state.lock:
+        t0 = time.perf_counter()
+        seq0 = _state.sink.flush()
+        if full and group.generation() != gen:
+            # A failure or a user's destroy_process_group() left the group gone or stale.
+            try:
+                group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr,
+                           _state.port, _state.timeout, _state.device)
+            except Exception as exc:
+                err = format_error(exc, filename)
+                err["evalue"] = f"could not re-form the process group: {exc}"
+                return {"ok": False, "error": err, "group_alive": False, "seq": _state.sink.flush()}
+        out: dict[str, Any] = {"ok": True, "value": None}
+        with captured_output(_state.sink):
+            try:
+                value = run_code(source, filename, _state.namespace)
+                if want_result:
+                    out["value"] = mimebundle(value)
+            except BaseException as exc:  # the user's error is data for the notebook
+                out = {"ok": False, "error": format_error(exc, filename)}
+        out["seconds"] = time.perf_counter() - t0
+        if len(peers) > 1:
+            group.mark_done(f"nbdist/cell/{cell_id}/{plan.rank}")
+            if not out["ok"] and group.generation() is not None:
+                others = [f"nbdist/cell/{cell_id}/{r}" for r in peers if r != plan.rank]
+                if not group.wait_for_peers(others, grace):
+                    # Peers are still running and may wait on us in a collective forever:
+                    # closing our side of the group makes their collective fail now.
+                    group.teardown(sever=True)
+        out["group_alive"] = group.generation() == gen
+        seq = _state.sink.flush()
+        out["seq"] = seq if seq > seq0 else 0  # 0: this cell sent nothing to wait for
+        return out
+
+
+def push(blob: bytes) -> None:
+    _state.namespace.update(cloudpickle.loads(blob))
+
+
+def pull(name: str) -> dict[str, Any]:
+    """Return ``name`` (a dotted path) from the namespace, with tensors and modules on CPU."""
+    parts = name.split(".")
+    if parts[0] not in _state.namespace:
+        return {"ok": False, "evalue": f"name {parts[0]!r} is not defined on this worker"}
+    obj = _state.namespace[parts[0]]
+    for attr in parts[1:]:
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError:
+            return {"ok": False, "evalue": f"{'.'.join(parts[:parts.index(attr)])} has no "
+                    f"attribute {attr!r}"}
+    return {"ok": True, "blob": cloudpickle.dumps(_to_cpu(obj))}
+
+
+def _to_cpu(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, torch.nn.parallel.DistributedDataParallel):
+        obj = obj.module
+    if isinstance(obj, torch.nn.Module):
+        return copy.deepcopy(obj).cpu()
+    if isinstance(obj, dict):
+        return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def run_script(script: str, source: str, argv: list[str], port: int, cwd: str) -> dict[str, Any]:
+    """Run a torchrun-style script in a fresh process with this rank's torchrun environment."""
+    from .script import run
+
+    assert _state.plan is not None and _state.sink is not None
+    return run(script, source, argv, _state.plan.env(port), cwd, _state.sink)
+
+
+def status() -> dict[str, Any]:
+    from . import group
+
+    plan = _state.plan
+    mem = None
+    try:
+        import psutil
+
+        mem = psutil.Process().memory_info().rss
+    except ImportError:
+        pass
+    return {"rank": plan.rank if plan else None, "hostname": socket.gethostname(),
+            "pid": os.getpid(), "device": str(_state.device) if _state.device else None,
+            "group": group.generation() is not None, "rss": mem}
+
+
+def call_in_namespace(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn(namespace, *args)``; for extensions that need the cell namespace."""
+    return fn(_state.namespace, *args)

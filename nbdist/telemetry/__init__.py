@@ -1,0 +1,1 @@
+"""Telemetry: event records from workers and their pure aggregation."""
