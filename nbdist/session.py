@@ -17,6 +17,7 @@ import cloudpickle
 
 from .backends import get_backend
 from .backends.base import Backend, Call, Job, Outcome
+from .display import make_run_view
 from .display.text import StreamView
 from .errors import (
     CellTimeoutError,
@@ -226,7 +227,7 @@ class Session:
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
                       (code, filename, cell_id, self.generation, list(selected), r == selected[0]))
                  for r in selected]
-        view = StreamView(opts.output, shown_rank=selected[0])
+        view = make_run_view(opts.output, selected[0], self.world_size)
         results = self._run(calls, view, opts.timeout, "cell")
         by_rank = dict(zip(selected, results))
         first = by_rank[selected[0]]
@@ -251,7 +252,8 @@ class Session:
             calls = [Call(p.worker_id, rt.run_script,
                           (os.path.abspath(path), source, list(argv), port, os.getcwd()))
                      for p in self.plans]
-            self._run(calls, StreamView(output), timeout, f"script {os.path.basename(path)}")
+            self._run(calls, make_run_view(output, 0, self.world_size), timeout,
+                      f"script {os.path.basename(path)}")
         finally:
             self._call([Call(rank0.worker_id, rt.close_store, ("run",))], 30, "close store")
 
