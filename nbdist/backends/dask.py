@@ -1,0 +1,369 @@
+"""Dask engine: an embedded ``LocalCluster``, or any running Dask scheduler.
+
+Each nbdist call is one Dask task pinned to one worker, run in that worker's thread pool, so
+the worker's event loop (heartbeats, event forwarding, interrupts) stays free while a cell runs.
+Worker state lives in module globals of the worker process and so persists across tasks.
+Events travel as Dask events: the worker logs them under a topic private to this backend and the
+client is subscribed to that topic.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import ipaddress
+import logging
+import pickle
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import cloudpickle
+import dask
+import distributed
+from distributed.comm.addressing import get_address_host_port
+
+from ..errors import ClusterError
+from ..telemetry.events import Batch
+from .base import Backend, Call, Job, Outcome, WorkerId
+
+# How often a running job asks the scheduler which workers are still alive.
+_LIVENESS_INTERVAL = 1.0
+
+# ----------------------------------------------------------------------------- worker side
+# These run inside Dask worker processes.
+
+_calls_lock = threading.Lock()
+_running: dict[int, str] = {}  # thread ident -> tag of the backend whose call it runs
+_worker: Optional[distributed.Worker] = None  # for event threads that are not task threads
+
+
+def _invoke(payload: bytes) -> Any:
+    """Run one nbdist call; remember which thread runs it so it can be interrupted."""
+    global _worker
+    tag, fn, args, kwargs = cloudpickle.loads(payload)
+    if _worker is None:
+        _worker = distributed.get_worker()
+    ident = threading.get_ident()
+    with _calls_lock:
+        _running[ident] = tag
+    try:
+        return fn(*args, **(kwargs or {}))
+    except KeyboardInterrupt:
+        # Landed in nbdist's own code rather than the cell's (which reports it as data).
+        raise RuntimeError("interrupted outside the cell's code") from None
+    finally:
+        _forget(ident)
+
+
+def _forget(ident: int) -> None:
+    """Unregister ``ident`` and drop an interrupt that arrived after the call had finished."""
+    while True:
+        try:
+            with _calls_lock:
+                _running.pop(ident, None)
+                # Interrupts are only raised while registered, under this lock: clear a late one.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+            return
+        except KeyboardInterrupt:
+            continue
+
+
+def _interrupt_calls(tag: str) -> int:
+    """Raise KeyboardInterrupt in the threads running calls of ``tag``; return how many.
+
+    Runs on the worker's event loop (``Client.run``), beside the busy task thread. A thread
+    blocked inside one native call (a long ``time.sleep``) sees it when that call returns.
+    """
+    hit = 0
+    with _calls_lock:
+        for ident, t in _running.items():
+            if t == tag:
+                hit += ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+    return hit
+
+
+def _publish(topic: str, batch: Batch) -> None:
+    """Worker side: send one event batch to the notebook as a Dask event under ``topic``."""
+    worker = _worker
+    if worker is None:
+        worker = distributed.get_worker()
+    # Pickled, because Dask events must be msgpack-serializable and events may hold any value.
+    worker.log_event(topic, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+# ----------------------------------------------------------------------------- client side
+
+
+class _DaskJob(Job):
+    def __init__(self, backend: DaskBackend, futures: list[tuple[WorkerId, Any]]):
+        self._backend = backend
+        self._futures = futures
+        self._dead: dict[WorkerId, str] = {}
+        self._checked = 0.0
+        self._outcomes: Optional[list[Outcome]] = None
+
+    def _unfinished(self) -> list[tuple[WorkerId, Any]]:
+        if self._outcomes is not None:
+            return []
+        return [(w, f) for w, f in self._futures if not f.done() and w not in self._dead]
+
+    def _check_liveness(self) -> None:
+        """A call on a worker that died never finishes in Dask (it waits for that worker)."""
+        now = time.monotonic()
+        if now - self._checked < _LIVENESS_INTERVAL:
+            return
+        self._checked = now
+        unfinished = self._unfinished()
+        if not unfinished:
+            return
+        try:
+            live = set(self._backend.live_workers())
+            why = "the worker left the cluster (its process died or lost the scheduler)"
+        except Exception as exc:
+            live, why = set(), f"lost contact with the scheduler: {exc}"
+        for w, f in unfinished:
+            if w not in live:
+                self._dead[w] = why
+                f.cancel()
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._check_liveness()
+            unfinished = [f for _, f in self._unfinished()]
+            if not unfinished:
+                return True
+            left = _LIVENESS_INTERVAL
+            if deadline is not None:
+                left = min(left, deadline - time.monotonic())
+                if left <= 0:
+                    return False
+            try:
+                distributed.wait(unfinished, timeout=left)
+            except TimeoutError:
+                pass
+
+    def pending(self) -> list[WorkerId]:
+        return [w for w, _ in self._unfinished()]
+
+    def outcomes(self) -> list[Outcome]:
+        if self._outcomes is None:
+            self._outcomes = [self._outcome(w, f) for w, f in self._futures]
+            # Release the results held on the workers, and don't let Dask recompute them
+            # elsewhere when a worker leaves.
+            for _, f in self._futures:
+                f.release()
+        return list(self._outcomes)
+
+    def _outcome(self, w: WorkerId, f: Any) -> Outcome:
+        if w in self._dead:
+            return Outcome(w, engine_error=f"worker {w}: {self._dead[w]}")
+        if f.status == "finished":
+            return Outcome(w, value=f.result())
+        if f.status == "error":
+            exc, tb = f.exception(), f.traceback()
+            text = "".join(traceback.format_tb(tb)) if tb is not None else ""
+            return Outcome(w, engine_error=f"{type(exc).__name__}: {exc}\n{text}")
+        return Outcome(w, engine_error=f"the call on {w} was {f.status}")
+
+    def drain_events(self) -> list[Batch]:
+        return self._backend._drain()
+
+
+class DaskBackend(Backend):
+    """Workers are Dask workers; the channel is the scheduler's, with Dask's own security."""
+
+    name = "dask"
+
+    def __init__(self) -> None:
+        self.cluster: Optional[distributed.LocalCluster] = None
+        self.client: Optional[distributed.Client] = None
+        self._tag = f"nbdist-{uuid.uuid4().hex[:12]}"
+        self._topic = f"{self._tag}-events"
+        self._events: deque[bytes] = deque()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, n: int, timeout: float) -> None:
+        self.owns_cluster = True
+        try:
+            with _nondaemonic_workers():
+                # Loopback only, dashboard included; workers are spawned, never forked from a
+                # kernel that may hold CUDA state. No memory limit: Dask's nanny must not kill
+                # or pause a training process by its own heuristics.
+                self.cluster = distributed.LocalCluster(
+                    n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                    dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
+                    memory_limit=0)
+                self.client = distributed.Client(self.cluster, timeout=timeout)
+                self.client.wait_for_workers(n, timeout=timeout)
+        except Exception as exc:
+            self.stop()
+            raise ClusterError(
+                f"could not start {n} Dask workers within {timeout:g} s ({exc}). "
+                "Try a longer --timeout, or fewer workers with -n."
+            ) from None
+        self._subscribe()
+
+    def connect(self, timeout: float, address: Any = None, scheduler_file: Optional[str] = None,
+                security: Any = None, **ignored: Any) -> None:
+        """Attach to a scheduler by ``address`` (or a Dask cluster object) or ``scheduler_file``.
+
+        ``security`` is a :class:`distributed.security.Security` (TLS) for remote schedulers.
+        """
+        if address is None and scheduler_file is None:
+            raise ClusterError("connecting to Dask needs a scheduler address "
+                               "(tcp://HOST:8786) or a scheduler file")
+        kwargs: dict[str, Any] = {"timeout": timeout}
+        if security is not None:
+            kwargs["security"] = security
+        target = address if address is not None else f"scheduler file {scheduler_file}"
+        try:
+            if address is not None:
+                self.client = distributed.Client(address, **kwargs)
+            else:
+                self.client = distributed.Client(scheduler_file=scheduler_file, **kwargs)
+            self.client.wait_for_workers(1, timeout=timeout)
+        except Exception as exc:
+            self.stop()
+            raise ClusterError(
+                f"could not connect to the Dask scheduler at {target} with at least one worker "
+                f"within {timeout:g} s: {type(exc).__name__}: {exc}. Check that the scheduler "
+                "and its workers are running and reachable from here (and the TLS settings)."
+            ) from None
+        self.owns_cluster = False
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        client = self._require()
+        host, _ = get_address_host_port(client.scheduler.address)
+        self.controller_ip = host
+        client.subscribe_topic(self._topic, self._on_event)
+
+    def _on_event(self, event: tuple[float, Any]) -> None:
+        # Runs on the client's event-loop thread; deque appends are thread-safe.
+        self._events.append(event[1])
+
+    def _drain(self) -> list[Batch]:
+        out = []
+        while True:
+            try:
+                blob = self._events.popleft()
+            except IndexError:
+                return out
+            out.append(pickle.loads(blob))
+
+    def stop(self) -> None:
+        client, self.client = self.client, None
+        cluster, self.cluster = self.cluster, None
+        if client is not None:
+            try:
+                client.unsubscribe_topic(self._topic)
+            except Exception:
+                pass
+            try:
+                client.close()
+            except Exception:
+                pass
+        if cluster is not None:
+            cluster.close()
+        self._events.clear()
+
+    # ------------------------------------------------------------------ workers
+    def live_workers(self) -> list[str]:
+        return list(self._require().scheduler_info(n_workers=-1)["workers"])
+
+    def worker_ids(self) -> list[WorkerId]:
+        info = self._require().scheduler_info(n_workers=-1)["workers"]
+        return sorted(info, key=lambda addr: _worker_order(addr, info[addr].get("name")))
+
+    def submit(self, calls: Sequence[Call]) -> Job:
+        client = self._require()
+        futures = []
+        for c in calls:
+            payload = cloudpickle.dumps((self._tag, c.fn, c.args, c.kwargs))
+            name = getattr(c.fn, "__name__", "call")
+            fut = client.submit(_invoke, payload, key=f"{self._tag}-{name}-{uuid.uuid4().hex}",
+                                workers=[c.worker], allow_other_workers=False, pure=False)
+            futures.append((c.worker, fut))
+        return _DaskJob(self, futures)
+
+    def interrupt(self, workers: Sequence[WorkerId]) -> None:
+        if workers:
+            # Client.run executes on each worker's event loop, not behind the busy task.
+            self._require().run(_interrupt_calls, self._tag, workers=list(workers),
+                                on_error="return")
+
+    def scale(self, n: int, timeout: float) -> None:
+        client = self._require()
+        if not self.owns_cluster or self.cluster is None:
+            raise ClusterError("this Dask cluster was not started by nbdist: scale it with the "
+                               "tool that started it (dask-jobqueue, dask-kubernetes, ...)")
+        ids = self.worker_ids()
+        try:
+            if n > len(ids):
+                with _nondaemonic_workers():
+                    self.cluster.scale(n)
+                    client.wait_for_workers(n, timeout=timeout)
+            elif n < len(ids):
+                # Retire the highest ranks, so the ranks that stay keep their numbers.
+                info = client.scheduler_info(n_workers=-1)["workers"]
+                for addr in ids[n:]:
+                    self.cluster.worker_spec.pop(info[addr]["name"], None)
+                # Retire by address first: it hands over what the workers still hold, where
+                # the cluster's own scale-down would just close them.
+                client.retire_workers(workers=ids[n:], close_workers=True)
+                self.cluster.scale(n)
+                deadline = time.monotonic() + timeout
+                while set(ids[n:]) & set(self.live_workers()):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"workers {ids[n:]} still running")
+                    threading.Event().wait(0.05)  # the scheduler drops them asynchronously
+        except Exception as exc:
+            raise ClusterError(f"could not scale to {n} Dask workers within {timeout:g} s "
+                               f"({exc})") from None
+
+    def transport(self) -> Callable[[Batch], None]:
+        return functools.partial(_publish, self._topic)
+
+    def describe(self) -> str:
+        if self.client is None:
+            return "dask (not connected)"
+        where = self.client.scheduler.address
+        return f"dask (LocalCluster {where})" if self.cluster is not None else f"dask ({where})"
+
+    def _require(self) -> distributed.Client:
+        if self.client is None:
+            raise ClusterError("no Dask cluster: run %nbdist start --engine dask or "
+                               "%nbdist connect --engine dask")
+        return self.client
+
+
+def _worker_order(addr: str, name: Any) -> tuple:
+    """Sort key: host (numerically when an IP), then the worker's numeric name, then port.
+
+    LocalCluster names workers 0, 1, 2, ...; ordering by name keeps existing workers' ranks
+    when the cluster grows, where random ports would reshuffle them.
+    """
+    host, port = get_address_host_port(addr)
+    try:
+        host_key: tuple = (0, int(ipaddress.ip_address(host)), "")
+    except ValueError:
+        host_key = (1, 0, host)
+    try:
+        name_key: tuple = (0, int(name))
+    except (TypeError, ValueError):
+        name_key = (1, 0)
+    return (*host_key, *name_key, port)
+
+
+def _nondaemonic_workers() -> Any:
+    """Config under which worker processes are spawned non-daemonic, so user code may start
+    its own child processes (``DataLoader(num_workers=...)``); Python forbids that in daemonic
+    ones. The nanny reads it when it spawns, so it must be active until the workers are up."""
+    return dask.config.set({"distributed.worker.daemon": False})

@@ -1,0 +1,190 @@
+"""The Dask engine on real Dask workers: connecting, status, interrupts, scaling, event latency."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+import threading
+import time
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from nbdist.backends.base import Call  # noqa: E402
+from nbdist.errors import CellTimeoutError, ClusterError  # noqa: E402
+from nbdist.session import Session  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def cell(session, code, **kw):
+    kw.setdefault("output", "quiet")
+    return session.run_cell(textwrap.dedent(code), **kw)
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    tick = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        tick.wait(0.05)
+
+
+@pytest.fixture
+def external_cluster():
+    """A Dask cluster on loopback that nbdist did not start."""
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                                       host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                       silence_logs=logging.WARNING)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def dask_session():
+    s = Session().start(2, engine="dask", timeout=60)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_connect_to_a_running_scheduler(external_cluster):
+    s = Session().connect(engine="dask", address=external_cluster.scheduler_address,
+                          timeout=60)
+    try:
+        assert not s.backend.owns_cluster
+        assert s.backend.controller_ip == "127.0.0.1"
+        assert s.world_size == 2
+        assert external_cluster.scheduler_address in s.backend.describe()
+        # Two threads per worker: calls still run one rank per process, with one namespace.
+        value = cell(s, """
+            import os, torch, torch.distributed as dist
+            t = torch.tensor([float(rank)])
+            dist.all_reduce(t)
+            pid = os.getpid()
+            (dist.get_world_size(), t.item())
+        """)
+        assert repr(value) == "(2, 1.0)"
+        pids = {s.pull("pid", rank=r) for r in range(2)}
+        assert len(pids) == 2
+        cell(s, "counter = rank")
+        cell(s, "counter += 10")
+        assert [s.pull("counter", rank=r) for r in range(2)] == [10, 11]
+        with pytest.raises(ClusterError, match="tool that started it"):
+            s.scale(3)
+    finally:
+        s.stop()
+    # Disconnecting leaves someone else's cluster running.
+    assert len(external_cluster.scheduler_info["workers"]) == 2
+
+
+def test_connect_by_scheduler_file(external_cluster, tmp_path):
+    path = tmp_path / "scheduler.json"
+    with distributed.Client(external_cluster.scheduler_address, timeout=30) as c:
+        c.write_scheduler_file(str(path))
+    s = Session().connect(engine="dask", scheduler_file=str(path), timeout=60)
+    try:
+        assert repr(cell(s, "world_size")) == "2"
+    finally:
+        s.stop()
+
+
+def test_connect_failure_is_a_clear_cluster_error():
+    with pytest.raises(ClusterError, match="could not connect to the Dask scheduler"):
+        # Nothing listens on port 9 of loopback (discard service is not run here).
+        Session().connect(engine="dask", address="tcp://127.0.0.1:9", timeout=3)
+
+
+def test_status_rows_and_stable_worker_order(dask_session):
+    status = dask_session.status()
+    assert "LocalCluster tcp://127.0.0.1:" in status.engine
+    assert [r.rank for r in status.rows] == [0, 1]
+    assert all(r.alive and r.state == "idle" and r.pid for r in status.rows)
+    assert len({r.pid for r in status.rows}) == 2
+    assert dask_session.backend.worker_ids() == [p.worker_id for p in dask_session.plans]
+
+
+def test_state_and_group_persist_in_the_worker_process(dask_session):
+    cell(dask_session, """
+        import os, threading, torch.distributed as dist
+        first = (os.getpid(), id(dist.group.WORLD))
+    """)
+    for _ in range(3):  # Dask may use another thread for each task; the process is the same
+        cell(dask_session, "same = first == (os.getpid(), id(dist.group.WORLD))")
+        assert dask_session.pull("same", rank=1) is True
+
+
+def test_timeout_interrupts_a_long_cell_and_the_next_cell_works(dask_session):
+    cell(dask_session, "import time, torch, torch.distributed as dist")
+    t0 = time.monotonic()
+    with pytest.raises(CellTimeoutError) as info:
+        cell(dask_session, """
+            spins = 0
+            while True:          # pure Python: an interrupt lands between two bytecodes
+                spins += 1
+        """, timeout=2)
+    assert info.value.ranks == [0, 1]
+    assert time.monotonic() - t0 < 20
+    assert dask_session.pull("spins", rank=0) > 0
+    value = cell(dask_session, "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+    assert repr(value) == "2.0"
+
+
+def test_scale_up_and_down_reforms_the_group(dask_session):
+    cell(dask_session, "kept = rank * 100")
+    dask_session.scale(3)
+    assert dask_session.world_size == 3
+    assert len(dask_session.backend.worker_ids()) == 3
+    value = cell(dask_session, """
+        import torch, torch.distributed as dist
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        (dist.get_world_size(), t.item())
+    """)
+    assert repr(value) == "(3, 3.0)"
+    # Workers that stayed keep their namespace and rank.
+    assert dask_session.pull("kept", rank=1) == 100
+    dask_session.scale(1)
+    assert len(dask_session.backend.worker_ids()) == 1
+    assert repr(cell(dask_session, "dist.get_world_size()")) == "1"
+    assert dask_session.pull("kept", rank=0) == 0
+
+
+def test_events_arrive_while_the_cell_runs(dask_session):
+    backend = dask_session.backend
+    plan = dask_session.plans[0]
+    sent = {}
+
+    def emitter(seconds: float) -> float:
+        from nbdist.runtime import worker as rt
+        from nbdist.telemetry.events import stream
+
+        rt._state.sink.emit(stream("stdout", "ping\n"))
+        t = time.time()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:  # stay busy, so only streaming can deliver it
+            pass
+        return t
+
+    job = backend.submit([Call(plan.worker_id, emitter, (5.0,))])
+    got = []
+    t_seen = None
+    deadline = time.monotonic() + 4
+    tick = threading.Event()
+    while time.monotonic() < deadline and t_seen is None:
+        for b in job.drain_events():
+            got.append(b)
+            t_seen = time.time()
+        tick.wait(0.005)
+    assert job.wait(30)
+    [outcome] = job.outcomes()
+    sent["t"] = outcome.value
+    assert t_seen is not None, "no event arrived while the call was still running"
+    assert any(e.get("text") == "ping\n" for b in got for e in b["events"])
+    # The sink flushes every 0.1 s; the rest is Dask's event path.
+    assert t_seen - sent["t"] < 1.0

@@ -1,0 +1,274 @@
+"""Several hosts on one machine: each worker in its own network and UTS namespace.
+
+A bridge on this host joins two namespaces, each with a veth pair and its own hostname, so the
+workers really are two hosts to nbdist: ranks are planned by host, MASTER_ADDR must be rank 0's
+address on the shared network (not loopback), and gloo must talk across the bridge. Traffic
+stays on loopback and the private subnet made here. Needs root and iproute2 (``ip``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+from nbdist.session import Session
+
+ENGINES = ["ipyparallel", "dask"]
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _why_not() -> Optional[str]:
+    if not sys.platform.startswith("linux"):
+        return "network namespaces are Linux-only"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is missing (apt-get install iproute2 util-linux)"
+    return None
+
+
+def sh(*args: str) -> str:
+    return subprocess.run(args, check=True, capture_output=True, text=True, timeout=30).stdout
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
+               proc: Optional[subprocess.Popen] = None) -> None:
+    """Wait for ``predicate``; fail early if ``proc`` (the one expected to make it true) exits."""
+    deadline = time.monotonic() + timeout
+    tick = threading.Event()
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        tick.wait(0.1)
+
+
+@dataclass
+class Host:
+    ns: str
+    hostname: str
+    ip: str
+    ifname: str
+
+
+@dataclass
+class Net:
+    gateway: str  # this host's address on the bridge
+    hosts: list[Host]
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def spawn(self, argv: list[str], host: Optional[Host] = None,
+              log: Optional[Path] = None) -> subprocess.Popen:
+        """Start ``argv`` on this host, or inside ``host`` under its own hostname."""
+        if host is not None:
+            # `ip netns exec` enters the network namespace; `unshare --uts` gives the process
+            # its own hostname, so the rank planner sees a separate host.
+            inner = f"hostname {host.hostname} && exec " + " ".join(map(_quote, argv))
+            argv = ["ip", "netns", "exec", host.ns, "unshare", "--uts", "sh", "-c", inner]
+        out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            _kill_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        self.procs.clear()
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # started with start_new_session: the group is ours alone
+    except ProcessLookupError:
+        pass
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    """A /24 under 10.77/16 that no interface here uses (parallel runs pick different ones)."""
+    used = [ipaddress.ip_interface(w).network
+            for line in sh("ip", "-4", "-o", "addr").splitlines()
+            for w in line.split() if "/" in w and w[0].isdigit()]
+    start = os.getpid() % 200
+    for i in range(200):
+        net = ipaddress.ip_network(f"10.77.{(start + i) % 200 + 20}.0/24")
+        if not any(net.overlaps(u) for u in used):
+            return net
+    raise RuntimeError("no free 10.77.x.0/24 subnet")
+
+
+@pytest.fixture(scope="module")
+def net() -> Iterator[Net]:
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    tag = str(os.getpid())
+    subnet = _free_subnet()
+    addrs = list(subnet.hosts())
+    bridge = f"nbdbr{tag}"
+    made_links: list[str] = []
+    made_ns: list[str] = []
+    the_net = Net(gateway=str(addrs[0]), hosts=[])
+    try:
+        sh("ip", "link", "add", bridge, "type", "bridge")
+        made_links.append(bridge)
+        sh("ip", "addr", "add", f"{addrs[0]}/{subnet.prefixlen}", "dev", bridge)
+        sh("ip", "link", "set", bridge, "up")
+        for i in (1, 2):
+            ns, outer, inner = f"nbd-{tag}-{i}", f"nbdh{tag}{i}", f"nbdv{tag}{i}"
+            sh("ip", "netns", "add", ns)
+            made_ns.append(ns)
+            sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
+            made_links.append(outer)
+            sh("ip", "link", "set", inner, "netns", ns)
+            sh("ip", "link", "set", outer, "master", bridge)
+            sh("ip", "link", "set", outer, "up")
+            ip = str(addrs[i])
+            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ip}/{subnet.prefixlen}",
+               "dev", inner)
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            the_net.hosts.append(Host(ns, f"nbd-node{i}-{tag}", ip, inner))
+        yield the_net
+    finally:
+        the_net.stop_all()
+        for ns in made_ns:
+            # Anything still inside our namespace was started by this module.
+            for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                                      text=True).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for link in made_links:
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+
+
+def _start_dask(net: Net, tmp: Path) -> tuple[dict, Callable[[], None]]:
+    """A scheduler on this host's bridge address and one worker in each namespace."""
+    import distributed
+
+    sched_file = tmp / "scheduler.json"
+    sched = net.spawn([sys.executable, "-m", "distributed.cli.dask_scheduler",
+                       "--host", net.gateway, "--port", "0",
+                       "--dashboard-address", f"{net.gateway}:0",
+                       "--scheduler-file", str(sched_file)], log=tmp / "scheduler.log")
+    wait_until(lambda: sched_file.exists() and sched_file.stat().st_size > 0, 60,
+               "the Dask scheduler file", sched)
+    address = json.loads(sched_file.read_text())["address"]
+    for h in net.hosts:
+        net.spawn([sys.executable, "-m", "distributed.cli.dask_worker", address,
+                   "--host", h.ip, "--nthreads", "1", "--no-nanny", "--name", h.hostname,
+                   "--dashboard-address", f"{h.ip}:0"], host=h,
+                  log=tmp / f"worker-{h.hostname}.log")
+    with distributed.Client(address, timeout=60) as c:
+        c.wait_for_workers(2, timeout=90)
+    return {"engine": "dask", "scheduler_file": str(sched_file)}, lambda: None
+
+
+def _start_ipyparallel(net: Net, tmp: Path) -> tuple[dict, Callable[[], None]]:
+    """An ipyparallel controller on this host's bridge address and an engine per namespace."""
+    import ipyparallel as ipp
+
+    profile = tmp / "profile"
+    security = profile / "security"
+    ctl = net.spawn([sys.executable, "-m", "ipyparallel.controller", f"--ip={net.gateway}",
+               f"--profile-dir={profile}", "--log-level=WARN"], log=tmp / "controller.log")
+    client_file, engine_file = security / "ipcontroller-client.json", \
+        security / "ipcontroller-engine.json"
+    wait_until(lambda: client_file.exists() and engine_file.exists(), 60,
+               "the controller's connection files", ctl)
+    for h in net.hosts:
+        net.spawn([sys.executable, "-m", "ipyparallel.engine", f"--file={engine_file}",
+                   f"--profile-dir={profile}", "--log-level=WARN"], host=h,
+                  log=tmp / f"engine-{h.hostname}.log")
+    c = ipp.Client(str(client_file), timeout=60)
+    try:
+        c.wait_for_engines(2, timeout=90)
+    finally:
+        c.close()
+    return {"engine": "ipyparallel", "url_file": str(client_file)}, lambda: None
+
+
+def _logs(tmp: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp.glob("*.log")))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_two_hosts_run_one_ddp_job(net, engine, tmp_path):
+    if engine == "dask":
+        pytest.importorskip("distributed")
+    starter = _start_dask if engine == "dask" else _start_ipyparallel
+    session = None
+    try:
+        target, _ = starter(net, tmp_path)
+        session = Session().connect(timeout=90, **target)
+        assert session.backend.controller_ip == net.gateway
+        assert session.world_size == 2
+        session.run_cell(textwrap.dedent("""
+            import os, socket, torch, torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            t = torch.tensor([float(rank + 1)])
+            dist.all_reduce(t)
+            torch.manual_seed(0)
+            net = torch.nn.Linear(3, 1)
+            ddp = DDP(net)
+            ddp(torch.full((2, 3), float(rank + 1))).sum().backward()
+            info = {k: os.environ.get(k) for k in ("MASTER_ADDR", "LOCAL_RANK", "RANK",
+                    "GROUP_RANK", "LOCAL_WORLD_SIZE", "GLOO_SOCKET_IFNAME")}
+            info.update(host=socket.gethostname(), sum=t.item(),
+                        grad=net.weight.grad.flatten().tolist())
+        """), output="quiet", timeout=120)
+        infos = [session.pull("info", rank=r) for r in range(2)]
+    except BaseException:
+        print(_logs(tmp_path))
+        raise
+    finally:
+        if session is not None:
+            session.stop()
+        net.stop_all()
+    by_name = {h.hostname: h for h in net.hosts}
+    # Engines may register in either order; rank 0 is whichever host got it.
+    assert sorted(i["host"] for i in infos) == sorted(by_name)
+    node0 = by_name[infos[0]["host"]]
+    for r, info in enumerate(infos):
+        host = by_name[info["host"]]
+        # Rank 0's address on the shared network, never loopback.
+        assert info["MASTER_ADDR"] == node0.ip
+        assert info["LOCAL_RANK"] == "0" and info["LOCAL_WORLD_SIZE"] == "1"
+        assert info["RANK"] == info["GROUP_RANK"] == str(r)
+        assert info["GLOO_SOCKET_IFNAME"] == host.ifname
+        assert info["sum"] == 3.0
+        # DDP averages d(sum(Wx+b))/dW = 2*x over ranks: (2*1 + 2*2) / 2 = 3 per weight.
+        assert info["grad"] == [3.0, 3.0, 3.0]
