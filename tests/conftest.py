@@ -21,7 +21,17 @@ def engine_available(engine: str) -> bool:
 
 
 def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """Child processes, less Python's multiprocessing resource tracker: it serves the whole
+    interpreter (Dask's spawned workers start it) and exits with it."""
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if "multiprocessing.resource_tracker" not in " ".join(_cmdline(p))}
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -92,8 +92,10 @@ class IpyparallelBackend(Backend):
 
     def connect(self, timeout: float, **target: Any) -> None:
         kwargs = {k: v for k, v in target.items() if v is not None}
+        # ipyparallel 9 takes the connection file positionally; its url_file= is ignored.
+        connection_info = kwargs.pop("url_file", None)
         try:
-            self.client = ipp.Client(timeout=timeout, **kwargs)
+            self.client = ipp.Client(connection_info, timeout=timeout, **kwargs)
             self.client.wait_for_engines(1, timeout=timeout)
         except Exception as exc:
             raise ClusterError(
