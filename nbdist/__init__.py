@@ -28,7 +28,17 @@ __version__ = "0.1.0"
 __all__ = [
     "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
+    "progress", "log",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # progress/log live in the worker runtime; loaded on first use to keep `import nbdist` cheap.
+    if name in ("progress", "log"):
+        from .runtime import instrument
+
+        return getattr(instrument, name)
+    raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
 
 
 def current_session() -> Session:

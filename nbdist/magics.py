@@ -69,6 +69,12 @@ def _build_parser() -> MagicArgumentParser:
     p.add_argument("--as", dest="as_name", default=None, metavar="VAR",
                    help="notebook name to bind (default: NAME's last part)")
 
+    verbs.add_parser("cluster", help="cluster panel: one row per worker, a Scale control")
+
+    p = verbs.add_parser("timeline", help="write the last run's telemetry as a Chrome trace")
+    p.add_argument("file", metavar="FILE.json",
+                   help="open it in https://ui.perfetto.dev or chrome://tracing")
+
     p = verbs.add_parser("run", help="run a torchrun-style script on every worker")
     p.add_argument("--timeout", type=float, default=None, metavar="S")
     p.add_argument("--all-output", action="store_true", help="show output of every rank")
@@ -111,6 +117,14 @@ class NbdistMagics(Magics):
             return session.status()
         if verb == "status":
             return session.status()
+        if verb == "cluster":
+            from .display import make_cluster_view
+
+            return make_cluster_view(session.status, session.scale)
+        if verb == "timeline":
+            count = session.timeline(args.file)
+            print(f"wrote {count} trace events to {args.file} (open in https://ui.perfetto.dev)")
+            return None
         if verb == "stop":
             session.stop()
             return None
@@ -144,6 +158,10 @@ class NbdistMagics(Magics):
     @argument("--quiet", action="store_true", help="show no worker output")
     @argument("--all-output", action="store_true",
               help="show stdout/stderr of every rank (default: rank 0 only)")
+    @argument("--no-telemetry", action="store_true",
+              help="do not time steps, all-reduces and collectives in this cell")
+    @argument("--no-collective-timing", action="store_true",
+              help="time DDP steps and buckets, but not torch.distributed calls in the cell")
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
         """Run this cell on every worker as one torch.distributed data-parallel job.
@@ -164,7 +182,9 @@ class NbdistMagics(Magics):
                              "   (or attach: %nbdist connect --profile NAME)")
         output = "quiet" if args.quiet else ("all" if args.all_output else "rank0")
         try:
-            return session.run_cell(cell, ranks=args.ranks, timeout=args.timeout, output=output)
+            return session.run_cell(cell, ranks=args.ranks, timeout=args.timeout, output=output,
+                                    telemetry=not args.no_telemetry,
+                                    time_collectives=not args.no_collective_timing)
         except ValueError as exc:  # bad --ranks / --timeout values
             if isinstance(exc, SyntaxError):
                 raise
@@ -191,6 +211,8 @@ NbdistMagics.nbdist.__doc__ = (
     "    %nbdist pull model --rank 0\n"
     "    %nbdist run train.py --epochs 3    # a torchrun script, unchanged\n"
     "    %nbdist scale 4\n"
+    "    %nbdist cluster                    # worker table with a Scale control\n"
+    "    %nbdist timeline run.json          # last run as a Chrome/Perfetto trace\n"
     "    %nbdist stop\n\n"
     + _PARSER.format_help()
     + "".join(f"\n%nbdist {name}:\n{sub.format_help()}"

@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Optional
@@ -17,12 +18,12 @@ import cloudpickle
 
 from .backends import get_backend
 from .backends.base import Backend, Call, Job, Outcome
-from .display import make_run_view
-from .display.text import StreamView
+from .display import RunView, make_run_view
 from .errors import (
     CellTimeoutError,
     ClusterError,
     DistributedError,
+    NbdistError,
     NoClusterError,
     RankFailure,
 )
@@ -30,6 +31,8 @@ from .options import CellOptions, ClusterOptions, parse_ranks
 from .records import ClusterStatus, RemoteValue, WorkerRow
 from .runtime import worker as rt
 from .runtime.env import RankPlan, plan_ranks
+from .telemetry.aggregate import RunSnapshot
+from .telemetry.trace import write_trace
 
 # After an interrupt, how long workers get to return before we call them unresponsive.
 _INTERRUPT_GRACE = 15.0
@@ -73,6 +76,8 @@ class Session:
         self._target: dict[str, Any] = {}
         self._cells = 0
         self._lock = threading.Lock()
+        #: telemetry of the latest runs (RunState), newest last; see timeline() and last_run
+        self.runs: deque[Any] = deque(maxlen=3)
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, n: Optional[int] = None, *, engine: str = "ipyparallel",
@@ -210,11 +215,15 @@ class Session:
 
     # ----------------------------------------------------------------- cells
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
-                 timeout: Optional[float] = None, output: str = "rank0") -> Optional[RemoteValue]:
+                 timeout: Optional[float] = None, output: str = "rank0",
+                 telemetry: bool = True, time_collectives: bool = True) -> Optional[RemoteValue]:
         """Run ``code`` on every rank (or ``ranks``, e.g. ``"0,2-3"``) as one job.
 
         Returns the value of the last expression on the lowest selected rank, for display.
-        Raises :class:`~nbdist.errors.DistributedError` naming the failing ranks.
+        Raises :class:`~nbdist.errors.DistributedError` naming the failing ranks. With
+        ``telemetry`` (default), steps and gradient all-reduces are timed and shown live, and
+        so are ``torch.distributed`` collectives called in the cell unless
+        ``time_collectives=False``; see ``docs/telemetry.md``.
         """
         opts = CellOptions(ranks=ranks, timeout=timeout, output=output)
         self._require()
@@ -225,10 +234,15 @@ class Session:
             filename = f"<distributed cell {self._cells}>"
         cell_id = uuid.uuid4().hex
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
-                      (code, filename, cell_id, self.generation, list(selected), r == selected[0]))
+                      (code, filename, cell_id, self.generation, list(selected), r == selected[0]),
+                      {"telemetry": telemetry, "collectives": time_collectives})
                  for r in selected]
-        view = make_run_view(opts.output, selected[0], self.world_size)
-        results = self._run(calls, view, opts.timeout, "cell")
+        view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
+        try:
+            results = self._run(calls, view, opts.timeout, "cell")
+        finally:
+            if view.state.recorded:
+                self.runs.append(view.state)
         by_rank = dict(zip(selected, results))
         first = by_rank[selected[0]]
         if first.get("value"):
@@ -257,7 +271,25 @@ class Session:
         finally:
             self._call([Call(rank0.worker_id, rt.close_store, ("run",))], 30, "close store")
 
-    def _run(self, calls: list[Call], view: StreamView, timeout: Optional[float],
+    @property
+    def last_run(self) -> Optional[RunSnapshot]:
+        """Summary of the latest run that recorded telemetry (None before any)."""
+        return self.runs[-1].snapshot() if self.runs else None
+
+    def timeline(self, path: str, run: int = -1) -> int:
+        """Write a recorded run (default: the latest) as a Chrome trace; return its event count.
+
+        Open the file in https://ui.perfetto.dev or chrome://tracing: one track per rank, with
+        steps, forward/backward and each gradient bucket's all-reduce.
+        """
+        if not self.runs:
+            raise NbdistError("no telemetry recorded yet: run a %%distributed cell (without "
+                              "--no-telemetry) first, then %nbdist timeline FILE.json")
+        state = self.runs[run]
+        meta = {"world_size": self.world_size, "dropped_events": state.dropped}
+        return write_trace(path, state.events(), meta)
+
+    def _run(self, calls: list[Call], view: RunView, timeout: Optional[float],
              what: str) -> list[dict]:
         """Submit per-rank calls, stream their output, and turn failures into one error."""
         backend = self._require()
@@ -291,7 +323,7 @@ class Session:
             raise DistributedError(failures, what=what, remedy=remedy)
         return results
 
-    def _finish_events(self, job: Job, view: StreamView) -> None:
+    def _finish_events(self, job: Job, view: RunView) -> None:
         """Show every batch the finished calls sent (their results say how many)."""
         if job.pending():
             view.feed(job.drain_events())

@@ -1,10 +1,117 @@
-"""Views of sessions and runs: text (baseline), static HTML, widgets. Never talks to engines."""
+"""Views of sessions and runs: text (baseline), static HTML, widgets. Never talks to engines.
+
+The medium is chosen once per view: ``auto`` (widgets when ipywidgets is installed and a
+Jupyter kernel is running, else text), ``widget`` or ``text``; the ``NBDIST_DISPLAY``
+environment variable or :func:`set_display` overrides it.
+"""
 
 from __future__ import annotations
 
-from .text import StreamView
+import importlib.util
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, Optional
+
+from ..telemetry.aggregate import RunState
+from ..telemetry.events import Batch
+from .refresh import Throttle
+from .text import StreamView, TextDashboard
+
+MODES = ("auto", "widget", "text")
+_mode: Optional[str] = None
 
 
-def make_run_view(output: str, shown_rank: int, world_size: int) -> StreamView:
-    """The view a run's event batches are fed to (``feed(batches)``, then ``close()``)."""
-    return StreamView(output, shown_rank=shown_rank)
+def set_display(mode: Optional[str]) -> None:
+    """Choose ``"auto"``, ``"widget"`` or ``"text"`` for later views (None: back to default)."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"display mode must be one of {', '.join(MODES)}, not {mode!r}")
+    global _mode
+    _mode = mode
+
+
+def display_medium(mode: Optional[str] = None) -> str:
+    """Resolve a mode to the medium used now: ``"widget"`` or ``"text"``."""
+    mode = mode or os.environ.get("NBDIST_DISPLAY") or _mode or "auto"
+    if mode not in MODES:
+        raise ValueError(f"NBDIST_DISPLAY must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "text":
+        return "text"
+    if not widgets_available():
+        return "text"  # "widget" without ipywidgets or a kernel degrades, it does not fail
+    return "widget"
+
+
+def widgets_available() -> bool:
+    """ipywidgets importable and a Jupyter kernel (not terminal IPython) running."""
+    try:
+        if importlib.util.find_spec("ipywidgets") is None:
+            return False
+    except ValueError:  # hidden with sys.modules["ipywidgets"] = None
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class RunView:
+    """Streams workers' output under the cell and keeps a telemetry dashboard up to date.
+
+    ``feed(batches)`` is called from the kernel's main thread about ten times a second while a
+    run goes on, then ``close()``. Telemetry is folded into :attr:`state` on every feed; the
+    dashboard is redrawn at most every ``dashboard.interval`` seconds.
+    """
+
+    def __init__(self, stream: StreamView, ranks: Sequence[int], dashboard: Any = None):
+        self.stream = stream
+        self.state = RunState(ranks)
+        self.dashboard = dashboard
+        self._throttle = Throttle(getattr(dashboard, "interval", 0.25))
+
+    def feed(self, batches: Iterable[Batch]) -> None:
+        batches = list(batches)
+        if not batches:
+            return
+        self.stream.feed(batches)
+        if self.state.feed(batches) and self.dashboard is not None and self._throttle.due():
+            self.dashboard.update(self.state.snapshot())
+
+    def close(self) -> None:
+        self.stream.close()
+        self.state.finish()
+        if self.dashboard is not None:
+            self.dashboard.close(self.state.snapshot())
+
+    def snapshot(self) -> Any:
+        return self.state.snapshot()
+
+
+def make_run_view(output: str, shown_rank: int, world_size: int, *,
+                  ranks: Optional[Sequence[int]] = None, mode: Optional[str] = None) -> RunView:
+    """The view a run's event batches are fed to (``feed(batches)``, then ``close()``).
+
+    ``output`` is ``rank0``, ``all`` or ``quiet`` (quiet: no output and no dashboard, but the
+    run's telemetry is still recorded).
+    """
+    ranks = list(range(world_size)) if ranks is None else list(ranks)
+    dashboard: Any = None
+    if output != "quiet":
+        if display_medium(mode) == "widget":
+            from .widgets import WidgetDashboard
+
+            dashboard = WidgetDashboard(ranks)
+        else:
+            dashboard = TextDashboard()
+    return RunView(StreamView(output, shown_rank=shown_rank), ranks, dashboard)
+
+
+def make_cluster_view(status: Callable[[], Any], scale: Optional[Callable[[int], Any]] = None,
+                      mode: Optional[str] = None) -> Any:
+    """A cluster panel widget with a Scale control, or the plain status where no widgets."""
+    if display_medium(mode) == "widget":
+        from .widgets import ClusterPanel
+
+        return ClusterPanel(status, scale)
+    return status()

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any, Optional, TextIO
 
+from ..telemetry.aggregate import fmt_bytes_rate, fmt_rate, fmt_seconds
 from ..telemetry.events import STREAM, Batch
 
 
@@ -70,3 +71,104 @@ def format_status(status: Any) -> str:
     lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------- run telemetry
+def format_line(snap: Any, prefix: str = "nbdist: ") -> str:
+    """One line for a run in progress: steps, rates, exposed comm, bar, latest scalars."""
+    rows = [r for r in snap.ranks if r.state != "waiting"]
+    parts = [f"{prefix}step {snap.steps}"] if any(r.steps for r in rows) else [prefix.strip()]
+    stepped = [r for r in rows if r.steps_per_s]
+    if stepped:
+        parts.append(fmt_rate(min(r.steps_per_s for r in stepped), "steps/s"))
+        samples = sum(r.samples_per_s or 0 for r in stepped)
+        if samples:
+            parts.append(fmt_rate(samples, "samples/s"))
+        fracs = [r.exposed_fraction for r in stepped if r.exposed_fraction is not None]
+        if fracs:
+            bws = [r.bandwidth for r in stepped if r.bandwidth]
+            parts.append(f"all-reduce {max(fracs):.0%} exposed"
+                         + (f", {fmt_bytes_rate(min(bws))}" if bws else ""))
+    bars = [r.bar for r in rows if r.bar is not None]
+    if bars:
+        slow = min(bars, key=lambda b: b.n)  # the job moves at its slowest rank's pace
+        total = f"/{slow.total}" if slow.total is not None else ""
+        eta = max((b.eta_s for b in bars if b.eta_s is not None), default=None)
+        parts.append(f"{slow.desc + ' ' if slow.desc else ''}{slow.n}{total}"
+                     + (f" ETA {fmt_seconds(eta)}" if eta is not None else ""))
+    if snap.scalars:
+        parts.append(" ".join(f"{k}={v:.4g}" for k, v in snap.scalars.items()))
+    if snap.stragglers:
+        parts.append("straggler: rank " + ",".join(str(r) for r in snap.stragglers))
+    for r in snap.failed:
+        parts.append(f"rank {r.rank} FAILED ({r.error})")
+    return " | ".join(parts)
+
+
+def format_summary(snap: Any) -> str:
+    """A plain table of a finished run, one row per rank."""
+    cols = ("rank", "state", "steps", "steps/s", "samples/s", "step", "exposed", "all-reduce")
+    rows = [(str(r.rank), r.state, str(r.steps), fmt_rate(r.steps_per_s),
+             fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
+             f"{r.exposed_fraction:.0%}" if r.exposed_fraction is not None else "-",
+             fmt_bytes_rate(r.bandwidth)) for r in snap.ranks]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c)
+              for i, c in enumerate(cols)]
+    lines = [f"nbdist run: {snap.steps} steps in {fmt_seconds(snap.elapsed_s)}"
+             + (f", straggler: rank {','.join(map(str, snap.stragglers))}"
+                if snap.stragglers else ""),
+             "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+class TextDashboard:
+    """The no-widget dashboard: a line every ``interval`` seconds, then a summary.
+
+    The summary is shown as a rich display (plain text + static HTML) when IPython is
+    running, so a notebook executed by nbconvert keeps a table and chart that GitHub renders.
+    """
+
+    interval = 5.0
+
+    def __init__(self, stream: Optional[TextIO] = None, interval: Optional[float] = None):
+        from .refresh import Throttle
+
+        self._stream = stream
+        self._throttle = Throttle(self.interval if interval is None else interval)
+        self.lines = 0
+        self._last = ""
+
+    def update(self, snap: Any) -> None:
+        if snap.has_telemetry and self._throttle.due():
+            self._print(format_line(snap))
+
+    def close(self, snap: Any) -> None:
+        if not snap.has_telemetry:
+            return
+        line = format_line(snap)
+        if line != self._last:
+            self._print(line)
+        from .html import run_summary
+
+        shown = False
+        if self._stream is None:
+            try:
+                from IPython import get_ipython
+                from IPython.display import display
+
+                if get_ipython() is not None:
+                    display({"text/plain": format_summary(snap), "text/html": run_summary(snap)},
+                            raw=True)
+                    shown = True
+            except ImportError:
+                pass
+        if not shown:
+            self._print(format_summary(snap))
+
+    def _print(self, text: str) -> None:
+        self._last = text
+        out = self._stream or sys.stdout
+        out.write(text + "\n")
+        out.flush()
+        self.lines += 1

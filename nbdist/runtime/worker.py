@@ -130,6 +130,9 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
         _state.sink = EventSink(plan.rank, _state.transport)
     _state.sink.rank = plan.rank
     group.install_guard()
+    from . import instrument
+
+    instrument.install()  # DDP and collective timing; each cell switches it on or off
     t0 = time.perf_counter()
     group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr, port,
                timeout, _state.device)
@@ -165,9 +168,12 @@ def leave() -> None:
 
 
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
-             want_result: bool, grace: float = 3.0) -> dict[str, Any]:
+             want_result: bool, grace: float = 3.0, telemetry: bool = True,
+             collectives: bool = True) -> dict[str, Any]:
     """Run one cell on this rank. ``peers`` are the ranks running the same cell."""
+    from ..telemetry import events
     from . import group
+    from .instrument import telemetry as tel
 
     plan = _state.plan
     if plan is None:
@@ -188,6 +194,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                 err["evalue"] = f"could not re-form the process group: {exc}"
                 return {"ok": False, "error": err, "group_alive": False, "seq": _state.sink.flush()}
         out: dict[str, Any] = {"ok": True, "value": None}
+        tel.begin_cell(_state.sink, telemetry, collectives)
         with captured_output(_state.sink):
             try:
                 value = run_code(source, filename, _state.namespace)
@@ -195,6 +202,13 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                     out["value"] = mimebundle(value)
             except BaseException as exc:  # the user's error is data for the notebook
                 out = {"ok": False, "error": format_error(exc, filename)}
+        try:
+            tel.end_cell()
+        except Exception as exc:  # a telemetry bug must never fail the user's cell
+            sys.__stderr__.write(f"nbdist: telemetry error: {exc!r}\n")
+        err = out.get("error")
+        _state.sink.emit(events.end(out["ok"], time.time(),
+                                    f"{err['ename']}: {err['evalue']}" if err else None))
         out["seconds"] = time.perf_counter() - t0
         if len(peers) > 1:
             group.mark_done(f"nbdist/cell/{cell_id}/{plan.rank}")

@@ -6,9 +6,16 @@ Workers batch events; a batch is ``{"rank": int, "seq": int, "events": [event, .
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 STREAM = "stream"  # {"kind", "name": "stdout"|"stderr", "text"}
+# Telemetry. Times are the worker's ``time.time()`` seconds; durations are seconds.
+STEP = "step"  # one training step on one rank; see step()
+COMM = "comm"  # one timed collective (a DDP gradient bucket, or a call in the cell)
+PROGRESS = "progress"  # an nbdist.progress bar's position
+SCALARS = "scalars"  # values given to nbdist.log()
+END = "end"  # the cell finished on this rank: {"ok", "error", "t"}
+TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, END})
 
 Event = dict[str, Any]
 Batch = dict[str, Any]
@@ -16,3 +23,41 @@ Batch = dict[str, Any]
 
 def stream(name: str, text: str) -> Event:
     return {"kind": STREAM, "name": name, "text": text}
+
+
+def step(n: int, t0: float, t1: float, *, samples: int = 0, comm_total_s: float = 0.0,
+         comm_exposed_s: float = 0.0, comm_bytes: int = 0, buckets: int = 0,
+         fwd: Optional[tuple[float, float]] = None, bwd: Optional[tuple[float, float]] = None,
+         source: str = "ddp") -> Event:
+    """A step ``n`` (0-based, per cell) that ran from ``t0`` to ``t1``.
+
+    ``comm_exposed_s`` is the communication time compute did not hide: the wait after the
+    last gradient bucket was ready, plus every blocking collective called in the step.
+    """
+    return {"kind": STEP, "step": n, "t0": t0, "t1": t1, "samples": samples,
+            "comm_total_s": comm_total_s, "comm_exposed_s": comm_exposed_s,
+            "comm_bytes": comm_bytes, "buckets": buckets,
+            "fwd": list(fwd) if fwd else None, "bwd": list(bwd) if bwd else None,
+            "source": source}
+
+
+def comm(op: str, t0: float, t1: float, nbytes: int, *, step: Optional[int] = None,
+         bucket: Optional[int] = None, dtype: str = "", measured: str = "wire") -> Event:
+    """A collective: ``nbytes`` is the payload handed to it (``measured="bucket"`` when only
+    the gradient bucket's size was known, e.g. a hook that bypasses ``torch.distributed``)."""
+    return {"kind": COMM, "op": op, "t0": t0, "t1": t1, "bytes": nbytes, "step": step,
+            "bucket": bucket, "dtype": dtype, "measured": measured}
+
+
+def progress(bar: int, desc: str, n: int, total: Optional[int], t: float,
+             done: bool = False) -> Event:
+    return {"kind": PROGRESS, "bar": bar, "desc": desc, "n": n, "total": total, "t": t,
+            "done": done}
+
+
+def scalars(values: dict[str, float], t: float, step: Optional[int] = None) -> Event:
+    return {"kind": SCALARS, "values": values, "t": t, "step": step}
+
+
+def end(ok: bool, t: float, error: Optional[str] = None) -> Event:
+    return {"kind": END, "ok": ok, "t": t, "error": error}

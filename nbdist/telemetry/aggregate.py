@@ -1,0 +1,363 @@
+"""Fold telemetry events into a :class:`RunSnapshot`: the numbers every view draws.
+
+Pure: no IPython, widgets, processes or clocks (callers pass ``now``). Views call
+:meth:`RunState.feed` with the event batches of a run and :meth:`RunState.snapshot` when they
+redraw; everything here is unit-tested on synthetic event streams.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .events import COMM, END, PROGRESS, SCALARS, STEP, TELEMETRY, Batch, Event
+
+#: steps used for rates and medians (recent behaviour, not the whole run's average)
+WINDOW = 20
+#: a rank whose median compute time per step exceeds the others' by this factor is flagged
+STRAGGLER_RATIO = 1.2
+#: ... and by at least this many seconds (timer noise on tiny steps is not a straggler)
+STRAGGLER_MIN_S = 0.002
+#: steps every rank needs before anyone is called a straggler
+STRAGGLER_MIN_STEPS = 5
+#: events kept per run for ``%nbdist timeline`` (older ones are dropped first)
+MAX_RECORDED = 200_000
+
+
+# ----------------------------------------------------------------- pure helpers
+def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total time covered by ``intervals`` (overlaps counted once)."""
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def exposed_seconds(compute_end: float, intervals: Iterable[tuple[float, float]]) -> float:
+    """Communication left after compute ended: the part of ``intervals`` past ``compute_end``."""
+    return union_seconds((max(a, compute_end), b) for a, b in intervals if b > compute_end)
+
+
+def bandwidth(nbytes: int, intervals: Iterable[tuple[float, float]]) -> Optional[float]:
+    """Algorithm bandwidth in bytes/s: payload over the time some collective was running."""
+    busy = union_seconds(intervals)
+    return nbytes / busy if busy > 0 and nbytes > 0 else None
+
+
+def rate(points: Sequence[tuple[float, float]]) -> Optional[float]:
+    """Units per second between the first and last ``(t, count)`` point."""
+    if len(points) < 2:
+        return None
+    (t0, n0), (t1, n1) = points[0], points[-1]
+    return (n1 - n0) / (t1 - t0) if t1 > t0 else None
+
+
+def find_stragglers(compute: dict[int, Sequence[float]], *, ratio: float = STRAGGLER_RATIO,
+                    min_s: float = STRAGGLER_MIN_S,
+                    min_steps: int = STRAGGLER_MIN_STEPS) -> list[int]:
+    """Ranks whose median compute time per step is consistently above the others'.
+
+    ``compute`` maps rank → recent compute seconds per step (step time minus exposed
+    communication: in data-parallel training every rank waits for the slowest, so the wait
+    shows up as exposed communication on the fast ranks, not as a longer step).
+    """
+    medians = {r: statistics.median(v) for r, v in compute.items() if len(v) >= min_steps}
+    if len(medians) < 2:
+        return []
+    out = []
+    for r, m in medians.items():
+        others = statistics.median(v for q, v in medians.items() if q != r)
+        if m > others * ratio and m - others > min_s:
+            out.append(r)
+    return sorted(out)
+
+
+# ----------------------------------------------------------------- snapshot records
+@dataclass(frozen=True)
+class StepPoint:
+    """One step, averaged over the ranks that reported it."""
+
+    step: int
+    step_s: float
+    compute_s: float
+    exposed_s: float
+    comm_s: float
+    nbytes: int
+    bandwidth: Optional[float]  # bytes/s
+    ranks: int
+
+
+@dataclass(frozen=True)
+class BarState:
+    desc: str
+    n: int
+    total: Optional[int]
+    rate: Optional[float]  # items/s
+    eta_s: Optional[float]
+    done: bool
+
+    @property
+    def fraction(self) -> Optional[float]:
+        return min(1.0, self.n / self.total) if self.total else None
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    rank: int
+    state: str  # waiting | running | done | failed | stopped
+    error: Optional[str] = None
+    steps: int = 0
+    steps_per_s: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    step_s: Optional[float] = None  # median of recent steps
+    exposed_s: Optional[float] = None
+    bandwidth: Optional[float] = None
+    bar: Optional[BarState] = None
+    scalars: dict[str, float] = field(default_factory=dict)
+    straggler: bool = False
+
+    @property
+    def exposed_fraction(self) -> Optional[float]:
+        if self.step_s and self.exposed_s is not None:
+            return min(1.0, self.exposed_s / self.step_s)
+        return None
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """What a run looks like now: one row per rank and a per-step series."""
+
+    ranks: tuple[RankSnapshot, ...]
+    series: tuple[StepPoint, ...] = ()
+    stragglers: tuple[int, ...] = ()
+    elapsed_s: float = 0.0
+    comm_bytes: int = 0
+    comm_events: int = 0
+
+    @property
+    def has_telemetry(self) -> bool:
+        return any(r.steps or r.bar or r.scalars for r in self.ranks)
+
+    @property
+    def failed(self) -> tuple[RankSnapshot, ...]:
+        return tuple(r for r in self.ranks if r.state == "failed")
+
+    @property
+    def finished(self) -> bool:
+        return all(r.state not in ("running", "waiting") for r in self.ranks)
+
+    @property
+    def steps(self) -> int:
+        """Steps every rank has completed."""
+        return min((r.steps for r in self.ranks if r.state != "waiting"), default=0)
+
+    @property
+    def scalars(self) -> dict[str, float]:
+        """The latest logged values of the lowest rank that logged any."""
+        return next((r.scalars for r in self.ranks if r.scalars), {})
+
+
+# ----------------------------------------------------------------- the fold
+class _Rank:
+    def __init__(self) -> None:
+        self.state = "waiting"
+        self.error: Optional[str] = None
+        self.steps = 0
+        self.recent: deque[Event] = deque(maxlen=WINDOW)
+        self.bw: deque[float] = deque(maxlen=WINDOW)
+        self.comm: dict[int, list[Event]] = {}  # step → its collectives, until the step lands
+        self.bar_id: Optional[int] = None
+        self.bar: Optional[Event] = None
+        self.bar_points: deque[tuple[float, float]] = deque(maxlen=WINDOW)
+        self.scalars: dict[str, float] = {}
+
+
+class RunState:
+    """Accumulates a run's event batches; :meth:`snapshot` summarizes them.
+
+    Parameters
+    ----------
+    ranks : sequence of int
+        Ranks expected to report (others are added as they appear).
+    history : int
+        Steps kept for the per-step series (the chart's x-axis).
+    """
+
+    def __init__(self, ranks: Iterable[int] = (), history: int = 300):
+        self._ranks: dict[int, _Rank] = {r: _Rank() for r in ranks}
+        self._points: dict[int, dict[int, tuple[float, float, float, int, Optional[float]]]] = {}
+        self._history = history
+        self.recorded: dict[int, deque[Event]] = {}
+        self.dropped = 0
+        self._nrecorded = 0
+        self._t0: Optional[float] = None
+        self._t1: Optional[float] = None
+        self._bytes = 0
+        self._ncomm = 0
+
+    def feed(self, batches: Iterable[Batch]) -> bool:
+        """Fold batches in (any order of ranks; per rank in ``seq`` order). True if telemetry."""
+        changed = False
+        for batch in sorted(batches, key=lambda b: (b["rank"], b["seq"])):
+            rank = batch["rank"]
+            for event in batch["events"]:
+                if event.get("kind") in TELEMETRY:
+                    self.apply(rank, event)
+                    changed = True
+        return changed
+
+    def apply(self, rank: int, e: Event) -> None:
+        """Fold one event from ``rank``."""
+        st = self._ranks.setdefault(rank, _Rank())
+        kind = e["kind"]
+        if kind != END:
+            rec = self.recorded.setdefault(rank, deque())
+            rec.append(e)
+            self._nrecorded += 1
+            if self._nrecorded > MAX_RECORDED:
+                rec.popleft()
+                self._nrecorded -= 1
+                self.dropped += 1
+        t = e.get("t1", e.get("t"))
+        if t is not None:
+            self._t0 = min(self._t0, e.get("t0", t)) if self._t0 is not None else e.get("t0", t)
+            self._t1 = max(self._t1, t) if self._t1 is not None else t
+        if st.state == "waiting" and kind != END:
+            st.state = "running"
+        if kind == STEP:
+            self._step(rank, st, e)
+        elif kind == COMM:
+            self._bytes += e["bytes"]
+            self._ncomm += 1
+            if e.get("step") is not None:
+                st.comm.setdefault(e["step"], []).append(e)
+        elif kind == PROGRESS:
+            if st.bar_id != e["bar"]:
+                st.bar_id = e["bar"]
+                st.bar_points.clear()
+            st.bar = e
+            st.bar_points.append((e["t"], e["n"]))
+        elif kind == SCALARS:
+            st.scalars.update(e["values"])
+        elif kind == END:
+            st.state = "done" if e["ok"] else "failed"
+            st.error = e.get("error")
+
+    def _step(self, rank: int, st: _Rank, e: Event) -> None:
+        st.steps += 1
+        st.recent.append(e)
+        comms = st.comm.pop(e["step"], [])
+        nbytes = sum(c["bytes"] for c in comms)
+        bw = bandwidth(nbytes, [(c["t0"], c["t1"]) for c in comms])
+        if bw is not None:
+            st.bw.append(bw)
+        step_s = e["t1"] - e["t0"]
+        exposed = min(e["comm_exposed_s"], step_s)
+        row = self._points.setdefault(e["step"], {})
+        row[rank] = (step_s, exposed, e["comm_total_s"], nbytes, bw)
+        if len(self._points) > self._history:
+            del self._points[min(self._points)]
+
+    def finish(self) -> None:
+        """The run is over: ranks that never said they finished are marked stopped."""
+        for st in self._ranks.values():
+            if st.state == "running":
+                st.state = "stopped"
+                st.error = st.error or "no end-of-cell report (interrupted, or the worker died)"
+
+    def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
+        """The current summary; ``now`` (worker clock) makes progress ETAs count down."""
+        compute = {r: [(e["t1"] - e["t0"]) - min(e["comm_exposed_s"], e["t1"] - e["t0"])
+                       for e in st.recent] for r, st in self._ranks.items()}
+        slow = set(find_stragglers(compute))
+        rows = []
+        for r in sorted(self._ranks):
+            st = self._ranks[r]
+            rows.append(self._rank_snapshot(r, st, r in slow))
+        series = []
+        for step in sorted(self._points):
+            vals = list(self._points[step].values())
+            k = len(vals)
+            bws = [v[4] for v in vals if v[4] is not None]
+            step_s = sum(v[0] for v in vals) / k
+            exposed = sum(v[1] for v in vals) / k
+            series.append(StepPoint(step, step_s, step_s - exposed, exposed,
+                                    sum(v[2] for v in vals) / k, sum(v[3] for v in vals) // k,
+                                    sum(bws) / len(bws) if bws else None, k))
+        elapsed = (self._t1 - self._t0) if self._t0 is not None and self._t1 is not None else 0.0
+        return RunSnapshot(tuple(rows), tuple(series), tuple(sorted(slow)), elapsed,
+                           self._bytes, self._ncomm)
+
+    def _rank_snapshot(self, r: int, st: _Rank, straggler: bool) -> RankSnapshot:
+        recent = list(st.recent)
+        sps = smp = step_s = exposed = None
+        if recent:
+            span = recent[-1]["t1"] - recent[0]["t0"]
+            if span > 0:
+                sps = len(recent) / span
+                smp = sum(e["samples"] for e in recent) / span
+            step_s = statistics.median(e["t1"] - e["t0"] for e in recent)
+            exposed = statistics.median(e["comm_exposed_s"] for e in recent)
+        bar = None
+        if st.bar is not None:
+            b = st.bar
+            rt = rate(list(st.bar_points))
+            eta = ((b["total"] - b["n"]) / rt if rt and b["total"] is not None
+                   and not b["done"] else None)
+            bar = BarState(b["desc"], b["n"], b["total"], rt, eta, b["done"])
+        return RankSnapshot(r, st.state, st.error, st.steps, sps, smp, step_s, exposed,
+                            statistics.median(st.bw) if st.bw else None, bar,
+                            dict(st.scalars), straggler)
+
+    def events(self) -> dict[int, list[Event]]:
+        """The recorded telemetry events per rank (for a trace file)."""
+        return {r: list(d) for r, d in self.recorded.items()}
+
+
+def aggregate(batches: Iterable[Batch], ranks: Iterable[int] = ()) -> RunSnapshot:
+    """Fold ``batches`` at once (tests, and summaries of a finished run)."""
+    state = RunState(ranks)
+    state.feed(batches)
+    return state.snapshot()
+
+
+def fmt_rate(x: Optional[float], unit: str = "") -> str:
+    """``12.3 it/s`` style, shared by the text and widget views."""
+    if x is None:
+        return "-"
+    for suffix, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{suffix} {unit}".rstrip()
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def fmt_bytes_rate(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} B/s"
+
+
+def fmt_seconds(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    if x < 1e-3:
+        return f"{x * 1e6:.0f} µs"
+    if x < 1:
+        return f"{x * 1e3:.3g} ms"
+    if x < 120:
+        return f"{x:.3g} s"
+    m, s = divmod(int(x), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"

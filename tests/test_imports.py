@@ -1,0 +1,59 @@
+"""Import boundaries, checked in fresh interpreters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def modules_after(code: str) -> set[str]:
+    script = code + "\nimport sys\nprint('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=100, check=True).stdout
+    return set(out.split())
+
+
+def test_worker_runtime_needs_no_notebook_stack():
+    mods = modules_after("import nbdist.runtime.worker, nbdist.runtime.instrument\n"
+                         "nbdist.runtime.instrument.install()")
+    assert "torch" in mods
+    for banned in ("IPython", "ipywidgets", "zmq", "ipyparallel", "nbdist.display",
+                   "nbdist.session"):
+        assert banned not in mods, f"{banned} imported by the worker runtime"
+
+
+def test_import_nbdist_is_cheap():
+    mods = modules_after("import nbdist\nnbdist.progress")
+    for banned in ("torch", "ipywidgets", "ipyparallel", "distributed"):
+        assert banned not in mods, f"`import nbdist` imported {banned}"
+
+
+def test_display_never_imports_engines_or_runtime():
+    mods = modules_after("import nbdist.display, nbdist.display.widgets, nbdist.display.html")
+    for banned in ("nbdist.backends", "nbdist.runtime", "nbdist.session", "torch"):
+        assert banned not in mods, f"nbdist.display imported {banned}"
+
+
+def test_views_fall_back_to_text_without_ipywidgets():
+    code = """
+import sys
+sys.modules["ipywidgets"] = None   # as if it were not installed
+from nbdist.display import display_medium, make_cluster_view, make_run_view
+from nbdist.display.text import TextDashboard
+from nbdist.telemetry import events as ev
+assert display_medium("widget") == "text"
+view = make_run_view("rank0", 0, 2, mode="widget")
+assert isinstance(view.dashboard, TextDashboard)
+view.feed([{"rank": 0, "seq": 1, "events": [ev.progress(1, "train", 3, 10, 1.0),
+                                             ev.end(True, 2.0)]}])
+view.close()
+assert make_cluster_view(lambda: "STATUS", mode="widget") == "STATUS"
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=100)
+    assert out.returncode == 0, out.stderr
+    assert "train 3/10" in out.stdout
