@@ -1,0 +1,148 @@
+"""Widget views: traits after updates, the Scale button on a real cluster, medium choice."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from nbdist.display import RunView, display_medium, make_run_view, set_display  # noqa: E402
+from nbdist.display.refresh import Throttle  # noqa: E402
+from nbdist.display.text import StreamView, TextDashboard  # noqa: E402
+from nbdist.display.widgets import ClusterPanel, RunWidget  # noqa: E402
+from nbdist.telemetry import events as ev  # noqa: E402
+from nbdist.telemetry.aggregate import RunState  # noqa: E402
+
+T0 = 1_700_000_000.0
+
+
+def feed_training(state, ranks=(0, 1), steps=8, slow_rank=None, n_of=None):
+    for r in ranks:
+        evs = []
+        for n in range(steps):
+            s0 = T0 + n * 0.1
+            compute = 0.09 if r == slow_rank else 0.05
+            evs.append(ev.comm("all_reduce", s0 + compute, s0 + 0.1, 1000, step=n, bucket=0))
+            evs.append(ev.step(n, s0, s0 + 0.1, samples=4, comm_total_s=0.1 - compute,
+                               comm_exposed_s=0.1 - compute, comm_bytes=1000, buckets=1))
+        evs.append(ev.progress(1, "train", n_of(r) if n_of else steps, 20, T0 + steps * 0.1))
+        evs.append(ev.scalars({"loss": 0.25}, T0 + 1))
+        state.feed([{"rank": r, "seq": 1, "events": evs}])
+
+
+def test_run_widget_shows_a_bar_per_rank_scalars_and_charts():
+    state = RunState([0, 1])
+    feed_training(state, n_of=lambda r: 5 + 5 * r)
+    w = RunWidget([0, 1])
+    w.show(state.snapshot())
+    assert set(w.rows) == {0, 1}
+    assert w.rows[0].bar.value == pytest.approx(0.25) and w.rows[1].bar.value == pytest.approx(0.5)
+    assert w.rows[0].bar.bar_style == "info"
+    assert "steps/s" in w.rows[0].stats.value and "ETA" not in w.rows[0].stats.value
+    assert "loss" in w.scalars.value and "0.25" in w.scalars.value
+    assert "nbdist-step-chart" in w.chart.value and "nbdist-allreduce-chart" in w.chart.value
+    assert "running" in w.header.value
+
+
+def test_failed_rank_turns_red_with_its_reason_and_stays():
+    state = RunState([0, 1])
+    feed_training(state)
+    state.feed([{"rank": 1, "seq": 2, "events": [ev.end(False, T0 + 2, "ValueError: <bad>")]},
+                {"rank": 0, "seq": 2, "events": [ev.end(True, T0 + 2)]}])
+    state.finish()
+    w = RunWidget([0, 1])
+    w.show(state.snapshot(), final=True)
+    assert w.rows[1].bar.bar_style == "danger" and w.rows[0].bar.bar_style == "success"
+    assert "ValueError: &lt;bad&gt;" in w.rows[1].stats.value  # remote text is escaped
+    assert "failed" in w.header.value
+
+
+def test_straggler_is_flagged_on_its_bar():
+    state = RunState([0, 1, 2])
+    feed_training(state, ranks=(0, 1, 2), slow_rank=2)
+    w = RunWidget([0, 1, 2])
+    w.show(state.snapshot())
+    assert w.rows[2].bar.bar_style == "warning" and "straggler" in w.rows[2].stats.value
+    assert "straggler" not in w.rows[0].stats.value
+
+
+def test_unexpected_rank_gets_a_row():
+    state = RunState([0])
+    feed_training(state, ranks=(0, 3))
+    w = RunWidget([0])
+    w.show(state.snapshot())
+    assert set(w.rows) == {0, 3} and w.rows[3].box in w.children
+
+
+def test_throttle_limits_redraws():
+    now = [0.0]
+    t = Throttle(0.25, clock=lambda: now[0])
+    assert t.due() and not t.due()
+    now[0] = 0.2
+    assert not t.due()
+    now[0] = 0.26
+    assert t.due()
+
+
+def test_medium_is_chosen_by_argument_env_and_setting(monkeypatch):
+    monkeypatch.delenv("NBDIST_DISPLAY", raising=False)
+    assert display_medium() == "text"  # pytest runs no Jupyter kernel
+    assert display_medium("widget") == "text"  # degrades without a kernel
+    monkeypatch.setenv("NBDIST_DISPLAY", "bogus")
+    with pytest.raises(ValueError, match="NBDIST_DISPLAY"):
+        display_medium()
+    with pytest.raises(ValueError):
+        set_display("fancy")
+
+
+def test_text_run_view_prints_lines_not_a_flood(capsys):
+    view = make_run_view("rank0", 0, 2)
+    assert isinstance(view, RunView) and isinstance(view.dashboard, TextDashboard)
+    for k in range(50):  # 50 feeds in quick succession: one line, not 50
+        view.feed([{"rank": 0, "seq": k + 1, "events": [
+            ev.stream("stdout", f"line {k}\n"), ev.progress(1, "train", k, 50, T0 + k)]}])
+    view.close()
+    out = capsys.readouterr().out
+    assert out.count("[0] line ") == 50
+    status_lines = [ln for ln in out.splitlines() if ln.startswith("nbdist:")]
+    assert len(status_lines) == 2 and "train 49/50" in status_lines[-1]
+    assert "nbdist run:" in out  # the summary table
+    quiet = make_run_view("quiet", 0, 2)
+    assert quiet.dashboard is None and isinstance(quiet.stream, StreamView)
+
+
+@pytest.mark.timeout(240)
+def test_scale_button_resizes_a_real_cluster():
+    from conftest import start_session
+
+    s = start_session("ipyparallel", n=1)
+    try:
+        panel = ClusterPanel(s.status, s.scale)
+        assert panel.workers == 1 and panel.count.value == 1
+        assert "rank" in panel.table.value
+        panel.count.value = 2
+        panel.scale_button.click()
+        assert panel.workers == 2 and s.world_size == 2
+        assert "re-formed" in panel.message.value and not panel.scale_button.disabled
+        assert repr(s.run_cell("import torch.distributed as dist\ndist.get_world_size()",
+                               output="quiet")) == "2"
+        panel.count.value = 0  # bounded: the widget clamps to its minimum
+        assert panel.count.value == 1
+    finally:
+        s.stop()
+
+
+def test_scale_errors_stay_on_the_panel():
+    def boom(n):
+        raise RuntimeError("cannot <scale>")
+
+    panel = ClusterPanel(lambda: _Status(), boom)
+    panel.scale(3)
+    assert "could not scale to 3" in panel.message.value and "&lt;scale&gt;" in panel.message.value
+
+
+class _Status:
+    """A finished ClusterStatus-like record for the error-path test (no cluster involved)."""
+
+    engine, wanted, dist_backend, master, alive = "none", 0, None, None, 0
+    rows: tuple = ()
