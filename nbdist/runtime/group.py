@@ -73,7 +73,7 @@ def form(gen: int, rank: int, world_size: int, backend: str, addr: str, port: in
     before = _socket_fds()
     _original_init(backend, store=store, rank=rank, world_size=world_size,
                    timeout=datetime.timedelta(seconds=timeout), **kwargs)
-    _group_fds = _socket_fds() - before
+    _group_fds = _not_store(_socket_fds() - before, port)
     _generation = gen
 
 
@@ -91,6 +91,29 @@ def _socket_fds() -> set[int]:
         except OSError:
             continue
     return fds
+
+
+def _not_store(fds: set[int], store_port: int) -> set[int]:
+    """Drop store connections from ``fds``: a peer's store client that connected while this
+    rank formed the group is accepted by the store server here, and severing it would leave
+    that peer unable to re-form the group."""
+    hosted = {sock.getsockname()[1] for _, sock in _servers.values()}
+    keep = set()
+    for fd in fds:
+        try:
+            with socket.socket(fileno=os.dup(fd)) as s:
+                local_port = s.getsockname()[1]
+                try:
+                    peer_port = s.getpeername()[1]
+                except OSError:  # a listener
+                    peer_port = None
+        except (OSError, IndexError, TypeError):
+            keep.add(fd)
+            continue
+        if local_port in hosted or peer_port == store_port:
+            continue
+        keep.add(fd)
+    return keep
 
 
 def _sever_peers() -> None:
