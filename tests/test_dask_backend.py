@@ -12,7 +12,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from nbdist.backends.base import Call  # noqa: E402
-from nbdist.errors import CellTimeoutError, ClusterError  # noqa: E402
+from nbdist.errors import CellTimeoutError, ClusterError, DistributedError  # noqa: E402
 from nbdist.session import Session  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -188,3 +188,24 @@ def test_events_arrive_while_the_cell_runs(dask_session):
     assert any(e.get("text") == "ping\n" for b in got for e in b["events"])
     # The sink flushes every 0.1 s; the rest is Dask's event path.
     assert t_seen - sent["t"] < 1.0
+
+
+def test_a_worker_that_dies_is_reported_and_restart_recovers(dask_session):
+    cell(dask_session, "import os, torch, torch.distributed as dist")
+    with pytest.raises(DistributedError) as info:
+        cell(dask_session, """
+            t = torch.ones(1)
+            if rank == 1:
+                os._exit(3)       # the process is gone, mid-cell
+            dist.all_reduce(t)
+        """, timeout=60)
+    causes = {f.rank: f for f in info.value.failures}
+    assert causes[1].ename == "WorkerError" and "left the cluster" in causes[1].evalue
+    dask_session.restart()
+    value = cell(dask_session, """
+        import torch, torch.distributed as dist
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        t.item()
+    """)
+    assert repr(value) == "2.0"

@@ -105,7 +105,7 @@ class _DaskJob(Job):
         self._backend = backend
         self._futures = futures
         self._dead: dict[WorkerId, str] = {}
-        self._checked = 0.0
+        self._checked = time.monotonic()  # first check after an interval: most calls are quick
         self._outcomes: Optional[list[Outcome]] = None
 
     def _unfinished(self) -> list[tuple[WorkerId, Any]]:
