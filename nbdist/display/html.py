@@ -39,7 +39,7 @@ def step_chart_svg(series: Sequence[Any], width: int = 420, height: int = 120) -
     top = max((p.step_s for p in pts), default=0.0)
     if not pts or top <= 0:
         return ""
-    pad_l, pad_b = 44, 16
+    pad_l, pad_b = 60, 16
     w, h = width - pad_l - 4, height - pad_b - 14
     bw = w / len(pts)
     bars = []
@@ -76,7 +76,7 @@ def bandwidth_chart_svg(series: Sequence[Any], width: int = 420, height: int = 9
         return ""
     top = max(p.bandwidth for p in pts)
     lo, hi = pts[0].step, max(pts[-1].step, pts[0].step + 1)
-    pad_l, pad_b = 44, 16
+    pad_l, pad_b = 60, 16
     w, h = width - pad_l - 4, height - pad_b - 14
     xy = " ".join(f"{pad_l + w * (p.step - lo) / (hi - lo):.1f},"
                   f"{14 + h - h * p.bandwidth / top:.1f}" for p in pts)
