@@ -296,9 +296,10 @@ class Session:
         rank_of = {p.worker_id: p.rank for p in self.plans}
         job = backend.submit(calls)
         start = time.monotonic()
+        seen: dict[int, int] = {}  # rank -> highest batch seq received, over the whole run
         try:
             while not job.wait(0.1):
-                view.feed(job.drain_events())
+                view.feed(_track(job.drain_events(), seen))
                 if timeout is not None and time.monotonic() - start > timeout:
                     late = sorted(rank_of[w] for w in job.pending())
                     self._interrupt(job)
@@ -309,7 +310,7 @@ class Session:
             self.generation += 1
             raise
         finally:
-            self._finish_events(job, view)
+            self._finish_events(job, view, seen)
         outcomes = job.outcomes()
         results = [self._result(o, rank_of[o.worker]) for o in outcomes]
         if any(not r.get("group_alive", True) for r in results):
@@ -323,8 +324,12 @@ class Session:
             raise DistributedError(failures, what=what, remedy=remedy)
         return results
 
-    def _finish_events(self, job: Job, view: RunView) -> None:
-        """Show every batch the finished calls sent (their results say how many)."""
+    def _finish_events(self, job: Job, view: RunView, seen: dict[int, int]) -> None:
+        """Show every batch the finished calls sent (their results say how many).
+
+        ``seen`` holds what was already drained while the calls ran: a rank that finished
+        early may have had its last batch drained before the others returned.
+        """
         if job.pending():
             view.feed(job.drain_events())
             view.close()
@@ -333,14 +338,10 @@ class Session:
         for o in job.outcomes():
             if o.engine_error is None and isinstance(o.value, dict) and o.value.get("seq"):
                 want[self._rank_of(o.worker)] = o.value["seq"]
-        seen: dict[int, int] = {}
         deadline = time.monotonic() + _EVENT_GRACE
         waiter = threading.Event()
         while True:
-            batches = job.drain_events()
-            for b in batches:
-                seen[b["rank"]] = max(seen.get(b["rank"], 0), b["seq"])
-            view.feed(batches)
+            view.feed(_track(job.drain_events(), seen))
             if all(seen.get(r, 0) >= s for r, s in want.items()) or time.monotonic() > deadline:
                 break
             waiter.wait(0.01)  # batches arrive on the engine's IO thread
@@ -422,6 +423,13 @@ class Session:
             return "<nbdist.Session: not running>"
         return (f"<nbdist.Session: {self.backend.describe()}, world_size={self.world_size}, "
                 f"generation={self.generation}>")
+
+
+def _track(batches: list, seen: dict[int, int]) -> list:
+    """Record the highest batch sequence number per rank in ``seen``; return ``batches``."""
+    for b in batches:
+        seen[b["rank"]] = max(seen.get(b["rank"], 0), b["seq"])
+    return batches
 
 
 _default: Optional[Session] = None
