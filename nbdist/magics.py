@@ -172,6 +172,11 @@ class NbdistMagics(Magics):
         namespace persists across cells. Output streams live, prefixed with the rank; the value
         of the last expression on rank 0 is the cell's result. An error on any rank is raised
         here, naming the rank. Start workers first with ``%nbdist start``.
+
+        Training telemetry is on by default: DDP steps, each gradient bucket's all-reduce and
+        the cell's collectives are timed and shown live under the cell (``nbdist.progress``
+        and ``nbdist.log`` add bars and values); ``%nbdist timeline FILE.json`` writes the
+        last run as a Chrome trace. See docs/telemetry.md.
         """
         args = parse_argstring(self.distributed, line)
         if args.quiet and args.all_output:

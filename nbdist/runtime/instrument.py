@@ -10,6 +10,8 @@ How each number is measured
   step once the previous step has synchronized gradients, so ``no_sync()`` micro-batches fold
   into the step that finally all-reduces. A step lasts until the next one starts; the last
   step of a cell ends when its gradients are synchronized (its optimizer step is not seen).
+  Forward is the DDP model's forward call; backward runs from the end of forward (so it
+  includes the loss) to the last bucket's all-reduce completing.
 * **Buckets.** nbdist registers a communication hook on every DDP model built in a cell with
   telemetry on. It calls the hook the user registered (or DDP's default all-reduce) and times
   it from the bucket becoming ready to the hook's future completing. Bytes are what the hook
@@ -63,7 +65,7 @@ class _Bucket:
 
 
 class _Step:
-    __slots__ = ("n", "t0", "source", "samples", "fwd0", "fwd1", "bwd0", "buckets",
+    __slots__ = ("n", "t0", "source", "samples", "fwd0", "fwd1", "buckets",
                  "coll_total", "coll_exposed", "last")
 
     def __init__(self, n: int, t0: float, source: str):
@@ -73,7 +75,6 @@ class _Step:
         self.samples = 0
         self.fwd0: Optional[float] = None
         self.fwd1: Optional[float] = None
-        self.bwd0: Optional[float] = None
         self.buckets: list[_Bucket] = []
         self.coll_total = 0.0
         self.coll_exposed = 0.0
@@ -143,8 +144,8 @@ class Telemetry:
         if ready_last is not None and spans:
             exposed += exposed_seconds(ready_last, spans)
         bwd = None
-        if st.bwd0 is not None or ready_last is not None:
-            start = st.bwd0 if st.bwd0 is not None else (st.fwd1 or st.t0)
+        if ready_last is not None:
+            start = st.fwd1 or st.t0
             bwd = (start, max(x for x in (comm_end, ready_last, start) if x is not None))
         if final:
             t1 = max(x for x in (t1, comm_end, st.fwd1, st.t0) if x is not None)
@@ -175,16 +176,9 @@ class Telemetry:
         st = self.step
         if st is None:
             return
+        # The backward span starts here: a hook on the output would pin it to the first
+        # gradient, but a Python hook inside autograd costs more than it tells.
         st.fwd1 = st.last = time.time()
-        if st.bwd0 is None:
-            t = _first_grad_tensor(output)
-            if t is not None:
-                t.register_hook(self._on_backward)
-
-    def _on_backward(self, grad: Any) -> None:
-        st = self.step
-        if st is not None and st.bwd0 is None:
-            st.bwd0 = time.time()
 
     # called from nbdist.progress (main thread)
     def on_iteration(self, item: Any, t0: float) -> None:
@@ -216,12 +210,17 @@ def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size()
 
 
+def _tensor_type() -> type:
+    import torch  # cached in sys.modules after the first call; torch is loaded by then anyway
+
+    return torch.Tensor
+
+
 def _batch_size(args: Iterable[Any]) -> int:
     """The leading dimension of the first tensor found in ``args`` (0 when there is none)."""
-    import torch
-
+    tensor = _tensor_type()
     for a in args:
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, tensor):
             return int(a.shape[0]) if a.dim() else 1
         if isinstance(a, (list, tuple)) and a and not hasattr(a, "_fields"):
             n = _batch_size(a[:1])
@@ -232,20 +231,6 @@ def _batch_size(args: Iterable[Any]) -> int:
             if n:
                 return n
     return 0
-
-
-def _first_grad_tensor(out: Any) -> Any:
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return out if out.requires_grad else None
-    items = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) \
-        else ()
-    for o in items:
-        t = _first_grad_tensor(o)
-        if t is not None:
-            return t
-    return None
 
 
 def _payload(args: tuple, kwargs: dict) -> tuple[int, str]:
@@ -294,30 +279,60 @@ def _timed_hook(slot, bucket):  # type: ignore[no-untyped-def]
 
         rec.cuda = (torch.cuda.Event(enable_timing=True), None)
         rec.cuda[0].record()
+    st = tel.step
+    if st is None:
+        st = tel._open(rec.ready, "ddp")
+    st.buckets.append(rec)
+    if not slot.user:
+        # DDP's default, inlined: one future callback per bucket instead of two.
+        group = slot.state if slot.state is not None else _dist_world()
+        size = group.size()
+        rec.nbytes, rec.dtype, rec.op = _nbytes(buf), _dtype_name(buf), "all_reduce"
+        rec.issued = time.time()
+        fut = _original["dist.all_reduce"](buf, group=group, async_op=True).get_future()
+
+        def reduced(f: Any) -> Any:
+            _mark_done(rec)
+            # Averaging after the sum, on the communication thread: this extra pass over the
+            # bucket overlaps the backward of later buckets (DDP without a hook fuses it into
+            # its gradient copy, which no hook can do).
+            return f.value()[0].div_(size)
+
+        return fut.then(reduced)
     tel.local.bucket = rec
     try:
         fut = slot.hook(slot.state, bucket)
     finally:
         tel.local.bucket = None
     if not rec.op:  # the hook used no torch.distributed call we could see
-        rec.nbytes, rec.dtype = _nbytes(buf), str(buf.dtype).replace("torch.", "")
-    st = tel.step
-    if st is None:
-        st = tel._open(rec.ready, "ddp")
-    st.buckets.append(rec)
+        rec.nbytes, rec.dtype = _nbytes(buf), _dtype_name(buf)
 
     def done(f: Any) -> Any:
-        if rec.cuda is not None:
-            import torch
-
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()  # on the stream the result is consumed on: completes with the work
-            rec.cuda = (rec.cuda[0], end)
-        else:
-            rec.done = time.time()
+        _mark_done(rec)
         return f.value()
 
     return fut.then(done)
+
+
+def _mark_done(rec: _Bucket) -> None:
+    if rec.cuda is not None:
+        import torch
+
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()  # on the stream the result is consumed on: completes with the work
+        rec.cuda = (rec.cuda[0], end)
+    else:
+        rec.done = time.time()
+
+
+def _dist_world() -> Any:
+    import torch.distributed as dist
+
+    return dist.group.WORLD
+
+
+def _dtype_name(t: Any) -> str:
+    return str(t.dtype)[6:]  # "torch.float16" -> "float16"
 
 
 def _attach(ddp: Any) -> None:
