@@ -1,0 +1,71 @@
+"""Run the three benchmarks one after another and repeat their ratio lines at the end.
+
+    python -m benchmarks [--quick] [--engine dask] [--log FILE]
+
+Each benchmark runs in its own process (its own IPython shell and clusters); any failure is
+reported and the others still run. The exit status is non-zero if any benchmark failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# name, script, full arguments, --quick arguments (a smoke run of a few minutes in all)
+BENCHMARKS = [
+    ("dispatch", "bench_dispatch.py", [], ["--repeats", "30", "--warmup", "5"]),
+    ("training", "bench_training.py", [], ["--steps", "50", "--warmup", "5", "--repeats", "1"]),
+    ("startup", "bench_startup.py", [], ["--repeats", "1", "--no-prime"]),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    ap.add_argument("--engine", choices=("ipyparallel", "dask"), default=None,
+                    help="also time nbdist on this engine where a benchmark supports it")
+    ap.add_argument("--only", choices=[b[0] for b in BENCHMARKS], action="append",
+                    help="run only this benchmark (repeatable)")
+    ap.add_argument("--log", default=None, metavar="FILE",
+                    help="also write every benchmark's standard output to FILE")
+    args = ap.parse_args(argv)
+    summary: list[str] = []
+    failed = []
+    log = open(args.log, "w", encoding="utf-8") if args.log else None
+    try:
+        for name, script, full, quick in BENCHMARKS:
+            if args.only and name not in args.only:
+                continue
+            cmd = [sys.executable, os.path.join(HERE, script), *(quick if args.quick else full)]
+            if args.engine == "dask":
+                cmd += ["--engine", "ipyparallel", "--engine", "dask"]
+            header = f"\n=== {name}: {' '.join(cmd[1:])}"
+            print(header, flush=True)
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+            print(proc.stdout, end="", flush=True)
+            if log is not None:
+                log.write(header + "\n" + proc.stdout)
+                log.flush()
+            if proc.returncode != 0:
+                failed.append(name)
+                summary.append(f"{name}: FAILED (exit {proc.returncode})")
+                continue
+            summary += [f"{name}: {line}" for line in proc.stdout.splitlines()
+                        if " ratio " in line or line.startswith("target")]
+            summary.append(f"{name}: took {time.perf_counter() - t0:.0f} s")
+    finally:
+        if log is not None:
+            log.close()
+    print("\n=== summary")
+    print("\n".join(summary))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Cold start: ``%nbdist start -n 2`` until a cell runs, vs torchrun until its first training step.
+
+nbdist side, in an IPython shell: ``%nbdist start -n 2`` (fresh engines, process group
+formed, DDP warmed up), then a trivial ``%%distributed`` cell, then the first training cell,
+which times its own DDP construction and first optimizer step. torchrun side: launch
+``torchrun --nproc_per_node=2 workload.py --mode startup`` and read the wall-clock time at
+which its first optimizer step finished, plus the same in-script DDP and first-step timings.
+For reference, a plain 2-engine ipyparallel cluster is started the way nbdist starts its own
+and timed until its first ``%%px``-style execute returns. The sides alternate ``--repeats``
+times after one untimed round that warms the file cache.
+
+    python benchmarks/bench_startup.py [--repeats 3] [--no-prime]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+try:
+    from benchmarks import _common as c
+    from benchmarks.bench_training import WORKLOAD, parse_result
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common as c  # type: ignore[no-redef]
+    from bench_training import WORKLOAD, parse_result  # type: ignore[no-redef]
+
+FIRST_CELL = (
+    "import sys\n"
+    f"if {c.HERE!r} not in sys.path:\n"
+    f"    sys.path.insert(0, {c.HERE!r})\n"
+    "import workload\n"
+    "_first = workload.first_step(batch={batch}, seed=0, threads={threads})\n"
+)
+
+
+def nbdist_once(ip: Any, args: argparse.Namespace, engine: str) -> dict[str, float]:
+    import nbdist
+
+    flags = f"-n {args.workers} --engine {engine} --threads {args.threads} --timeout 120"
+    t0 = time.perf_counter()
+    w0 = time.time()
+    try:
+        ip.run_line_magic("nbdist", f"start {flags}")
+        t1 = time.perf_counter()
+        ip.run_cell_magic("distributed", "--quiet", "x = 1")
+        t2 = time.perf_counter()
+        ip.run_cell_magic("distributed", "--quiet",
+                          FIRST_CELL.format(batch=args.batch, threads=args.threads))
+        t3 = time.perf_counter()
+        first = nbdist.current_session().pull("_first")
+    finally:
+        t4 = time.perf_counter()
+        ip.run_line_magic("nbdist", "stop")
+        t5 = time.perf_counter()
+    return {"start_s": t1 - t0, "trivial_cell_s": t2 - t1, "ready_s": t2 - t0,
+            "first_cell_s": t3 - t2, "ddp_s": first["ddp_s"], "step_s": first["step_s"],
+            "to_first_step_s": first["first_step_done"] - w0, "stop_s": t5 - t4}
+
+
+def ipp_once(args: argparse.Namespace) -> dict[str, float]:
+    """Reference: a plain ipyparallel cluster started as nbdist starts its own, to first %%px."""
+    import logging
+
+    import ipyparallel as ipp
+
+    t0 = time.perf_counter()
+    cluster = ipp.Cluster(n=args.workers, controller_ip="127.0.0.1", log_level=logging.WARNING)
+    try:
+        rc = cluster.start_and_connect_sync()
+        rc.wait_for_engines(args.workers, timeout=120)
+        t1 = time.perf_counter()
+        rc[:].execute("x = 1", block=True)
+        t2 = time.perf_counter()
+        rc.close()
+    finally:
+        cluster.stop_cluster_sync()
+    return {"registered_s": t1 - t0, "ready_s": t2 - t0}
+
+
+def torchrun_once(args: argparse.Namespace) -> dict[str, float]:
+    t0 = time.perf_counter()
+    launch, out, _ = c.run_torchrun(
+        WORKLOAD, ["--mode", "startup", "--batch", str(args.batch), "--threads",
+                   str(args.threads)], args.workers, timeout=300)
+    total = time.perf_counter() - t0
+    r = parse_result(out)
+    return {"main_s": r["main_started"] - launch, "group_s": r["group_formed"] - launch,
+            "ddp_s": r["ddp_s"], "step_s": r["step_s"],
+            "to_first_step_s": r["first_step_done"] - launch, "total_s": total}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", "--workers", type=int, default=2, help="ranks (2)")
+    ap.add_argument("--repeats", type=int, default=3, help="cold starts of each side (3)")
+    ap.add_argument("--no-prime", action="store_true",
+                    help="skip the untimed first round that warms the file cache")
+    ap.add_argument("--batch", type=int, default=64, help="batch per rank (64)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (1)")
+    ap.add_argument("--engine", choices=("ipyparallel", "dask"), action="append", default=None,
+                    help="nbdist engine(s); repeat for both (default ipyparallel)")
+    ap.add_argument("--timeout", type=float, default=900, help="overall limit, s (900)")
+    args = ap.parse_args(argv)
+    engines = list(dict.fromkeys(args.engine or ["ipyparallel"]))
+    if "dask" in engines:
+        try:
+            import nbdist.backends.dask  # noqa: F401
+        except ImportError as exc:
+            c.log(f"dask engine not available ({exc}): skipping it")
+            engines.remove("dask")
+    args.engines = engines or ["ipyparallel"]
+    with c.deadline(args.timeout):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbdist")
+    once = {f"nbdist {e}": (lambda e=e: nbdist_once(ip, args, e)) for e in args.engines}
+    once["torchrun"] = lambda: torchrun_once(args)
+    once["ipyparallel"] = lambda: ipp_once(args)
+    if not args.no_prime:
+        c.log("untimed priming round (file cache)")
+        for f in once.values():
+            f()
+    res: dict[str, list[dict[str, float]]] = {k: [] for k in once}
+    names = list(once)
+    for rep in range(args.repeats):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            r = once[name]()
+            res[name].append(r)
+            c.log(f"run {rep + 1}/{args.repeats} {name}: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in r.items() if k.endswith("_s")))
+
+    def med(side: str, key: str, scale: float = 1.0, unit: str = "") -> str:
+        rs = res[side]
+        if not rs or key not in rs[0]:
+            return "-"
+        v = c.median([r[key] for r in rs]) * scale
+        return f"{v:.1f} ms" if unit == "ms" else f"{v:.2f}"
+
+    nbs = [f"nbdist {e}" for e in args.engines]
+    cols = nbs + ["torchrun", "ipyparallel"]
+    spec = [
+        (f"%nbdist start -n {args.workers} returns", "start_s", 1.0, ""),
+        ("first trivial %%distributed cell", "trivial_cell_s", 1e3, "ms"),
+        ("ready: start + trivial cell done", "ready_s", 1.0, ""),
+        ("plain ipyparallel: engines registered", "registered_s", 1.0, ""),
+        ("torchrun: script main() entered", "main_s", 1.0, ""),
+        ("torchrun: process group formed", "group_s", 1.0, ""),
+        ("first training cell (wall, notebook side)", "first_cell_s", 1.0, ""),
+        ("  first DDP construction (in loop)", "ddp_s", 1e3, "ms"),
+        ("  first optimizer step (in loop)", "step_s", 1e3, "ms"),
+        ("start/launch -> first step done", "to_first_step_s", 1.0, ""),
+        ("stop (nbdist) / launch to exit (torchrun)", "stop_s", 1.0, ""),
+    ]
+    rows = []
+    for label, key, scale, unit in spec:
+        row = [label]
+        for col in cols:
+            k = key
+            if col == "torchrun" and key == "stop_s":
+                k = "total_s"
+            row.append(med(col, k, scale, unit))
+        rows.append(row)
+    print(f"\ncold start of {args.workers} ranks, gloo, {args.threads} thread/rank, median of "
+          f"{args.repeats} alternating runs per side ({c.machine()}); seconds unless marked\n")
+    print(c.table(["median"] + cols, rows))
+    print("(ipyparallel column: a plain cluster; 'ready' is its first execute returning)\n")
+
+    def m(side: str, key: str) -> float:
+        return c.median([r[key] for r in res[side]])
+
+    first = m("torchrun", "to_first_step_s")
+    tr_first = m("torchrun", "ddp_s") + m("torchrun", "step_s")
+    for nb in nbs:
+        ready = m(nb, "ready_s")
+        print(f"cold start ratio {nb} ready / torchrun first step: {ready / first:.2f}x "
+              f"({ready:.2f} s vs {first:.2f} s)")
+        print(f"cold start ratio {nb} first step / torchrun first step: "
+              f"{m(nb, 'to_first_step_s') / first:.2f}x")
+        print(f"cold start ratio {nb} ready / plain ipyparallel ready: "
+              f"{ready / m('ipyparallel', 'ready_s'):.2f}x")
+        nb_first = m(nb, "ddp_s") + m(nb, "step_s")
+        print(f"first DDP construction + step ratio {nb}/torchrun: {nb_first / tr_first:.2f}x "
+              f"({nb_first * 1e3:.0f} ms vs {tr_first * 1e3:.0f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

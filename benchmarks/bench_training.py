@@ -1,0 +1,154 @@
+"""Training throughput of one DDP loop run as a ``%%distributed`` cell vs launched by torchrun.
+
+Both sides run ``workload.train`` (an MLP 784-512-512-10 on synthetic data, batch 64 per rank,
+gloo, 1 torch thread per rank, fixed seed) and time only the steps after the warm-up, inside
+the loop, reduced to the slowest rank. The sides alternate ``--repeats`` times (rotating which
+goes first) and the medians are compared. nbdist is timed with its defaults (live telemetry
+on, its text view rendered into a discarded buffer) and with ``--no-telemetry``. With several
+engines, each engine gets its own phase (only its cluster alive) with its own torchrun runs.
+
+    python benchmarks/bench_training.py [--steps 200] [--warmup 20] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+try:
+    from benchmarks import _common as c
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import _common as c  # type: ignore[no-redef]
+
+WORKLOAD = os.path.join(c.HERE, "workload.py")
+
+
+def cell_code(args: argparse.Namespace) -> str:
+    """The ``%%distributed`` cell: import the shared workload and run it."""
+    return (
+        "import sys\n"
+        f"if {c.HERE!r} not in sys.path:\n"
+        f"    sys.path.insert(0, {c.HERE!r})\n"
+        "import workload\n"
+        f"_bench = workload.train(steps={args.steps}, warmup={args.warmup}, "
+        f"batch={args.batch}, seed={args.seed}, threads={args.threads})\n"
+    )
+
+
+def torchrun_arm(args: argparse.Namespace, n: int) -> Callable[[], dict[str, Any]]:
+    def run() -> dict[str, Any]:
+        _, out, _ = c.run_torchrun(
+            WORKLOAD, ["--mode", "train", "--steps", str(args.steps), "--warmup",
+                       str(args.warmup), "--batch", str(args.batch), "--seed", str(args.seed),
+                       "--threads", str(args.threads)], n, timeout=args.timeout)
+        return parse_result(out)
+
+    return run
+
+
+def run_magic(ip: Any, flags: str, code: str) -> dict[str, Any]:
+    """Run the cell through the real magic; its live view renders into a discarded buffer."""
+    import nbdist
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        ip.run_cell_magic("distributed", flags, code)
+    return nbdist.current_session().pull("_bench")
+
+
+def parse_result(out: str) -> dict[str, Any]:
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"no RESULT line in the script's output:\n{out[-2000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", "--workers", type=int, default=2, help="ranks (2)")
+    ap.add_argument("--steps", type=int, default=200, help="timed steps per run (200)")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps first (20)")
+    ap.add_argument("--batch", type=int, default=64, help="batch per rank (64)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (1)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each side (3)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--engine", choices=("ipyparallel", "dask"), action="append", default=None,
+                    help="nbdist engine(s); repeat for both (default ipyparallel)")
+    ap.add_argument("--timeout", type=float, default=1200, help="overall limit, s (1200)")
+    args = ap.parse_args(argv)
+    engines = list(dict.fromkeys(args.engine or ["ipyparallel"]))
+    if "dask" in engines:
+        try:
+            import nbdist.backends.dask  # noqa: F401
+        except ImportError as exc:
+            c.log(f"dask engine not available ({exc}): skipping it")
+            engines.remove("dask")
+    if not engines:
+        engines = ["ipyparallel"]
+    with c.deadline(args.timeout):
+        return _run(args, engines)
+
+
+def _run(args: argparse.Namespace, engines: list[str]) -> int:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbdist")
+    code = cell_code(args)
+    results: dict[str, list[dict[str, Any]]] = {}
+    baseline: dict[str, str] = {}  # nbdist side -> the torchrun side timed in the same phase
+    # One phase per engine, with only that engine's cluster alive, so an idle cluster of the
+    # other engine never competes with the runs; torchrun is timed again in every phase.
+    for engine in engines:
+        tr = "torchrun" if len(engines) == 1 else f"torchrun (with {engine} phase)"
+        arms: dict[str, Callable[[], dict[str, Any]]] = {}
+        c.log(f"starting nbdist on {args.workers} {engine} workers")
+        ip.run_line_magic("nbdist", f"start -n {args.workers} --engine {engine} "
+                          f"--threads {args.threads} --timeout 120")
+        try:
+            for flags in ("", "--no-telemetry"):
+                name = f"nbdist %%distributed {flags} ({engine})".replace("  ", " ")
+                arms[name] = lambda f=flags: run_magic(ip, f, code)
+                baseline[name] = tr
+            arms[tr] = torchrun_arm(args, args.workers)
+            for name in arms:
+                results[name] = []
+            names = list(arms)
+            for rep in range(args.repeats):
+                for name in names[rep % len(names):] + names[:rep % len(names)]:
+                    t0 = time.perf_counter()
+                    r = arms[name]()
+                    results[name].append(r)
+                    c.log(f"run {rep + 1}/{args.repeats} {name}: "
+                          f"{r['samples_per_s']:.0f} samples/s "
+                          f"({time.perf_counter() - t0:.1f} s wall)")
+        finally:
+            c.log("stopping the cluster")
+            ip.run_line_magic("nbdist", "stop")
+
+    med = {k: c.median([r["samples_per_s"] for r in v]) for k, v in results.items()}
+    print(f"\nDDP MLP {784}-{512}-{512}-{10}, batch {args.batch}/rank, {args.workers} ranks, gloo, "
+          f"{args.threads} thread/rank, {args.steps} timed steps after {args.warmup} warm-up, "
+          f"{args.repeats} alternating runs per side ({c.machine()})\n")
+    rows = []
+    for k, v in results.items():
+        sps = [r["samples_per_s"] for r in v]
+        rows.append((k, med[k], min(sps), max(sps), 1e3 * c.median([r["seconds"] for r in v])
+                     / args.steps, " ".join(f"{x:.0f}" for x in sps)))
+    print(c.table(["side", "median samples/s", "min", "max", "ms/step", "runs"], rows))
+    print()
+    for k, base in baseline.items():
+        print(f"throughput ratio {k}/torchrun: {med[k] / med[base]:.3f}x")
+    main_arm = f"nbdist %%distributed ({engines[0]})"
+    r = med[main_arm] / med[baseline[main_arm]]
+    print(f"target >= 0.97x: {'met' if r >= 0.97 else 'MISSED'} ({main_arm}: {r:.3f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
