@@ -24,6 +24,27 @@ BENCHMARKS = [
 ]
 
 
+def describe_run(argv: list[str]) -> str:
+    """Date, commit, interpreter, torch and load: the context the figures were taken in."""
+    import platform
+
+    import torch
+
+    def out(*cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, cwd=HERE).stdout.strip()
+        except OSError:
+            return "?"
+
+    dirty = " (with uncommitted changes)" if out("git", "status", "--porcelain") else ""
+    return (f"date: {out('date', '-u')}\n"
+            f"commit: {out('git', 'rev-parse', '--short', 'HEAD')}{dirty}\n"
+            f"machine: {os.cpu_count()} cores, {platform.machine()}, "
+            f"Python {platform.python_version()}, torch {torch.__version__}\n"
+            f"load before: {out('uptime')}\n"
+            f"command: python -m benchmarks {' '.join(argv)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
@@ -37,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     summary: list[str] = []
     failed = []
     log = open(args.log, "w", encoding="utf-8") if args.log else None
+    head = describe_run(sys.argv[1:] if argv is None else argv)
+    print(head, flush=True)
+    if log is not None:
+        log.write(head + "\n")
     try:
         for name, script, full, quick in BENCHMARKS:
             if args.only and name not in args.only:
@@ -64,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             log.close()
     print("\n=== summary")
     print("\n".join(summary))
+    print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+          f"{os.getloadavg()[2]:.2f} (1, 5, 15 min)")
     return 1 if failed else 0
 
 

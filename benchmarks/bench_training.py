@@ -132,6 +132,7 @@ def _run(args: argparse.Namespace, engines: list[str]) -> int:
             ip.run_line_magic("nbdist", "stop")
 
     med = {k: c.median([r["samples_per_s"] for r in v]) for k, v in results.items()}
+    cpu = {k: c.median([r["cpu_ms_per_step"] for r in v]) for k, v in results.items()}
     print(f"\nDDP MLP {784}-{512}-{512}-{10}, batch {args.batch}/rank, {args.workers} ranks, gloo, "
           f"{args.threads} thread/rank, {args.steps} timed steps after {args.warmup} warm-up, "
           f"{args.repeats} alternating runs per side ({c.machine()})\n")
@@ -139,11 +140,13 @@ def _run(args: argparse.Namespace, engines: list[str]) -> int:
     for k, v in results.items():
         sps = [r["samples_per_s"] for r in v]
         rows.append((k, med[k], min(sps), max(sps), 1e3 * c.median([r["seconds"] for r in v])
-                     / args.steps, " ".join(f"{x:.0f}" for x in sps)))
-    print(c.table(["side", "median samples/s", "min", "max", "ms/step", "runs"], rows))
-    print()
+                     / args.steps, cpu[k], " ".join(f"{x:.0f}" for x in sps)))
+    print(c.table(["side", "median samples/s", "min", "max", "ms/step", "CPU ms/step", "runs"],
+                  rows))
+    print("(CPU ms/step: CPU time of the busiest rank's process per timed step, median)\n")
     for k, base in baseline.items():
-        print(f"throughput ratio {k}/torchrun: {med[k] / med[base]:.3f}x")
+        print(f"throughput ratio {k}/torchrun: {med[k] / med[base]:.3f}x "
+              f"(CPU per step {cpu[k] / cpu[base]:.3f}x)")
     main_arm = f"nbdist %%distributed ({engines[0]})"
     r = med[main_arm] / med[baseline[main_arm]]
     print(f"target >= 0.97x: {'met' if r >= 0.97 else 'MISSED'} ({main_arm}: {r:.3f}x)")
