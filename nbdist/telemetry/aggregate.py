@@ -166,6 +166,22 @@ class RunSnapshot:
         """The latest logged values of the lowest rank that logged any."""
         return next((r.scalars for r in self.ranks if r.scalars), {})
 
+    def __repr__(self) -> str:
+        rates = [r.steps_per_s for r in self.ranks if r.steps_per_s]
+        parts = [f"{len(self.ranks)} ranks", f"{self.steps} steps"]
+        if rates:
+            parts.append(fmt_rate(min(rates), "steps/s"))
+        if self.stragglers:
+            parts.append("straggler: rank " + ",".join(map(str, self.stragglers)))
+        if self.failed:
+            parts.append("failed: rank " + ",".join(str(r.rank) for r in self.failed))
+        return f"<RunSnapshot: {', '.join(parts)}>"
+
+    def _repr_html_(self) -> str:
+        from ..display.html import run_summary  # views live in display; numbers stay here
+
+        return run_summary(self)
+
 
 # ----------------------------------------------------------------- the fold
 class _Rank:
