@@ -22,6 +22,7 @@ class StreamView:
         self.shown_rank = shown_rank
         self._out = {"stdout": stdout, "stderr": stderr}
         self._at_line_start: dict[tuple[int, str], bool] = {}
+        self._last_rank: dict[str, int] = {}
 
     def _stream(self, name: str) -> TextIO:
         # Looked up at write time: IPython swaps sys.stdout per cell.
@@ -39,8 +40,14 @@ class StreamView:
     def _write(self, rank: int, name: str, text: str) -> None:
         key = (rank, name)
         prefix = f"[{rank}] "
-        start = self._at_line_start.get(key, True)
         pieces = []
+        last = self._last_rank.get(name)
+        if last is not None and last != rank and not self._at_line_start.get((last, name), True):
+            # Another rank's line is unfinished: end it rather than splice two ranks together.
+            pieces.append("\n")
+            self._at_line_start[(last, name)] = True
+        self._last_rank[name] = rank
+        start = self._at_line_start.get(key, True)
         for line in text.splitlines(True):
             pieces.append((prefix if start else "") + line)
             start = line.endswith("\n")
@@ -54,6 +61,7 @@ class StreamView:
             if not start:
                 self._stream(name).write("\n")
         self._at_line_start.clear()
+        self._last_rank.clear()
 
 
 def format_status(status: Any) -> str:

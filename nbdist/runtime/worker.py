@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import socket
 import sys
 import threading
@@ -38,6 +39,10 @@ class _State:
 
 
 _state = _State()
+
+# Errors after which this rank's group cannot be trusted (a collective timed out or lost a peer).
+_COMM_FAILURE = re.compile(r"gloo|nccl|timed out|connection (closed|reset)|processgroup",
+                           re.IGNORECASE)
 
 
 def describe(controller_ip: Optional[str] = None) -> dict[str, Any]:
@@ -202,6 +207,8 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                     out["value"] = mimebundle(value)
             except BaseException as exc:  # the user's error is data for the notebook
                 out = {"ok": False, "error": format_error(exc, filename)}
+                if _COMM_FAILURE.search(f"{type(exc).__name__} {exc}"):
+                    group.teardown(sever=True)
         try:
             tel.end_cell()
         except Exception as exc:  # a telemetry bug must never fail the user's cell
