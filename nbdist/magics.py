@@ -34,7 +34,7 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
 
 
 def _build_parser() -> MagicArgumentParser:
-    parser = MagicArgumentParser(prog="%nbdist", description="Manage the nbdist cluster.")
+    parser = MagicArgumentParser(prog="nbdist", description="Manage the nbdist cluster.")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
 
     p = verbs.add_parser("start", help="start a local cluster (controller + N workers, loopback)")

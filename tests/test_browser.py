@@ -159,6 +159,13 @@ def open_notebook(browser, lab, name: str, cells: list[str]):
     return page
 
 
+def accept_dialog(page) -> None:
+    """Accept a dialog JupyterLab may raise on a slow start (e.g. "Select Kernel")."""
+    dialog = page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept")
+    if dialog.count():
+        dialog.first.click()
+
+
 def run_all(page):
     """Run > Run All Cells from the menu bar, retried until every cell is queued."""
     cells = page.locator(f"{NB} .jp-Cell")
@@ -173,6 +180,7 @@ def run_all(page):
     while not queued():
         if time.monotonic() > deadline:
             raise AssertionError("the notebook's cells never started running")
+        accept_dialog(page)
         cells.nth(0).locator(".jp-InputPrompt").click()
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()

@@ -183,3 +183,65 @@ def test_user_destroying_the_group_gets_a_fresh_one_next_cell(cluster):
     cell(cluster, "import torch.distributed as dist\ndist.destroy_process_group()")
     value = cell(cluster, "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
     assert repr(value) == "2.0"
+
+
+TORCHRUN_SCRIPT = """
+import argparse, os, sys
+import torch, torch.distributed as dist
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--scale", type=float, default=1.0)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")            # env:// as under torchrun
+    local_rank = int(os.environ["LOCAL_RANK"])
+    t = torch.tensor([float(dist.get_rank() + 1)]) * args.scale
+    dist.all_reduce(t)
+    with open(os.path.join(args.out, f"rank{dist.get_rank()}.txt"), "w") as f:
+        f.write(f"{__name__} {local_rank} {dist.get_world_size()} {t.item()} {sys.argv[1:]}")
+    print("script done on", dist.get_rank())
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_torchrun_script_runs_unchanged(cluster, tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    cluster.run_script(str(script), ["--out", str(tmp_path), "--scale", "2"])
+    for r in range(2):
+        name, local_rank, world, total, argv = (tmp_path / f"rank{r}.txt").read_text().split(
+            " ", 4)
+        assert name == "__main__" and local_rank == str(r) and world == "2"
+        assert float(total) == 6.0  # (1 + 2) * 2
+        assert argv == repr(['--out', str(tmp_path), '--scale', '2'])
+    assert "[0] script done on 0" in capsys.readouterr().out
+    # The warm group of the cells is untouched by the script's own group.
+    value = cell(cluster, "import torch, torch.distributed as dist\n"
+                          "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+    assert repr(value) == "2.0"
+
+
+def test_failing_script_names_the_rank(cluster, tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("import os, sys\nif os.environ['RANK'] == '1':\n"
+                      "    sys.exit('rank one gives up')\n")
+    with pytest.raises(DistributedError) as info:
+        cluster.run_script(str(script), output="quiet")
+    assert [f.rank for f in info.value.causes] == [1]
+    assert "exited with status 1" in str(info.value)
+
+
+def test_workers_listen_on_loopback_only(cluster):
+    import psutil
+
+    pids = [row.pid for row in cluster.status().rows]
+    assert len(pids) == 2 and all(pids)
+    listening = [(pid, c.laddr) for pid in pids
+                 for c in psutil.Process(pid).net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert listening, "rank 0 hosts the rendezvous store, so something must listen"
+    assert all(addr.ip == "127.0.0.1" for _, addr in listening), listening

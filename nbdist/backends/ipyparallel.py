@@ -16,6 +16,10 @@ from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, WorkerId
 
 _KEY = "nbdist:"
+# The controller confirms new engines at its next heart beat; ipyparallel's default period
+# (3 s) makes a local start wait for it. Checking more often, with more misses allowed,
+# keeps the same 10 s tolerance for an engine that stops answering.
+_HEARTBEAT_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=20"]
 
 
 def publish(batch: Batch) -> None:
@@ -75,13 +79,15 @@ class IpyparallelBackend(Backend):
 
     def start(self, n: int, timeout: float) -> None:
         # Controller and engines listen on loopback only; the connection files carry the key.
-        self.cluster = ipp.Cluster(n=n, controller_ip="127.0.0.1", log_level=logging.WARNING)
+        self.cluster = ipp.Cluster(n=n, controller_ip="127.0.0.1", log_level=logging.WARNING,
+                                   controller_args=_HEARTBEAT_ARGS)
         self.owns_cluster = True
         try:
             self.cluster.start_controller_sync()
             self.cluster.start_engines_sync(n)
             self.client = self.cluster.connect_client_sync()
-            self.client.wait_for_engines(n, timeout=timeout)
+            # No progress bar: the session shows its own status when the job is formed.
+            self.client.wait_for_engines(n, timeout=timeout, interactive=False)
         except Exception as exc:
             self.stop()
             raise ClusterError(
@@ -96,7 +102,7 @@ class IpyparallelBackend(Backend):
         connection_info = kwargs.pop("url_file", None)
         try:
             self.client = ipp.Client(connection_info, timeout=timeout, **kwargs)
-            self.client.wait_for_engines(1, timeout=timeout)
+            self.client.wait_for_engines(1, timeout=timeout, interactive=False)
         except Exception as exc:
             raise ClusterError(
                 f"could not connect to the ipyparallel cluster {kwargs or '(default profile)'}: "
@@ -130,7 +136,7 @@ class IpyparallelBackend(Backend):
         ids = self.worker_ids()
         if n > len(ids):
             self.cluster.start_engines_sync(n - len(ids))
-            client.wait_for_engines(n, timeout=timeout)
+            client.wait_for_engines(n, timeout=timeout, interactive=False)
         elif n < len(ids):
             victims = ids[n:]
             client.shutdown(targets=victims, block=True)
@@ -148,6 +154,8 @@ class IpyparallelBackend(Backend):
                 pass
             self.client = None
         if self.cluster is not None:
+            # Engines stopped on purpose exit non-zero; ipyparallel would log that as a warning.
+            self.cluster.log.setLevel(logging.ERROR)
             try:
                 self.cluster.stop_cluster_sync()
             finally:

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install the test dependencies and run the whole suite (arguments go to pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+bash scripts/install-torch.sh
+"$PY" -m pip install -e ".[test]"
+# The browser tests drive Debian's chromium, the multi-host tests use network namespaces:
+# install what they need where this user may (as root, with apt).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=()
+  [ -x /usr/bin/chromium ] || need+=(chromium chromium-driver)
+  command -v ip >/dev/null || need+=(iproute2)
+  if [ ${#need[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y --no-install-recommends "${need[@]}" \
+      || { apt-get update && apt-get install -y --no-install-recommends "${need[@]}"; }
+  fi
+fi
+"$PY" -m ruff check .
+"$PY" -m pytest "$@"

@@ -1,0 +1,110 @@
+"""The magics in a real IPython shell: usage errors, delegation to the session, results."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import nbdist.session as session_mod
+from nbdist.errors import DistributedError
+from nbdist.records import ClusterStatus
+from nbdist.session import Session
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def shell():
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "nbdist")
+    sh.run_line_magic("load_ext", "nbdist")  # loading twice is harmless
+    return sh
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    monkeypatch.setattr(session_mod, "_default", Session())
+
+
+@pytest.fixture
+def with_cluster(cluster, monkeypatch):
+    monkeypatch.setattr(session_mod, "_default", cluster)  # the magics use this session
+    return cluster
+
+
+@pytest.mark.parametrize("line,message", [
+    ("", "VERB"),
+    ("bogus", "invalid choice"),
+    ("start -n 0", "-n must be at least 1"),
+    ("start -n two", "invalid int value"),
+    ("start --engine spark", "invalid choice"),
+    ("start --device cpu --dist-backend nccl", "needs --device cuda"),
+    ("start --timeout -1", "must be positive"),
+    ("pull", "required"),
+    ("run", "required"),
+    ("start 'unbalanced", "quotation"),
+])
+def test_bad_arguments_are_usage_errors(shell, no_cluster, line, message):
+    with pytest.raises(UsageError, match=message):
+        shell.run_line_magic("nbdist", line)
+
+
+def test_cell_without_a_cluster_says_how_to_start_one(shell, no_cluster):
+    with pytest.raises(UsageError, match="%nbdist start"):
+        shell.run_cell_magic("distributed", "", "x = 1")
+    with pytest.raises(Exception, match="nbdist start"):
+        shell.run_line_magic("nbdist", "status")
+
+
+def test_help_is_complete():
+    from nbdist.magics import NbdistMagics
+
+    doc = NbdistMagics.nbdist.__doc__
+    for verb in ("start", "connect", "status", "stop", "restart", "scale", "push", "pull",
+                 "cluster", "timeline", "run"):
+        assert f"%nbdist {verb}" in doc
+    assert "%%nbdist" not in doc
+    assert "--ranks" in NbdistMagics.distributed.__doc__
+
+
+def test_run_cell_through_the_shell_raises_for_run_all(shell, with_cluster):
+    result = shell.run_cell("%%distributed --quiet\nif rank == 1:\n    1 / 0\n")
+    assert isinstance(result.error_in_exec, DistributedError)
+    assert result.error_in_exec.ranks == [1]
+    result = shell.run_cell("%%distributed --quiet\nrank + 40")
+    assert result.success and repr(result.result) == "40"
+
+
+def test_cell_usage_errors(shell, with_cluster):
+    with pytest.raises(UsageError, match="out of range"):
+        shell.run_cell_magic("distributed", "--ranks 7", "x = 1")
+    with pytest.raises(UsageError, match="not both"):
+        shell.run_cell_magic("distributed", "--quiet --all-output", "x = 1")
+    with pytest.raises(UsageError, match="positive"):
+        shell.run_cell_magic("distributed", "--timeout 0", "x = 1")
+
+
+def test_push_and_pull_magics(shell, with_cluster):
+    shell.user_ns["lr"] = 0.25
+    shell.user_ns["steps"] = 3
+    shell.run_line_magic("nbdist", "push lr steps")
+    shell.run_cell_magic("distributed", "--quiet", textwrap.dedent("""
+        import types, torch
+        box = types.SimpleNamespace(w=torch.full((2,), lr * steps + rank))
+    """))
+    shell.run_line_magic("nbdist", "pull box.w --rank 1 --as w1")
+    assert shell.user_ns["w1"].tolist() == [1.75, 1.75]
+    shell.run_line_magic("nbdist", "pull box")
+    assert shell.user_ns["box"].w.tolist() == [0.75, 0.75]
+    with pytest.raises(UsageError, match="not defined in the notebook"):
+        shell.run_line_magic("nbdist", "push no_such_variable")
+
+
+def test_status_magic(shell, with_cluster):
+    status = shell.run_line_magic("nbdist", "status")
+    assert isinstance(status, ClusterStatus)
+    assert [r.rank for r in status.rows] == [0, 1] and all(r.alive for r in status.rows)
+    assert "2/2 workers alive" in repr(status) and "<table>" in status._repr_html_()
