@@ -30,7 +30,7 @@ from .errors import (
 from .options import CellOptions, ClusterOptions, parse_ranks
 from .records import ClusterStatus, RemoteValue, WorkerRow
 from .runtime import worker as rt
-from .runtime.env import RankPlan, plan_ranks
+from .runtime.env import RankPlan, plan_ranks, shared_gpus
 from .telemetry.aggregate import RunSnapshot
 from .telemetry.trace import write_trace
 
@@ -132,6 +132,13 @@ class Session:
         if self.options.device == "cuda" and any(p.gpu is None for p in self.plans):
             bad = sorted({p.hostname for p in self.plans if p.gpu is None})
             raise ClusterError(f"--device cuda, but no GPU is visible on {', '.join(bad)}")
+        shared = shared_gpus(self.plans) if self.options.dist_backend != "gloo" else {}
+        if shared:
+            (host, gpu), ranks = next(iter(shared.items()))
+            raise ClusterError(
+                f"ranks {ranks} would share GPU {gpu} on {host}, and NCCL needs one GPU per rank. "
+                f"Start one worker per GPU (-n without a number picks that), or pass "
+                "--dist-backend gloo to share GPUs, or --device cpu.")
         self._call([Call(p.worker_id, rt.set_transport, (backend.transport(),))
                     for p in self.plans], timeout, "install event channel")
         rank0 = self.plans[0]

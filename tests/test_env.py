@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from nbdist.runtime.env import apply_env, plan_ranks, restore_env
+from nbdist.runtime.env import apply_env, plan_ranks, restore_env, shared_gpus
 
 
 def worker(wid, host, ips=(), cpus=2, gpus=0, route=None):
@@ -82,3 +82,13 @@ def test_apply_and_restore_env():
 def test_empty_plan_is_an_error():
     with pytest.raises(ValueError, match="no workers"):
         plan_ranks([])
+
+
+def test_shared_gpus_are_found_per_host():
+    two_on_one = plan_ranks([worker(1, "a", ["10.0.0.5"], gpus=1),
+                             worker(2, "a", ["10.0.0.5"], gpus=1),
+                             worker(3, "b", ["10.0.0.6"], gpus=1)])
+    assert shared_gpus(two_on_one) == {("a", 0): [0, 1]}
+    one_each = plan_ranks([worker(1, "a", gpus=2), worker(2, "a", gpus=2)])
+    assert shared_gpus(one_each) == {}
+    assert shared_gpus(plan_ranks([worker(1, "a"), worker(2, "a")])) == {}

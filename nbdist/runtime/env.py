@@ -154,6 +154,18 @@ def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] =
     return plans
 
 
+def shared_gpus(plans: Sequence[RankPlan]) -> dict[tuple[str, int], list[int]]:
+    """GPUs that more than one rank is pinned to, as ``{(host, gpu): [ranks]}``.
+
+    NCCL needs one GPU per rank, so the session refuses such a plan for NCCL.
+    """
+    users: dict[tuple[str, int], list[int]] = {}
+    for p in plans:
+        if p.gpu is not None:
+            users.setdefault((p.hostname, p.gpu), []).append(p.rank)
+    return {k: v for k, v in users.items() if len(v) > 1}
+
+
 def apply_env(target: MutableMapping[str, str],
               values: Mapping[str, str]) -> dict[str, Optional[str]]:
     """Set ``values`` in ``target``; return what was there before, for :func:`restore_env`."""
