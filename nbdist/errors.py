@@ -108,10 +108,10 @@ class DistributedError(NbdistError):
 class CellTimeoutError(NbdistError):
     """A cell ran past its ``--timeout``."""
 
-    def __init__(self, timeout: float, ranks: Sequence[int]) -> None:
+    def __init__(self, timeout: float, ranks: Sequence[int], hint: str = "") -> None:
         self.ranks = list(ranks)
         super().__init__(
             f"cell ran past --timeout {timeout:g} s; rank(s) {self.ranks} were still running and "
             "were interrupted. The process group is re-formed for the next cell; re-create "
-            "DistributedDataParallel wrappers made before it."
+            "DistributedDataParallel wrappers made before it." + (f" {hint}" if hint else "")
         )

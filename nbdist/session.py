@@ -245,8 +245,13 @@ class Session:
                       {"telemetry": telemetry, "collectives": time_collectives})
                  for r in selected]
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
+        hint = ""
+        if len(selected) < self.world_size:
+            hint = (f"This cell ran on rank(s) {', '.join(map(str, selected))} only, but "
+                    "collectives need every rank of the group; a cell that runs on every rank "
+                    "re-forms the group if it was lost.")
         try:
-            results = self._run(calls, view, opts.timeout, "cell")
+            results = self._run(calls, view, opts.timeout, "cell", hint)
         finally:
             if view.state.recorded:
                 self.runs.append(view.state)
@@ -297,7 +302,7 @@ class Session:
         return write_trace(path, state.events(), meta)
 
     def _run(self, calls: list[Call], view: RunView, timeout: Optional[float],
-             what: str) -> list[dict]:
+             what: str, hint: str = "") -> list[dict]:
         """Submit per-rank calls, stream their output, and turn failures into one error."""
         backend = self._require()
         rank_of = {p.worker_id: p.rank for p in self.plans}
@@ -311,7 +316,7 @@ class Session:
                     late = sorted(rank_of[w] for w in job.pending())
                     self._interrupt(job)
                     self.generation += 1
-                    raise CellTimeoutError(timeout, late)
+                    raise CellTimeoutError(timeout, late, hint)
         except KeyboardInterrupt:
             self._interrupt(job)
             self.generation += 1
@@ -325,10 +330,11 @@ class Session:
         failures = [self._failure(r, rank_of[o.worker]) for o, r in zip(outcomes, results)
                     if not r.get("ok")]
         if failures:
-            remedy = ("The process group was re-formed; re-create DistributedDataParallel "
-                      "wrappers made before this cell." if any(
+            remedy = ("The process group is re-formed for the next cell; re-create "
+                      "DistributedDataParallel wrappers made before this cell." if any(
                           not r.get("group_alive", True) for r in results) else "")
-            raise DistributedError(failures, what=what, remedy=remedy)
+            raise DistributedError(failures, what=what,
+                                   remedy=" ".join(x for x in (hint, remedy) if x))
         return results
 
     def _finish_events(self, job: Job, view: RunView, seen: dict[int, int]) -> None:

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 import torch
 
-from nbdist.errors import DistributedError
+from nbdist.errors import CellTimeoutError, DistributedError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -245,3 +245,18 @@ def test_workers_listen_on_loopback_only(cluster):
                  if c.status == psutil.CONN_LISTEN]
     assert listening, "rank 0 hosts the rendezvous store, so something must listen"
     assert all(addr.ip == "127.0.0.1" for _, addr in listening), listening
+
+
+def test_timeout_releases_a_rank_blocked_in_a_collective(cluster):
+    import time
+
+    cell(cluster, "import torch, torch.distributed as dist")
+    started = time.monotonic()
+    # Rank 1 does not take part, so rank 0 waits in native code that ignores interrupts;
+    # the cluster's collective timeout (60 s here) must not be what ends it.
+    with pytest.raises(CellTimeoutError, match="collectives need every rank") as info:
+        cell(cluster, "t = torch.ones(1)\ndist.all_reduce(t)", ranks="0", timeout=2)
+    assert info.value.ranks == [0]
+    assert time.monotonic() - started < 20
+    value = cell(cluster, "t = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\nt.item()")
+    assert repr(value) == "3.0"

@@ -85,6 +85,10 @@ def _interrupt_calls(tag: str) -> int:
             if t == tag:
                 hit += ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+    if hit:
+        from ..runtime import interrupt
+
+        interrupt.request()  # a thread blocked in a collective is cut loose after a grace
     return hit
 
 

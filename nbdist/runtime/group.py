@@ -116,6 +116,14 @@ def _not_store(fds: set[int], store_port: int) -> set[int]:
     return keep
 
 
+def sever() -> None:
+    """Cut this rank's connections to its peers, from any thread; the group is unusable after.
+
+    A collective blocked on them fails at once (see :mod:`.interrupt`).
+    """
+    _sever_peers()
+
+
 def _sever_peers() -> None:
     """Close this rank's connections to its peers so their pending collectives fail at once.
 

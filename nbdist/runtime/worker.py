@@ -20,6 +20,7 @@ import cloudpickle
 from . import env as envmod
 from .capture import EventSink, Transport, captured_output
 from .execute import format_error, mimebundle, run_code
+from .interrupt import interruptible
 
 
 class _State:
@@ -200,7 +201,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                 return {"ok": False, "error": err, "group_alive": False, "seq": _state.sink.flush()}
         out: dict[str, Any] = {"ok": True, "value": None}
         tel.begin_cell(_state.sink, telemetry, collectives)
-        with captured_output(_state.sink):
+        with interruptible(group.sever) as watch, captured_output(_state.sink):
             try:
                 value = run_code(source, filename, _state.namespace)
                 if want_result:
@@ -209,6 +210,8 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                 out = {"ok": False, "error": format_error(exc, filename)}
                 if _COMM_FAILURE.search(f"{type(exc).__name__} {exc}"):
                     group.teardown(sever=True)
+        if watch.severed:  # an interrupt cut this rank out of a collective: the group is gone
+            group.teardown()
         try:
             tel.end_cell()
         except Exception as exc:  # a telemetry bug must never fail the user's cell
