@@ -94,6 +94,31 @@ def test_connect_by_scheduler_file(external_cluster, tmp_path):
         s.stop()
 
 
+def test_connect_over_tls_with_dask_security():
+    pytest.importorskip("cryptography", reason="Security.temporary() needs cryptography")
+    from distributed.security import Security
+
+    sec = Security.temporary()  # a throwaway CA and certificate, as a site's TLS setup would
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       protocol="tls://", host="127.0.0.1", security=sec,
+                                       dashboard_address="127.0.0.1:0",
+                                       silence_logs=logging.WARNING)
+    try:
+        assert cluster.scheduler_address.startswith("tls://")
+        with pytest.raises(ClusterError):  # a client without the certificates is refused
+            Session().connect(engine="dask", address=cluster.scheduler_address, timeout=5)
+        s = Session().connect(engine="dask", address=cluster.scheduler_address,
+                              security=sec, timeout=60)
+        try:
+            value = cell(s, "import torch, torch.distributed as dist\n"
+                            "t = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\nt.item()")
+            assert repr(value) == "3.0"
+        finally:
+            s.stop()
+    finally:
+        cluster.close()
+
+
 def test_connect_failure_is_a_clear_cluster_error():
     with pytest.raises(ClusterError, match="could not connect to the Dask scheduler"):
         # Nothing listens on port 9 of loopback (discard service is not run here).
