@@ -104,6 +104,19 @@ def _publish(topic: str, batch: Batch) -> None:
 # ----------------------------------------------------------------------------- client side
 
 
+def _new_client(*args: Any, **kwargs: Any) -> distributed.Client:
+    """``distributed.Client(...)``, tried twice.
+
+    Right after another client of this process failed or closed, Dask's IO-loop thread
+    sometimes does not come up within its own 10 s wait and the constructor fails with a bare
+    ``AssertionError`` (seen after a refused TLS connection); a second try starts a fresh one.
+    """
+    try:
+        return distributed.Client(*args, **kwargs)
+    except AssertionError:
+        return distributed.Client(*args, **kwargs)
+
+
 class _DaskJob(Job):
     def __init__(self, backend: DaskBackend, futures: list[tuple[WorkerId, Any]]):
         self._backend = backend
@@ -204,7 +217,7 @@ class DaskBackend(Backend):
                     n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                     dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
                     memory_limit=0)
-                self.client = distributed.Client(self.cluster, timeout=timeout)
+                self.client = _new_client(self.cluster, timeout=timeout)
                 self.client.wait_for_workers(n, timeout=timeout)
         except Exception as exc:
             self.stop()
@@ -229,9 +242,9 @@ class DaskBackend(Backend):
         target = address if address is not None else f"scheduler file {scheduler_file}"
         try:
             if address is not None:
-                self.client = distributed.Client(address, **kwargs)
+                self.client = _new_client(address, **kwargs)
             else:
-                self.client = distributed.Client(scheduler_file=scheduler_file, **kwargs)
+                self.client = _new_client(scheduler_file=scheduler_file, **kwargs)
             self.client.wait_for_workers(1, timeout=timeout)
         except Exception as exc:
             self.stop()
@@ -279,11 +292,20 @@ class DaskBackend(Backend):
         self._events.clear()
 
     # ------------------------------------------------------------------ workers
+    def _workers_info(self) -> dict[str, Any]:
+        """Every worker the scheduler knows, asked now.
+
+        Not ``Client.scheduler_info()``: it returns a cache that the client's own periodic
+        refresh may replace, between the fetch and the return, with one holding no workers.
+        """
+        client = self._require()
+        return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
     def live_workers(self) -> list[str]:
-        return list(self._require().scheduler_info(n_workers=-1)["workers"])
+        return list(self._workers_info())
 
     def worker_ids(self) -> list[WorkerId]:
-        info = self._require().scheduler_info(n_workers=-1)["workers"]
+        info = self._workers_info()
         return sorted(info, key=lambda addr: _worker_order(addr, info[addr].get("name")))
 
     def submit(self, calls: Sequence[Call]) -> Job:
@@ -316,7 +338,7 @@ class DaskBackend(Backend):
                     client.wait_for_workers(n, timeout=timeout)
             elif n < len(ids):
                 # Retire the highest ranks, so the ranks that stay keep their numbers.
-                info = client.scheduler_info(n_workers=-1)["workers"]
+                info = self._workers_info()
                 for addr in ids[n:]:
                     self.cluster.worker_spec.pop(info[addr]["name"], None)
                 # Retire by address first: it hands over what the workers still hold, where
