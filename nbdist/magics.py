@@ -107,12 +107,16 @@ class NbdistMagics(Magics):
             _check(opts)
             if verb == "start":
                 _check({"n": args.n})
+                how_many = args.n or "one per GPU (else 2)"
+                _say(f"starting {args.engine} workers on this machine ({how_many}) and forming "
+                     "the process group ...")
                 session.start(args.n, **opts)
             else:
                 target = {k: v for k, v in dict(
                     cluster_id=args.cluster_id, profile=args.profile, url_file=args.url_file,
                     address=args.address, scheduler_file=args.scheduler_file).items()
                     if v is not None}
+                _say(f"connecting to the {args.engine} cluster and forming the process group ...")
                 session.connect(**opts, **target)
             return session.status()
         if verb == "status":
@@ -129,9 +133,11 @@ class NbdistMagics(Magics):
             session.stop()
             return None
         if verb == "restart":
+            _say("restarting the workers ...")
             return session.restart().status()
         if verb == "scale":
             _check({"n": args.n})
+            _say(f"scaling to {args.n} workers and re-forming the process group ...")
             return session.scale(args.n).status()
         if verb == "push":
             ns = self.shell.user_ns
@@ -194,6 +200,11 @@ class NbdistMagics(Magics):
             if isinstance(exc, SyntaxError):
                 raise
             raise UsageError(f"%%distributed: {exc}") from None
+
+
+def _say(message: str) -> None:
+    """One progress line for work that takes seconds; the result table follows it."""
+    print(f"nbdist: {message}", flush=True)
 
 
 def _check(values: dict[str, Any]) -> None:
