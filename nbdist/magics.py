@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from typing import Any, Optional
 
@@ -51,6 +52,12 @@ def _build_parser() -> MagicArgumentParser:
                    help="ipyparallel client connection file (ipcontroller-client.json)")
     p.add_argument("--scheduler-file", default=None, metavar="FILE",
                    help="dask scheduler file")
+    p.add_argument("--tls-ca-file", default=None, metavar="FILE",
+                   help="dask over tls://: the CA certificate that signed the cluster's")
+    p.add_argument("--tls-cert", default=None, metavar="FILE",
+                   help="dask over tls://: this client's certificate")
+    p.add_argument("--tls-key", default=None, metavar="FILE",
+                   help="dask over tls://: this client's private key (default: in --tls-cert)")
     _cluster_options(p)
 
     verbs.add_parser("status", help="workers: rank, host, pid, device, alive")
@@ -116,6 +123,9 @@ class NbdistMagics(Magics):
                     cluster_id=args.cluster_id, profile=args.profile, url_file=args.url_file,
                     address=args.address, scheduler_file=args.scheduler_file).items()
                     if v is not None}
+                security = _dask_security(args)
+                if security is not None:
+                    target["security"] = security
                 _say(f"connecting to the {args.engine} cluster and forming the process group ...")
                 session.connect(**opts, **target)
             return session.status()
@@ -202,6 +212,26 @@ class NbdistMagics(Magics):
             raise UsageError(f"%%distributed: {exc}") from None
 
 
+def _dask_security(args: argparse.Namespace) -> Any:
+    """A Dask ``Security`` from the ``--tls-*`` flags, or None when none is given."""
+    files = {"tls_ca_file": args.tls_ca_file, "tls_client_cert": args.tls_cert,
+             "tls_client_key": args.tls_key}
+    if not any(files.values()):
+        return None
+    if args.engine != "dask":
+        raise UsageError("%nbdist connect: --tls-* flags are for --engine dask; ipyparallel "
+                         "authenticates with the key in its connection file")
+    if not (args.tls_ca_file and args.tls_cert):
+        raise UsageError("%nbdist connect: TLS needs --tls-ca-file and --tls-cert "
+                         "(and --tls-key unless the key is in the certificate file)")
+    missing = [f for f in files.values() if f and not os.path.isfile(f)]
+    if missing:
+        raise UsageError(f"%nbdist connect: no such file: {', '.join(missing)}")
+    from distributed.security import Security
+
+    return Security(require_encryption=True, **{k: v for k, v in files.items() if v})
+
+
 def _say(message: str) -> None:
     """One progress line for work that takes seconds; the result table follows it."""
     print(f"nbdist: {message}", flush=True)
@@ -222,6 +252,7 @@ NbdistMagics.nbdist.__doc__ = (
     "Examples::\n\n"
     "    %nbdist start -n 2                 # local cluster, gloo on CPU / nccl on GPUs\n"
     "    %nbdist connect --profile mpi      # an ipcluster started by SSH/MPI/Slurm launchers\n"
+    "    %nbdist connect --engine dask tls://sched:8786 --tls-ca-file ca.pem --tls-cert me.pem\n"
     "    %nbdist status\n"
     "    %nbdist push lr epochs\n"
     "    %nbdist pull model --rank 0\n"

@@ -94,9 +94,12 @@ def test_connect_by_scheduler_file(external_cluster, tmp_path):
         s.stop()
 
 
-def test_connect_over_tls_with_dask_security():
+def test_connect_over_tls_with_dask_security(tmp_path, monkeypatch):
     pytest.importorskip("cryptography", reason="Security.temporary() needs cryptography")
     from distributed.security import Security
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import nbdist.session as session_mod
 
     sec = Security.temporary()  # a throwaway CA and certificate, as a site's TLS setup would
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
@@ -115,6 +118,20 @@ def test_connect_over_tls_with_dask_security():
             assert repr(value) == "3.0"
         finally:
             s.stop()
+        # The same through the magic, with the credentials in files as a site would have them.
+        for name in ("tls_ca_file", "tls_client_cert", "tls_client_key"):
+            (tmp_path / f"{name}.pem").write_text(getattr(sec, name))
+        monkeypatch.setattr(session_mod, "_default", Session())
+        shell = InteractiveShell.instance()
+        shell.run_line_magic("load_ext", "nbdist")
+        status = shell.run_line_magic(
+            "nbdist", f"connect --engine dask {cluster.scheduler_address} --timeout 60 "
+            f"--tls-ca-file {tmp_path}/tls_ca_file.pem --tls-cert {tmp_path}/tls_client_cert.pem "
+            f"--tls-key {tmp_path}/tls_client_key.pem")
+        try:
+            assert [r.rank for r in status.rows] == [0, 1] and all(r.alive for r in status.rows)
+        finally:
+            shell.run_line_magic("nbdist", "stop")
     finally:
         cluster.close()
 

@@ -46,6 +46,10 @@ def with_cluster(cluster, monkeypatch):
     ("pull", "required"),
     ("run", "required"),
     ("start 'unbalanced", "quotation"),
+    ("connect --engine dask tls://127.0.0.1:1 --tls-cert c.pem", "needs --tls-ca-file"),
+    ("connect --profile x --tls-ca-file a.pem --tls-cert c.pem", "for --engine dask"),
+    ("connect --engine dask tls://127.0.0.1:1 --tls-ca-file /no/ca.pem --tls-cert /no/c.pem",
+     "no such file: /no/ca.pem, /no/c.pem"),
 ])
 def test_bad_arguments_are_usage_errors(shell, no_cluster, line, message):
     with pytest.raises(UsageError, match=message):
