@@ -15,6 +15,10 @@ _PEER_LOSS = re.compile(
 )
 
 
+# Any failure of communication: the above, a collective timing out, or a group that is gone.
+_COMM = re.compile(_PEER_LOSS.pattern + r"|gloo|nccl|timed out|process group", re.IGNORECASE)
+
+
 class NbdistError(Exception):
     """Base class of every error nbdist raises on purpose."""
 
@@ -50,6 +54,11 @@ class RankFailure:
     def consequential(self) -> bool:
         """True when this rank failed only because a peer went away."""
         return bool(_PEER_LOSS.search(self.evalue))
+
+    @property
+    def communication(self) -> bool:
+        """True when this rank failed in communication (a collective, the group), not in code."""
+        return bool(_COMM.search(self.evalue))
 
     def headline(self) -> str:
         where = f" (cell line {self.line})" if self.line else ""

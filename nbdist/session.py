@@ -333,6 +333,8 @@ class Session:
             remedy = ("The process group is re-formed for the next cell; re-create "
                       "DistributedDataParallel wrappers made before this cell." if any(
                           not r.get("group_alive", True) for r in results) else "")
+            if not any(f.communication for f in failures):
+                hint = ""  # the hint is about collectives; this failure is in the code
             raise DistributedError(failures, what=what,
                                    remedy=" ".join(x for x in (hint, remedy) if x))
         return results

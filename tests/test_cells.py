@@ -154,6 +154,10 @@ def test_rank_selection(cluster):
     assert cluster.pull("only", rank=1) == 1
     with pytest.raises(ValueError, match="out of range"):
         cell(cluster, "x = 1", ranks="5")
+    # A plain code error on a subset of ranks gets no advice about collectives.
+    with pytest.raises(DistributedError) as info:
+        cell(cluster, "raise KeyError('nope')", ranks="1")
+    assert info.value.ranks == [1] and "collectives" not in info.value.remedy
 
 
 def test_output_streams_live_with_rank_prefix(cluster, capsys):

@@ -101,3 +101,16 @@ def test_status_renders_text_and_escaped_html():
     assert "1/2 workers alive" in text and "NO" in text
     html = st._repr_html_()
     assert "h&lt;1&gt;" in html and "<table>" in html
+
+
+def test_communication_failures_are_told_apart_from_code_errors():
+    from nbdist.errors import RankFailure
+
+    def failure(ename, evalue):
+        return RankFailure(0, "host", ename, evalue)
+
+    assert failure("RuntimeError", "[gloo] Timed out waiting 8000ms for recv").communication
+    assert failure("ValueError", "Default process group has not been initialized, "
+                   "please make sure to call init_process_group.").communication
+    assert failure("RuntimeError", "Connection closed by peer [127.0.0.1]:1").communication
+    assert not failure("ValueError", "bad shard on rank one").communication
