@@ -288,16 +288,16 @@ def _timed_hook(slot, bucket):  # type: ignore[no-untyped-def]
         group = slot.state if slot.state is not None else _dist_world()
         size = group.size()
         rec.nbytes, rec.dtype, rec.op = _nbytes(buf), _dtype_name(buf), "all_reduce"
+        # Average first, as DDP's own hook does, on this (autograd) thread: the callback on the
+        # communication thread then does no tensor work, so it holds the GIL only briefly.
+        buf.div_(size)
         rec.issued = time.time()
         # The process group's own method: what dist.all_reduce ends in, without its checks.
         fut = group.allreduce([buf]).get_future()
 
         def reduced(f: Any) -> Any:
             _mark_done(rec)
-            # Averaging after the sum, on the communication thread: this extra pass over the
-            # bucket overlaps the backward of later buckets (DDP without a hook fuses it into
-            # its gradient copy, which no hook can do).
-            return f.value()[0].div_(size)
+            return f.value()[0]
 
         return fut.then(reduced)
     tel.local.bucket = rec
