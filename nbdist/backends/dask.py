@@ -389,7 +389,13 @@ def _worker_order(addr: str, name: Any) -> tuple:
 
 
 def _nondaemonic_workers() -> Any:
-    """Config under which worker processes are spawned non-daemonic, so user code may start
-    its own child processes (``DataLoader(num_workers=...)``); Python forbids that in daemonic
-    ones. The nanny reads it when it spawns, so it must be active until the workers are up."""
-    return dask.config.set({"distributed.worker.daemon": False})
+    """Config for the worker processes nbdist spawns; the nanny reads it when it spawns, so it
+    must be active until the workers are up.
+
+    Non-daemonic, so user code may start its own child processes
+    (``DataLoader(num_workers=...)``); Python forbids that in daemonic ones. Without Dask's
+    statistical profiler, which walks the running cell's stack from the event loop every
+    10 ms: a training step would hand the GIL to it a hundred times a second.
+    """
+    return dask.config.set({"distributed.worker.daemon": False,
+                            "distributed.worker.profile.enabled": False})
