@@ -27,8 +27,7 @@ class _Watcher:
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.write_fd, False)
-        self.running = threading.Event()  # a cell is running on this worker
-        self.idle = threading.Event()
+        self.idle = threading.Event()  # clear while a cell runs on this worker
         self.idle.set()
         self.severed = False
         self.forward_fd = -1  # the wakeup fd we displaced, which still gets its bytes
@@ -45,7 +44,8 @@ class _Watcher:
                 except OSError:
                     pass
             wanted = _REQUEST in data or bytes([signal.SIGINT]) in data
-            if wanted and self.running.is_set() and not self.idle.wait(GRACE):
+            # idle.wait returns at once when no cell runs, or as soon as the cell ends.
+            if wanted and not self.idle.wait(GRACE):
                 sever = self.sever
                 if sever is not None:
                     self.severed = True
@@ -79,11 +79,9 @@ def interruptible(sever: Callable[[], None]) -> Iterator[_Watcher]:
         previous = signal.set_wakeup_fd(w.write_fd, warn_on_full_buffer=False)
         w.forward_fd = previous
     w.idle.clear()
-    w.running.set()
     try:
         yield w
     finally:
-        w.running.clear()
         w.idle.set()
         if in_main:
             signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
