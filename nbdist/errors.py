@@ -31,6 +31,18 @@ class ClusterError(NbdistError):
     """Starting, reaching, scaling or stopping workers failed."""
 
 
+class WorkersDidNotStart(ClusterError):
+    """Fewer workers than wanted came up in time. The engine's own error is the ``__cause__``."""
+
+    def __init__(self, engine: str, ready: int, wanted: int, timeout: float,
+                 detail: str = "") -> None:
+        self.engine, self.ready, self.wanted, self.timeout = engine, ready, wanted, timeout
+        why = f" ({detail})" if detail else ""
+        super().__init__(
+            f"only {ready} of {wanted} {engine} workers started within {timeout:g} s{why}. "
+            "Try a longer --timeout, or fewer workers with -n.")
+
+
 class NoClusterError(NbdistError):
     def __init__(self) -> None:
         super().__init__(

@@ -5,18 +5,9 @@ from __future__ import annotations
 import pytest
 
 from nbdist.telemetry import events as ev
-from nbdist.telemetry.aggregate import (
-    RunState,
-    aggregate,
-    bandwidth,
-    exposed_seconds,
-    find_stragglers,
-    fmt_bytes_rate,
-    fmt_rate,
-    fmt_seconds,
-    rate,
-    union_seconds,
-)
+from nbdist.telemetry.aggregate import RunState, aggregate, find_stragglers
+from nbdist.telemetry.intervals import bandwidth, exposed_seconds, rate, union_seconds
+from nbdist.telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
 
 T0 = 1_700_000_000.0
 

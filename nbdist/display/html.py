@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from ..telemetry.aggregate import fmt_bytes_rate, fmt_rate, fmt_seconds
+from ..telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
 
 
 def status_table(status: Any) -> str:

@@ -6,8 +6,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any, Optional, TextIO
 
-from ..telemetry.aggregate import fmt_bytes_rate, fmt_rate, fmt_seconds
 from ..telemetry.events import STREAM, Batch
+from ..telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
 
 
 class StreamView:

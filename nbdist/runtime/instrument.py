@@ -39,7 +39,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional
 
 from ..telemetry import events as ev
-from ..telemetry.aggregate import exposed_seconds
+from ..telemetry.intervals import exposed_seconds
 
 _COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
                 "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single", "all_to_all",

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .events import COMM, END, PROGRESS, SCALARS, STEP, TELEMETRY, Batch, Event
+from .intervals import bandwidth, rate
+from .states import RankState
+from .units import fmt_rate
 
 #: steps used for rates and medians (recent behaviour, not the whole run's average)
 WINDOW = 20
@@ -27,41 +30,7 @@ STRAGGLER_MIN_STEPS = 5
 MAX_RECORDED = 200_000
 
 
-# ----------------------------------------------------------------- pure helpers
-def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
-    """Total time covered by ``intervals`` (overlaps counted once)."""
-    total, end = 0.0, None
-    for a, b in sorted(intervals):
-        if b <= a:
-            continue
-        if end is None or a > end:
-            total += b - a
-            end = b
-        elif b > end:
-            total += b - end
-            end = b
-    return total
-
-
-def exposed_seconds(compute_end: float, intervals: Iterable[tuple[float, float]]) -> float:
-    """Communication left after compute ended: the part of ``intervals`` past ``compute_end``."""
-    return union_seconds((max(a, compute_end), b) for a, b in intervals if b > compute_end)
-
-
-def bandwidth(nbytes: int, intervals: Iterable[tuple[float, float]]) -> Optional[float]:
-    """Algorithm bandwidth in bytes/s: payload over the time some collective was running."""
-    busy = union_seconds(intervals)
-    return nbytes / busy if busy > 0 and nbytes > 0 else None
-
-
-def rate(points: Sequence[tuple[float, float]]) -> Optional[float]:
-    """Units per second between the first and last ``(t, count)`` point."""
-    if len(points) < 2:
-        return None
-    (t0, n0), (t1, n1) = points[0], points[-1]
-    return (n1 - n0) / (t1 - t0) if t1 > t0 else None
-
-
+# ----------------------------------------------------------------- stragglers
 def find_stragglers(compute: dict[int, Sequence[float]], *, ratio: float = STRAGGLER_RATIO,
                     min_s: float = STRAGGLER_MIN_S,
                     min_steps: int = STRAGGLER_MIN_STEPS) -> list[int]:
@@ -114,7 +83,7 @@ class BarState:
 @dataclass(frozen=True)
 class RankSnapshot:
     rank: int
-    state: str  # waiting | running | done | failed | stopped
+    state: RankState
     error: Optional[str] = None
     steps: int = 0
     steps_per_s: Optional[float] = None
@@ -150,16 +119,16 @@ class RunSnapshot:
 
     @property
     def failed(self) -> tuple[RankSnapshot, ...]:
-        return tuple(r for r in self.ranks if r.state == "failed")
+        return tuple(r for r in self.ranks if r.state == RankState.FAILED)
 
     @property
     def finished(self) -> bool:
-        return all(r.state not in ("running", "waiting") for r in self.ranks)
+        return not any(RankState(r.state).active for r in self.ranks)
 
     @property
     def steps(self) -> int:
         """Steps every rank has completed."""
-        return min((r.steps for r in self.ranks if r.state != "waiting"), default=0)
+        return min((r.steps for r in self.ranks if r.state != RankState.WAITING), default=0)
 
     @property
     def scalars(self) -> dict[str, float]:
@@ -186,7 +155,7 @@ class RunSnapshot:
 # ----------------------------------------------------------------- the fold
 class _Rank:
     def __init__(self) -> None:
-        self.state = "waiting"
+        self.state = RankState.WAITING
         self.error: Optional[str] = None
         self.steps = 0
         self.recent: deque[Event] = deque(maxlen=WINDOW)
@@ -248,8 +217,8 @@ class RunState:
         if t is not None:
             self._t0 = min(self._t0, e.get("t0", t)) if self._t0 is not None else e.get("t0", t)
             self._t1 = max(self._t1, t) if self._t1 is not None else t
-        if st.state == "waiting" and kind != END:
-            st.state = "running"
+        if st.state == RankState.WAITING and kind != END:
+            st.state = RankState.RUNNING
         if kind == STEP:
             self._step(rank, st, e)
         elif kind == COMM:
@@ -266,7 +235,7 @@ class RunState:
         elif kind == SCALARS:
             st.scalars.update(e["values"])
         elif kind == END:
-            st.state = "done" if e["ok"] else "failed"
+            st.state = RankState.DONE if e["ok"] else RankState.FAILED
             st.error = e.get("error")
 
     def _step(self, rank: int, st: _Rank, e: Event) -> None:
@@ -287,8 +256,8 @@ class RunState:
     def finish(self) -> None:
         """The run is over: ranks that never said they finished are marked stopped."""
         for st in self._ranks.values():
-            if st.state == "running":
-                st.state = "stopped"
+            if st.state == RankState.RUNNING:
+                st.state = RankState.STOPPED
                 st.error = st.error or "no end-of-cell report (interrupted, or the worker died)"
 
     def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
@@ -345,35 +314,3 @@ def aggregate(batches: Iterable[Batch], ranks: Iterable[int] = ()) -> RunSnapsho
     state = RunState(ranks)
     state.feed(batches)
     return state.snapshot()
-
-
-def fmt_rate(x: Optional[float], unit: str = "") -> str:
-    """``12.3 it/s`` style, shared by the text and widget views."""
-    if x is None:
-        return "-"
-    for suffix, scale in (("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g}{suffix} {unit}".rstrip()
-    return f"{x:.3g} {unit}".rstrip()
-
-
-def fmt_bytes_rate(x: Optional[float]) -> str:
-    if x is None:
-        return "-"
-    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.3g} B/s"
-
-
-def fmt_seconds(x: Optional[float]) -> str:
-    if x is None:
-        return "-"
-    if x < 1e-3:
-        return f"{x * 1e6:.0f} µs"
-    if x < 1:
-        return f"{x * 1e3:.3g} ms"
-    if x < 120:
-        return f"{x:.3g} s"
-    m, s = divmod(int(x), 60)
-    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"

@@ -1,0 +1,46 @@
+"""Interval arithmetic on ``(start, end)`` seconds: what the worker's step accounting and the
+notebook's fold both need. A leaf module (stdlib only), so the worker never imports the fold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Optional
+
+
+def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total time covered by ``intervals`` (overlaps counted once).
+
+    >>> union_seconds([(0, 2), (1, 3), (5, 6)])
+    4.0
+    """
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return float(total)
+
+
+def exposed_seconds(compute_end: float, intervals: Iterable[tuple[float, float]]) -> float:
+    """Communication left after compute ended: the part of ``intervals`` past ``compute_end``."""
+    return union_seconds((max(a, compute_end), b) for a, b in intervals if b > compute_end)
+
+
+def bandwidth(nbytes: int, intervals: Iterable[tuple[float, float]]) -> Optional[float]:
+    """Algorithm bandwidth in bytes/s: payload over the time some collective was running."""
+    busy = union_seconds(intervals)
+    return nbytes / busy if busy > 0 and nbytes > 0 else None
+
+
+def rate(points: Sequence[tuple[float, float]]) -> Optional[float]:
+    """Units per second between the first and last ``(t, count)`` point."""
+    if len(points) < 2:
+        return None
+    (t0, n0), (t1, n1) = points[0], points[-1]
+    return (n1 - n0) / (t1 - t0) if t1 > t0 else None

@@ -1,0 +1,47 @@
+"""How numbers are written for people: rates, byte rates, durations. Shared by every view.
+
+A leaf module (no nbdist imports), so the fold's records and all views may use it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+def fmt_rate(x: Optional[float], unit: str = "") -> str:
+    """``12.3 it/s`` style, shared by the text and widget views."""
+    if x is None:
+        return "-"
+    for suffix, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{suffix} {unit}".rstrip()
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def fmt_bytes_rate(x: Optional[float]) -> str:
+    """Bytes per second with a decimal unit (``1.2 GB/s``)."""
+    if x is None:
+        return "-"
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} B/s"
+
+
+def fmt_seconds(x: Optional[float]) -> str:
+    """A duration: µs and ms for short ones, ``m:ss`` and ``h:mm:ss`` past two minutes."""
+    if x is None:
+        return "-"
+    if x < 1e-3:
+        return f"{x * 1e6:.0f} µs"
+    if x < 1:
+        return f"{x * 1e3:.3g} ms"
+    if x < 120:
+        return f"{x:.3g} s"
+    m, s = divmod(int(x), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+def fmt_fraction(x: Optional[float]) -> str:
+    """A share as a whole percentage (``37%``), ``-`` when unknown."""
+    return f"{x:.0%}" if x is not None else "-"
