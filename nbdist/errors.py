@@ -1,22 +1,30 @@
-"""Errors nbdist raises in the notebook: what went wrong, on which rank and host, what to do."""
+"""Errors nbdist raises in the notebook: what went wrong, on which rank and host, what to do.
+
+Each user-facing message is written once, here.
+"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-# How a rank fails when a *peer* died or closed the group under it: consequences, not causes.
-_PEER_LOSS = re.compile(
-    r"Connection closed by peer|Connection reset by peer|remote process exited|"
-    r"ProcessGroup.*(aborted|destroyed)|Broken pipe|NCCL communicator was aborted",
-    re.IGNORECASE,
-)
+from .telemetry.units import fmt_ranks
 
+if TYPE_CHECKING:
+    from .runtime.results import CellResult
 
-# Any failure of communication: the above, a collective timing out, or a group that is gone.
-_COMM = re.compile(_PEER_LOSS.pattern + r"|gloo|nccl|timed out|process group", re.IGNORECASE)
+#: how to get a cluster, for every "no cluster" message
+NO_CLUSTER = ("no nbdist cluster is running. Start one with `%nbdist start -n 2` "
+              "(Python: `nbdist.start(2)`), or attach with `%nbdist connect`.")
+#: what a user must do after the process group was re-formed under their objects
+REBUILD_DDP = ("The process group is re-formed for the next cell; re-create "
+               "DistributedDataParallel wrappers made before this cell.")
+#: why a partial-rank cell that failed in a collective failed
+PARTIAL_RANKS = ("This cell ran on rank(s) {ranks} only, but collectives need every rank of "
+                 "the group; a cell that runs on every rank re-forms the group if it was lost.")
+#: tracebacks drawn in full by a multi-rank error; the rest are listed by headline
+MAX_TRACEBACKS = 4
 
 
 class NbdistError(Exception):
@@ -25,6 +33,10 @@ class NbdistError(Exception):
     def _render_traceback_(self) -> list[str]:
         """IPython shows this instead of nbdist's internal frames: the message is the point."""
         return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
+
+
+class OptionError(NbdistError, ValueError):
+    """A bad option value (``-n 0``, ``--ranks 5`` on 2 ranks); magics show it as usage."""
 
 
 class ClusterError(NbdistError):
@@ -44,16 +56,15 @@ class WorkersDidNotStart(ClusterError):
 
 
 class NoClusterError(NbdistError):
+    """A command that needs workers ran before ``%nbdist start`` / ``connect``."""
+
     def __init__(self) -> None:
-        super().__init__(
-            "no nbdist cluster is running. Start one with `%nbdist start -n 2` "
-            "(Python: `nbdist.start(2)`), or attach with `%nbdist connect`."
-        )
+        super().__init__(NO_CLUSTER)
 
 
 @dataclass(frozen=True)
 class RankFailure:
-    """One rank's error."""
+    """One rank's error, as the worker classified it."""
 
     rank: int
     hostname: str
@@ -61,16 +72,21 @@ class RankFailure:
     evalue: str
     traceback: str = ""
     line: Optional[int] = None
+    #: failed in communication (a collective, the group), not in the cell's own code
+    communication: bool = False
+    #: failed only because a peer died or closed the group under it
+    caused_by_peer: bool = False
 
-    @property
-    def consequential(self) -> bool:
-        """True when this rank failed only because a peer went away."""
-        return bool(_PEER_LOSS.search(self.evalue))
-
-    @property
-    def communication(self) -> bool:
-        """True when this rank failed in communication (a collective, the group), not in code."""
-        return bool(_COMM.search(self.evalue))
+    @classmethod
+    def from_result(cls, rank: int, hostname: str, result: CellResult) -> RankFailure:
+        """The failure a worker's result describes (a cell's error, or a script's exit)."""
+        err = result.get("error")
+        if err is None:  # a script's non-zero exit
+            msg = ("interrupted" if result.get("interrupted")
+                   else f"exited with status {result.get('returncode')}")
+            return cls(rank, hostname, "ScriptError", msg)
+        return cls(rank, hostname, err["ename"], err["evalue"], err["traceback"], err["line"],
+                   err["communication"], err["caused_by_peer"])
 
     def headline(self) -> str:
         where = f" (cell line {self.line})" if self.line else ""
@@ -84,7 +100,7 @@ class DistributedError(NbdistError):
     """
 
     def __init__(self, failures: Sequence[RankFailure], what: str = "cell",
-                 remedy: str = "", ) -> None:
+                 remedy: str = "") -> None:
         self.failures = sorted(failures, key=lambda f: f.rank)
         self.what = what
         self.remedy = remedy
@@ -96,27 +112,49 @@ class DistributedError(NbdistError):
 
     @property
     def causes(self) -> list[RankFailure]:
-        primary = [f for f in self.failures if not f.consequential]
+        primary = [f for f in self.failures if not f.caused_by_peer]
         return primary or list(self.failures)
 
     def _summary(self) -> str:
         causes = self.causes
-        ranks = ", ".join(str(f.rank) for f in causes)
         plural = "s" if len(causes) > 1 else ""
         head = causes[0]
-        msg = f"{self.what} failed on rank{plural} {ranks}: {head.ename}: {head.evalue}"
-        others = [f for f in self.failures if f not in causes]
+        msg = (f"{self.what} failed on rank{plural} {fmt_ranks(f.rank for f in causes)}: "
+               f"{head.ename}: {head.evalue}")
+        others = [f.rank for f in self.failures if f not in causes]
         if others:
-            msg += f" (rank{'s' if len(others) > 1 else ''} " \
-                   f"{', '.join(str(f.rank) for f in others)} stopped because of it)"
+            msg += f" (rank{'s' if len(others) > 1 else ''} {fmt_ranks(others)} stopped " \
+                   "because of it)"
         return msg
 
     def _render_traceback_(self) -> list[str]:
-        """Used by IPython instead of our local frames: show the remote tracebacks."""
+        """Used by IPython instead of our local frames: the remote tracebacks, grouped.
+
+        Ranks that failed the same way (same exception, message and cell line) share one
+        traceback, and at most :data:`MAX_TRACEBACKS` are drawn in full.
+        """
         lines = [f"\x1b[31m{type(self).__name__}\x1b[0m: {self._summary()}", ""]
+        groups: dict[tuple, list[RankFailure]] = {}
         for f in self.causes:
-            lines.append(f"\x1b[1m--- {f.headline()}\x1b[0m")
-            lines.extend(f.traceback.rstrip("\n").splitlines() or [f"{f.ename}: {f.evalue}"])
+            groups.setdefault((f.ename, f.evalue, f.line), []).append(f)
+        for k, same in enumerate(groups.values()):
+            first = same[0]
+            if k == MAX_TRACEBACKS:
+                rest = [f for g in list(groups.values())[k:] for f in g]
+                lines.append(f"... and {len(groups) - k} more distinct error(s) on rank(s) "
+                             f"{fmt_ranks(f.rank for f in rest)}; see .failures")
+                lines.append("")
+                break
+            if len(same) > 1:
+                hosts = sorted({f.hostname for f in same})
+                lines.append(f"\x1b[1m--- ranks {fmt_ranks(f.rank for f in same)} on "
+                             f"{', '.join(hosts)}: {first.ename}: {first.evalue}"
+                             + (f" (cell line {first.line})" if first.line else "")
+                             + " (same traceback)\x1b[0m")
+            else:
+                lines.append(f"\x1b[1m--- {first.headline()}\x1b[0m")
+            lines.extend(first.traceback.rstrip("\n").splitlines()
+                         or [f"{first.ename}: {first.evalue}"])
             lines.append("")
         for f in self.failures:
             if f not in self.causes:
@@ -131,8 +169,17 @@ class CellTimeoutError(NbdistError):
 
     def __init__(self, timeout: float, ranks: Sequence[int], hint: str = "") -> None:
         self.ranks = list(ranks)
+        self.timeout = timeout
         super().__init__(
             f"cell ran past --timeout {timeout:g} s; rank(s) {self.ranks} were still running and "
-            "were interrupted. The process group is re-formed for the next cell; re-create "
-            "DistributedDataParallel wrappers made before it." + (f" {hint}" if hint else "")
-        )
+            f"were interrupted. {REBUILD_DDP}" + (f" {hint}" if hint else ""))
+
+
+class InterruptTimeoutError(ClusterError):
+    """Ranks did not stop after an interrupt: they are stuck where Python cannot reach them."""
+
+    def __init__(self, ranks: Sequence[int], grace: float) -> None:
+        self.ranks = list(ranks)
+        super().__init__(
+            f"rank(s) {self.ranks} did not stop after an interrupt within {grace:g} s "
+            "(stuck in native code?). Run %nbdist restart to get fresh workers.")

@@ -16,8 +16,9 @@ from IPython.core.magic_arguments import (
     parse_argstring,
 )
 
-from .options import DEVICES, DIST_BACKENDS, ENGINES
-from .session import default_session
+from .errors import NO_CLUSTER, OptionError
+from .options import DEVICES, DIST_BACKENDS, ENGINES, CellOptions, ClusterOptions, parse_ranks
+from .session import Session, default_session
 
 
 def _cluster_options(p: argparse.ArgumentParser) -> None:
@@ -34,16 +35,23 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
                    help="torch threads per worker (default: host cores / workers on host)")
 
 
-def _build_parser() -> MagicArgumentParser:
+def _build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``%nbdist`` parser and its sub-parser per verb; each verb names its handler."""
     parser = MagicArgumentParser(prog="nbdist", description="Manage the nbdist cluster.")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    subs: dict[str, argparse.ArgumentParser] = {}
 
-    p = verbs.add_parser("start", help="start a local cluster (controller + N workers, loopback)")
+    def verb(name: str, handler: str, help: str) -> argparse.ArgumentParser:
+        p = subs[name] = verbs.add_parser(name, help=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = verb("start", "_start", "start a local cluster (controller + N workers, loopback)")
     p.add_argument("-n", type=int, default=None, metavar="N",
                    help="workers (default: visible GPUs, else 2)")
     _cluster_options(p)
 
-    p = verbs.add_parser("connect", help="attach to a running cluster")
+    p = verb("connect", "_connect", "attach to a running cluster")
     p.add_argument("address", nargs="?", default=None,
                    help="dask: scheduler address tcp://HOST:PORT")
     p.add_argument("--cluster-id", default=None, help="ipyparallel cluster id")
@@ -60,37 +68,37 @@ def _build_parser() -> MagicArgumentParser:
                    help="dask over tls://: this client's private key (default: in --tls-cert)")
     _cluster_options(p)
 
-    verbs.add_parser("status", help="workers: rank, host, pid, device, alive")
-    verbs.add_parser("stop", help="stop the workers nbdist started (or disconnect)")
-    verbs.add_parser("restart", help="fresh workers with the same options")
+    verb("status", "_status", "workers: rank, host, pid, device, alive")
+    verb("stop", "_stop", "stop the workers nbdist started (or disconnect)")
+    verb("restart", "_restart", "fresh workers with the same options")
 
-    p = verbs.add_parser("scale", help="resize to N workers and re-form the process group")
+    p = verb("scale", "_scale", "resize to N workers and re-form the process group")
     p.add_argument("n", type=int, metavar="N")
 
-    p = verbs.add_parser("push", help="send notebook variables to every worker")
+    p = verb("push", "_push", "send notebook variables to every worker")
     p.add_argument("names", nargs="+", metavar="NAME")
 
-    p = verbs.add_parser("pull", help="bring a worker variable into the notebook (on CPU)")
+    p = verb("pull", "_pull", "bring a worker variable into the notebook (on CPU)")
     p.add_argument("name", metavar="NAME", help="variable (or dotted attribute) on the worker")
     p.add_argument("--rank", type=int, default=0, help="which rank to pull from (default 0)")
     p.add_argument("--as", dest="as_name", default=None, metavar="VAR",
                    help="notebook name to bind (default: NAME's last part)")
 
-    verbs.add_parser("cluster", help="cluster panel: one row per worker, a Scale control")
+    verb("cluster", "_cluster", "cluster panel: one row per worker, a Scale control")
 
-    p = verbs.add_parser("timeline", help="write the last run's telemetry as a Chrome trace")
+    p = verb("timeline", "_timeline", "write the last run's telemetry as a Chrome trace")
     p.add_argument("file", metavar="FILE.json",
                    help="open it in https://ui.perfetto.dev or chrome://tracing")
 
-    p = verbs.add_parser("run", help="run a torchrun-style script on every worker")
+    p = verb("run", "_run_script", "run a torchrun-style script on every worker")
     p.add_argument("--timeout", type=float, default=None, metavar="S")
     p.add_argument("--all-output", action="store_true", help="show output of every rank")
     p.add_argument("script", metavar="SCRIPT")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
-    return parser
+    return parser, subs
 
 
-_PARSER = _build_parser()
+_PARSER, _VERBS = _build_parser()
 
 
 @magics_class
@@ -106,65 +114,70 @@ class NbdistMagics(Magics):
             raise UsageError(f"%nbdist: {exc}") from None
         if args.verb is None:
             raise UsageError(_PARSER.format_usage() + "\nSee %nbdist? for the verbs.")
-        session = default_session()
-        verb = args.verb
-        if verb in ("start", "connect"):
-            opts = dict(engine=args.engine, device=args.device, dist_backend=args.dist_backend,
-                        timeout=args.timeout, threads=args.threads)
-            _check(opts)
-            if verb == "start":
-                _check({"n": args.n})
-                how_many = args.n or "one per GPU (else 2)"
-                _say(f"starting {args.engine} workers on this machine ({how_many}) and forming "
-                     "the process group ...")
-                session.start(args.n, **opts)
-            else:
-                target = {k: v for k, v in dict(
-                    cluster_id=args.cluster_id, profile=args.profile, url_file=args.url_file,
-                    address=args.address, scheduler_file=args.scheduler_file).items()
-                    if v is not None}
-                security = _dask_security(args)
-                if security is not None:
-                    target["security"] = security
-                _say(f"connecting to the {args.engine} cluster and forming the process group ...")
-                session.connect(**opts, **target)
-            return session.status()
-        if verb == "status":
-            return session.status()
-        if verb == "cluster":
-            from .display import make_cluster_view
+        try:
+            return getattr(self, args.handler)(default_session(), args)
+        except OptionError as exc:
+            raise UsageError(f"%nbdist {args.verb}: {exc}") from None
 
-            return make_cluster_view(session.status, session.scale)
-        if verb == "timeline":
-            count = session.timeline(args.file)
-            print(f"wrote {count} trace events to {args.file} (open in https://ui.perfetto.dev)")
-            return None
-        if verb == "stop":
-            session.stop()
-            return None
-        if verb == "restart":
-            _say("restarting the workers ...")
-            return session.restart().status()
-        if verb == "scale":
-            _check({"n": args.n})
-            _say(f"scaling to {args.n} workers and re-forming the process group ...")
-            return session.scale(args.n).status()
-        if verb == "push":
-            ns = self.shell.user_ns
-            missing = [n for n in args.names if n not in ns]
-            if missing:
-                raise UsageError(f"%nbdist push: not defined in the notebook: {', '.join(missing)}")
-            session.push({n: ns[n] for n in args.names})
-            return None
-        if verb == "pull":
-            value = session.pull(args.name, rank=args.rank)
-            self.shell.user_ns[args.as_name or args.name.split(".")[-1]] = value
-            return None
-        if verb == "run":
-            session.run_script(args.script, args.args, timeout=args.timeout,
-                               output="all" if args.all_output else "rank0")
-            return None
-        raise UsageError(f"unknown verb {verb!r}")  # argparse already limits verbs
+    # One handler per verb: parse results in, one Session call, something to show out.
+    def _start(self, session: Session, args: argparse.Namespace) -> Any:
+        opts = _cluster_kwargs(args)
+        ClusterOptions(n=args.n, **opts)  # a bad -n is a usage error before anything starts
+        how_many = args.n or "one per GPU (else 2)"
+        _say(f"starting {args.engine} workers on this machine ({how_many}) and forming "
+             "the process group ...")
+        return session.start(args.n, **opts).status()
+
+    def _connect(self, session: Session, args: argparse.Namespace) -> Any:
+        opts = _cluster_kwargs(args)
+        target = {k: v for k, v in dict(
+            cluster_id=args.cluster_id, profile=args.profile, url_file=args.url_file,
+            address=args.address, scheduler_file=args.scheduler_file).items() if v is not None}
+        security = _dask_security(args)
+        if security is not None:
+            target["security"] = security
+        _say(f"connecting to the {args.engine} cluster and forming the process group ...")
+        return session.connect(**opts, **target).status()
+
+    def _status(self, session: Session, args: argparse.Namespace) -> Any:
+        return session.status()
+
+    def _cluster(self, session: Session, args: argparse.Namespace) -> Any:
+        from .display import make_cluster_view
+
+        return make_cluster_view(session.status, session.scale)
+
+    def _timeline(self, session: Session, args: argparse.Namespace) -> None:
+        count = session.timeline(args.file)
+        print(f"wrote {count} trace events to {args.file} (open in https://ui.perfetto.dev)")
+
+    def _stop(self, session: Session, args: argparse.Namespace) -> None:
+        session.stop()
+
+    def _restart(self, session: Session, args: argparse.Namespace) -> Any:
+        _say("restarting the workers ...")
+        return session.restart().status()
+
+    def _scale(self, session: Session, args: argparse.Namespace) -> Any:
+        if args.n < 1:
+            raise UsageError(f"%nbdist scale: N must be at least 1, got {args.n}")
+        _say(f"scaling to {args.n} workers and re-forming the process group ...")
+        return session.scale(args.n).status()
+
+    def _push(self, session: Session, args: argparse.Namespace) -> None:
+        ns = self.shell.user_ns
+        missing = [n for n in args.names if n not in ns]
+        if missing:
+            raise UsageError(f"%nbdist push: not defined in the notebook: {', '.join(missing)}")
+        session.push({n: ns[n] for n in args.names})
+
+    def _pull(self, session: Session, args: argparse.Namespace) -> None:
+        value = session.pull(args.name, rank=args.rank)
+        self.shell.user_ns[args.as_name or args.name.split(".")[-1]] = value
+
+    def _run_script(self, session: Session, args: argparse.Namespace) -> None:
+        session.run_script(args.script, args.args, timeout=args.timeout,
+                           output="all" if args.all_output else "rank0")
 
     @magic_arguments()
     @argument("--ranks", default=None, metavar="SPEC",
@@ -199,17 +212,24 @@ class NbdistMagics(Magics):
             raise UsageError("%%distributed: use --quiet or --all-output, not both")
         session = default_session()
         if not session.running:
-            raise UsageError("no nbdist cluster is running. Start one first:  %nbdist start -n 2"
-                             "   (or attach: %nbdist connect --profile NAME)")
+            raise UsageError(NO_CLUSTER)
         output = "quiet" if args.quiet else ("all" if args.all_output else "rank0")
         try:
-            return session.run_cell(cell, ranks=args.ranks, timeout=args.timeout, output=output,
-                                    telemetry=not args.no_telemetry,
-                                    time_collectives=not args.no_collective_timing)
-        except ValueError as exc:  # bad --ranks / --timeout values
-            if isinstance(exc, SyntaxError):
-                raise
+            options = CellOptions(ranks=args.ranks, timeout=args.timeout, output=output)
+            parse_ranks(options.ranks, session.world_size)
+        except OptionError as exc:  # bad --ranks / --timeout values
             raise UsageError(f"%%distributed: {exc}") from None
+        return session.run_cell(cell, ranks=options.ranks, timeout=options.timeout,
+                                output=options.output, telemetry=not args.no_telemetry,
+                                time_collectives=not args.no_collective_timing)
+
+
+def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The options ``start`` and ``connect`` share, validated as one :class:`ClusterOptions`."""
+    opts = dict(engine=args.engine, device=args.device, dist_backend=args.dist_backend,
+                timeout=args.timeout, threads=args.threads)
+    ClusterOptions(**opts)
+    return opts
 
 
 def _dask_security(args: argparse.Namespace) -> Any:
@@ -237,16 +257,6 @@ def _say(message: str) -> None:
     print(f"nbdist: {message}", flush=True)
 
 
-def _check(values: dict[str, Any]) -> None:
-    """Validate values the way the Python API does, but report them as usage errors."""
-    from .options import ClusterOptions
-
-    try:
-        ClusterOptions(**{k: v for k, v in values.items() if v is not None})
-    except ValueError as exc:
-        raise UsageError(f"%nbdist: {exc}") from None
-
-
 NbdistMagics.nbdist.__doc__ = (
     "Manage nbdist's cluster of warm workers.\n\n"
     "Examples::\n\n"
@@ -262,6 +272,5 @@ NbdistMagics.nbdist.__doc__ = (
     "    %nbdist timeline run.json          # last run as a Chrome/Perfetto trace\n"
     "    %nbdist stop\n\n"
     + _PARSER.format_help()
-    + "".join(f"\n%nbdist {name}:\n{sub.format_help()}"
-              for name, sub in _PARSER._subparsers._group_actions[0].choices.items())
+    + "".join(f"\n%nbdist {name}:\n{sub.format_help()}" for name, sub in _VERBS.items())
 )

@@ -1,12 +1,15 @@
 """Pure parsers and frozen option records for the magics and the Python API.
 
-Nothing here touches processes, IPython or torch: it is unit-tested on its own.
+Nothing here touches processes, IPython or torch: it is unit-tested on its own. Bad values raise
+:class:`~nbdist.errors.OptionError` (a ``ValueError``), which the magics show as usage errors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
+from .errors import OptionError
 
 ENGINES = ("ipyparallel", "dask")
 DEVICES = ("auto", "cpu", "cuda")
@@ -41,32 +44,32 @@ def parse_ranks(spec: Optional[str], world_size: int) -> tuple[int, ...]:
             lo = int(lo_s)
             hi = int(hi_s) if sep else lo
         except ValueError:
-            raise ValueError(
+            raise OptionError(
                 f"bad rank selection {spec!r}: use numbers and ranges like '0,2-3'"
             ) from None
         if lo > hi:
-            raise ValueError(f"bad rank range {part!r}: start is after end")
+            raise OptionError(f"bad rank range {part!r}: start is after end")
         ranks.update(range(lo, hi + 1))
     if not ranks:
-        raise ValueError(f"rank selection {spec!r} selects no rank")
+        raise OptionError(f"rank selection {spec!r} selects no rank")
     bad = sorted(r for r in ranks if r < 0 or r >= world_size)
     if bad:
-        raise ValueError(
+        raise OptionError(
             f"rank(s) {bad} out of range: this cluster has ranks 0..{world_size - 1}"
         )
     return tuple(sorted(ranks))
 
 
 def check_choice(value: str, choices: tuple[str, ...], what: str) -> str:
-    """Return ``value`` if it is one of ``choices``, else raise ``ValueError``."""
+    """Return ``value`` if it is one of ``choices``, else raise :class:`OptionError`."""
     if value not in choices:
-        raise ValueError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}")
+        raise OptionError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}")
     return value
 
 
 def check_positive(value: Optional[float], what: str) -> Optional[float]:
     if value is not None and value <= 0:
-        raise ValueError(f"{what} must be positive, got {value}")
+        raise OptionError(f"{what} must be positive, got {value}")
     return value
 
 
@@ -87,11 +90,11 @@ class ClusterOptions:
         check_choice(self.dist_backend, DIST_BACKENDS, "dist backend")
         check_positive(self.timeout, "--timeout")
         if self.n is not None and self.n < 1:
-            raise ValueError(f"-n must be at least 1, got {self.n}")
+            raise OptionError(f"-n must be at least 1, got {self.n}")
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--threads must be at least 1, got {self.threads}")
+            raise OptionError(f"--threads must be at least 1, got {self.threads}")
         if self.dist_backend == "nccl" and self.device == "cpu":
-            raise ValueError("--dist-backend nccl needs --device cuda (or auto on a GPU host)")
+            raise OptionError("--dist-backend nccl needs --device cuda (or auto on a GPU host)")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,9 @@
-"""The one stateful coordinator. Magics, widgets and Python code all call these methods."""
+"""The one stateful coordinator. Magics, widgets and Python code all call these methods.
+
+Commands flow down (Session → backend → worker runtime); results and events flow back up: the
+Session turns results into errors and feeds events into the run's record
+(:class:`~nbdist.telemetry.run.Run`), whose snapshots the views draw.
+"""
 
 from __future__ import annotations
 
@@ -12,32 +17,40 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Optional
+from html import escape
+from typing import Any, Callable, Optional
 
 import cloudpickle
 
 from .backends import get_backend
-from .backends.base import Backend, Call, Job, Outcome
+from .backends.base import Backend, Call, Job
 from .display import RunView, make_run_view
 from .errors import (
+    PARTIAL_RANKS,
+    REBUILD_DDP,
     CellTimeoutError,
     ClusterError,
     DistributedError,
+    InterruptTimeoutError,
     NbdistError,
     NoClusterError,
+    OptionError,
     RankFailure,
 )
 from .options import CellOptions, ClusterOptions, parse_ranks
 from .records import ClusterStatus, RemoteValue, WorkerRow
+from .runtime import results
 from .runtime import worker as rt
 from .runtime.env import RankPlan, plan_ranks, shared_gpus
 from .telemetry.aggregate import RunSnapshot
-from .telemetry.trace import write_trace
+from .telemetry.run import Run
 
 # After an interrupt, how long workers get to return before we call them unresponsive.
 _INTERRUPT_GRACE = 15.0
 # After a cell ends, how long we wait for its last output batches to arrive.
 _EVENT_GRACE = 3.0
+# How often the kernel looks at a running job: output and the dashboard move at this pace.
+_POLL = 0.1
 
 
 def count_local_gpus() -> int:
@@ -66,18 +79,21 @@ class Session:
     2
     """
 
-    def __init__(self) -> None:
+    def __init__(self, backends: Callable[[str], Backend] = get_backend) -> None:
+        #: makes a fresh backend for an engine name (tests pass a scripted one)
+        self._backends = backends
         self.backend: Optional[Backend] = None
         self.options = ClusterOptions()
         self.plans: list[RankPlan] = []
+        #: bumped whenever the process group must be formed again before the next full cell
         self.generation = 0
         self.port: Optional[int] = None
         self._joined: dict[int, dict[str, Any]] = {}
         self._target: dict[str, Any] = {}
         self._cells = 0
         self._lock = threading.Lock()
-        #: telemetry of the latest runs (RunState), newest last; see timeline() and last_run
-        self.runs: deque[Any] = deque(maxlen=3)
+        #: records of the latest runs that recorded telemetry, newest last
+        self.runs: deque[Run] = deque(maxlen=3)
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, n: Optional[int] = None, *, engine: str = "ipyparallel",
@@ -88,26 +104,36 @@ class Session:
             n = count_local_gpus() or 2
         options = ClusterOptions(engine=engine, n=n, device=device, dist_backend=dist_backend,
                                  timeout=timeout, threads=threads)
-        self.stop()
-        backend = get_backend(engine)
-        backend.start(n, timeout)
-        self._adopt(backend, options)
-        return self
+        return self._launch(options, None)
 
     def connect(self, *, engine: str = "ipyparallel", device: str = "auto",
                 dist_backend: str = "auto", timeout: float = 300.0,
                 threads: Optional[int] = None, **target: Any) -> Session:
-        """Attach to a running cluster (ipyparallel: ``cluster_id``, ``profile``, ``url_file``)."""
+        """Attach to a running cluster.
+
+        ``target`` names it: ipyparallel ``cluster_id``, ``profile``, ``url_file``; Dask
+        ``address`` or ``scheduler_file``, and ``security`` for TLS.
+        """
         options = ClusterOptions(engine=engine, device=device, dist_backend=dist_backend,
                                  timeout=timeout, threads=threads)
-        self.stop()
-        backend = get_backend(engine)
-        backend.connect(timeout, **target)
-        self._target = target
-        self._adopt(backend, options)
-        return self
+        return self._launch(options, target)
 
-    def _adopt(self, backend: Backend, options: ClusterOptions) -> None:
+    def restart(self) -> Session:
+        """Stop and start again with the same options (fresh processes, empty namespaces)."""
+        if self.backend is None:
+            raise NoClusterError()
+        owned = self.backend.owns_cluster
+        return self._launch(self.options, None if owned else dict(self._target))
+
+    def _launch(self, options: ClusterOptions, target: Optional[dict[str, Any]]) -> Session:
+        """Start workers (``target`` None) or attach to ``target``; then form the job."""
+        self.stop()
+        backend = self._backends(options.engine)
+        if target is None:
+            backend.start(options.n or 2, options.timeout)
+        else:
+            backend.connect(options.timeout, **target)
+        self._target = dict(target or {})
         self.backend = backend
         self.options = replace(options, n=len(backend.worker_ids()))
         try:
@@ -115,6 +141,7 @@ class Session:
         except BaseException:
             self.stop()
             raise
+        return self
 
     def _form(self) -> None:
         """Describe workers, plan ranks by host, open the store on rank 0, join everyone."""
@@ -152,25 +179,17 @@ class Session:
              for p in self.plans], timeout + 30, "form the process group")
         self._joined = {j["rank"]: j for j in joined}
 
+    def _invalidate_group(self) -> None:
+        """Some rank's group is gone or suspect: every rank forms a new one at the next full
+        cell (workers compare this generation with the one their group was formed at)."""
+        self.generation += 1
+
     def stop(self) -> None:
         """Stop workers nbdist started (or disconnect from a cluster it attached to)."""
         backend, self.backend = self.backend, None
         self.plans, self._joined, self.port = [], {}, None
         if backend is not None:
             backend.stop()
-
-    def restart(self) -> Session:
-        """Stop and start again with the same options (fresh processes, empty namespaces)."""
-        if self.backend is None:
-            raise NoClusterError()
-        opts, owned, target = self.options, self.backend.owns_cluster, dict(self._target)
-        if owned:
-            return self.start(opts.n, engine=opts.engine, device=opts.device,
-                              dist_backend=opts.dist_backend, timeout=opts.timeout,
-                              threads=opts.threads)
-        return self.connect(engine=opts.engine, device=opts.device,
-                            dist_backend=opts.dist_backend, timeout=opts.timeout,
-                            threads=opts.threads, **target)
 
     def scale(self, n: int) -> Session:
         """Make the cluster ``n`` workers and re-form the process group at the new size.
@@ -179,7 +198,7 @@ class Session:
         DistributedDataParallel and optimizers must be rebuilt for the new world size.
         """
         if n < 1:
-            raise ValueError(f"cannot scale to {n} workers: at least 1 is needed")
+            raise OptionError(f"cannot scale to {n} workers: at least 1 is needed")
         backend = self._require()
         backend.scale(n, self.options.timeout)
         self.options = replace(self.options, n=n)
@@ -244,19 +263,17 @@ class Session:
                       (code, filename, cell_id, self.generation, list(selected), r == selected[0]),
                       {"telemetry": telemetry, "collectives": time_collectives})
                  for r in selected]
+        run = Run("cell", selected, world_size=self.world_size, generation=self.generation)
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
         hint = ""
         if len(selected) < self.world_size:
-            hint = (f"This cell ran on rank(s) {', '.join(map(str, selected))} only, but "
-                    "collectives need every rank of the group; a cell that runs on every rank "
-                    "re-forms the group if it was lost.")
+            hint = PARTIAL_RANKS.format(ranks=", ".join(map(str, selected)))
         try:
-            results = self._run(calls, view, opts.timeout, "cell", hint)
+            outcomes = self._run(calls, run, view, opts.timeout, hint)
         finally:
-            if view.state.recorded:
-                self.runs.append(view.state)
-        by_rank = dict(zip(selected, results))
-        first = by_rank[selected[0]]
+            if run.recorded:
+                self.runs.append(run)
+        first = outcomes[0]
         if first.get("value"):
             return RemoteValue(selected[0], first["value"])
         return None
@@ -269,7 +286,7 @@ class Session:
             with open(path, encoding="utf-8") as f:
                 source = f.read()
         except OSError as exc:
-            raise FileNotFoundError(f"cannot read script {path!r}: {exc.strerror}") from None
+            raise FileNotFoundError(f"cannot read script {path!r}: {exc.strerror}") from exc
         rank0 = self.plans[0]
         [port] = self._call([Call(rank0.worker_id, rt.open_store,
                                   (rank0.master_addr, "run", self.options.timeout))],
@@ -278,8 +295,9 @@ class Session:
             calls = [Call(p.worker_id, rt.run_script,
                           (os.path.abspath(path), source, list(argv), port, os.getcwd()))
                      for p in self.plans]
-            self._run(calls, make_run_view(output, 0, self.world_size), timeout,
-                      f"script {os.path.basename(path)}")
+            run = Run(f"script {os.path.basename(path)}", range(self.world_size),
+                      world_size=self.world_size, generation=self.generation)
+            self._run(calls, run, make_run_view(output, 0, self.world_size), timeout)
         finally:
             self._call([Call(rank0.worker_id, rt.close_store, ("run",))], 30, "close store")
 
@@ -297,99 +315,83 @@ class Session:
         if not self.runs:
             raise NbdistError("no telemetry recorded yet: run a %%distributed cell (without "
                               "--no-telemetry) first, then %nbdist timeline FILE.json")
-        state = self.runs[run]
-        meta = {"world_size": self.world_size, "dropped_events": state.dropped}
-        return write_trace(path, state.events(), meta)
+        return self.runs[run].write_trace(path)
 
-    def _run(self, calls: list[Call], view: RunView, timeout: Optional[float],
-             what: str, hint: str = "") -> list[dict]:
-        """Submit per-rank calls, stream their output, and turn failures into one error."""
+    def _run(self, calls: list[Call], run: Run, view: RunView, timeout: Optional[float],
+             hint: str = "") -> list[results.CellResult]:
+        """Submit per-rank calls, stream their events into ``run`` and ``view``, and turn
+        failures into one error. Returns each call's result, in call order."""
         backend = self._require()
         rank_of = {p.worker_id: p.rank for p in self.plans}
         job = backend.submit(calls)
         start = time.monotonic()
-        seen: dict[int, int] = {}  # rank -> highest batch seq received, over the whole run
         try:
-            while not job.wait(0.1):
-                view.feed(_track(job.drain_events(), seen))
+            while not job.wait(_POLL):
+                self._pump(job, run, view)
                 if timeout is not None and time.monotonic() - start > timeout:
                     late = sorted(rank_of[w] for w in job.pending())
                     self._interrupt(job)
-                    self.generation += 1
+                    self._invalidate_group()
                     raise CellTimeoutError(timeout, late, hint)
         except KeyboardInterrupt:
             self._interrupt(job)
-            self.generation += 1
+            self._invalidate_group()
             raise
         finally:
-            self._finish_events(job, view, seen)
+            self._finish(job, run, view)
         outcomes = job.outcomes()
-        results = [self._result(o, rank_of[o.worker]) for o in outcomes]
-        if any(not r.get("group_alive", True) for r in results):
-            self.generation += 1  # the next full cell re-forms the group
-        failures = [self._failure(r, rank_of[o.worker]) for o, r in zip(outcomes, results)
-                    if not r.get("ok")]
+        out = [o.value if o.engine_error is None else results.engine_failure(o.engine_error)
+               for o in outcomes]
+        if any(not r.get("group_alive", True) for r in out):
+            self._invalidate_group()
+        failures = [RankFailure.from_result(rank_of[o.worker],
+                                            self.plans[rank_of[o.worker]].hostname, r)
+                    for o, r in zip(outcomes, out) if not r["ok"]]
         if failures:
-            remedy = ("The process group is re-formed for the next cell; re-create "
-                      "DistributedDataParallel wrappers made before this cell." if any(
-                          not r.get("group_alive", True) for r in results) else "")
+            remedy = REBUILD_DDP if any(not r.get("group_alive", True) for r in out) else ""
             if not any(f.communication for f in failures):
                 hint = ""  # the hint is about collectives; this failure is in the code
-            raise DistributedError(failures, what=what,
+            raise DistributedError(failures, what=run.what,
                                    remedy=" ".join(x for x in (hint, remedy) if x))
-        return results
+        return out
 
-    def _finish_events(self, job: Job, view: RunView, seen: dict[int, int]) -> None:
-        """Show every batch the finished calls sent (their results say how many).
+    @staticmethod
+    def _pump(job: Job, run: Run, view: RunView) -> None:
+        """Move the batches received so far into the run's record and onto the screen."""
+        batches = job.drain_events()
+        if batches:
+            view.output(batches)
+            if run.feed(batches):
+                view.refresh(run.snapshot)
 
-        ``seen`` holds what was already drained while the calls ran: a rank that finished
-        early may have had its last batch drained before the others returned.
+    def _finish(self, job: Job, run: Run, view: RunView) -> None:
+        """Show every batch the finished calls sent (their results say how many), then close.
+
+        The run's record counts what was already drained while the calls ran: a rank that
+        finished early may have had its last batch drained before the others returned.
         """
-        if job.pending():
-            view.feed(job.drain_events())
-            view.close()
-            return
-        want = {}
-        for o in job.outcomes():
-            if o.engine_error is None and isinstance(o.value, dict) and o.value.get("seq"):
-                want[self._rank_of(o.worker)] = o.value["seq"]
-        deadline = time.monotonic() + _EVENT_GRACE
-        waiter = threading.Event()
-        while True:
-            view.feed(_track(job.drain_events(), seen))
-            if all(seen.get(r, 0) >= s for r, s in want.items()) or time.monotonic() > deadline:
-                break
-            waiter.wait(0.01)  # batches arrive on the engine's IO thread
-        view.close()
+        if not job.pending():
+            wanted = {self._rank_of(o.worker): o.value["seq"] for o in job.outcomes()
+                      if o.engine_error is None and o.value.get("seq")}
+            deadline = time.monotonic() + _EVENT_GRACE
+            self._pump(job, run, view)
+            while not run.has_all(wanted) and time.monotonic() < deadline:
+                time.sleep(0.01)  # batches arrive on the engine's IO thread, not this one
+                self._pump(job, run, view)
+        else:
+            self._pump(job, run, view)
+        run.finish()
+        view.close(run.snapshot())
 
     def _rank_of(self, worker: Any) -> int:
         return next(p.rank for p in self.plans if p.worker_id == worker)
-
-    def _result(self, outcome: Outcome, rank: int) -> dict:
-        if outcome.engine_error is not None:
-            return {"ok": False, "error": {"ename": "WorkerError", "evalue":
-                    outcome.engine_error.splitlines()[0], "traceback": outcome.engine_error},
-                    "group_alive": False}
-        return outcome.value
-
-    def _failure(self, result: dict, rank: int) -> RankFailure:
-        plan = self.plans[rank]
-        err = result.get("error")
-        if err is None:  # a script's non-zero exit
-            code = result.get("returncode")
-            msg = "interrupted" if result.get("interrupted") else f"exited with status {code}"
-            return RankFailure(rank, plan.hostname, "ScriptError", msg)
-        return RankFailure(rank, plan.hostname, err["ename"], err["evalue"],
-                           err.get("traceback", ""), err.get("line"))
 
     def _interrupt(self, job: Job) -> None:
         backend = self._require()
         backend.interrupt(job.pending())
         if not job.wait(_INTERRUPT_GRACE):
-            ranks = sorted(self._rank_of(w) for w in job.pending())
-            raise ClusterError(
-                f"rank(s) {ranks} did not stop after an interrupt within {_INTERRUPT_GRACE:g} s "
-                "(stuck in native code?). Run %nbdist restart to get fresh workers.")
+            raise InterruptTimeoutError(sorted(self._rank_of(w) for w in job.pending()),
+                                        _INTERRUPT_GRACE)
 
     # ----------------------------------------------------------------- data
     def push(self, values: dict[str, Any], *, ranks: Optional[str] = None) -> None:
@@ -404,6 +406,7 @@ class Session:
         """Bring ``name`` from rank ``rank`` into the notebook (tensors and modules on CPU)."""
         self._require()
         parse_ranks(str(rank), self.world_size)
+        res: results.PullResult
         [res] = self._call([Call(self.plans[rank].worker_id, rt.pull, (name,))],
                            self.options.timeout, f"pull {name!r}")
         if not res["ok"]:
@@ -418,11 +421,12 @@ class Session:
 
     def _call(self, calls: list[Call], timeout: float, what: str) -> list[Any]:
         """Run nbdist's own calls (not user code) and return their values, or raise."""
-        job = self._require().submit(calls)
+        backend = self._require()
+        job = backend.submit(calls)
         try:
             ok = job.wait(timeout)
         except KeyboardInterrupt:
-            self._require().interrupt(job.pending())
+            backend.interrupt(job.pending())
             raise
         if not ok:
             raise ClusterError(f"workers {job.pending()} did not {what} within {timeout:g} s")
@@ -439,12 +443,14 @@ class Session:
         return (f"<nbdist.Session: {self.backend.describe()}, world_size={self.world_size}, "
                 f"generation={self.generation}>")
 
-
-def _track(batches: list, seen: dict[int, int]) -> list:
-    """Record the highest batch sequence number per rank in ``seen``; return ``batches``."""
-    for b in batches:
-        seen[b["rank"]] = max(seen.get(b["rank"], 0), b["seq"])
-    return batches
+    def _repr_html_(self) -> str:
+        """In a notebook, a session shows its workers (what ``nbdist.start()`` returns)."""
+        if self.backend is None:
+            return "<p><b>nbdist</b>: not running</p>"
+        try:
+            return self.status()._repr_html_()
+        except NbdistError as exc:  # a repr must not raise; say what is wrong instead
+            return f"<p><b>nbdist</b>: {escape(str(exc))}</p>"
 
 
 _default: Optional[Session] = None

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from ..telemetry.aggregate import RunState
-from ..telemetry.events import Batch
-from .refresh import Throttle
+from .run_view import Dashboard, RunView
 from .text import StreamView, TextDashboard
+
+__all__ = ["MODES", "Dashboard", "RunView", "display_medium", "make_cluster_view",
+           "make_run_view", "set_display", "widgets_available"]
 
 MODES = ("auto", "widget", "text")
 _mode: Optional[str] = None
@@ -56,47 +57,15 @@ def widgets_available() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-class RunView:
-    """Streams workers' output under the cell and keeps a telemetry dashboard up to date.
-
-    ``feed(batches)`` is called from the kernel's main thread about ten times a second while a
-    run goes on, then ``close()``. Telemetry is folded into :attr:`state` on every feed; the
-    dashboard is redrawn at most every ``dashboard.interval`` seconds.
-    """
-
-    def __init__(self, stream: StreamView, ranks: Sequence[int], dashboard: Any = None):
-        self.stream = stream
-        self.state = RunState(ranks)
-        self.dashboard = dashboard
-        self._throttle = Throttle(getattr(dashboard, "interval", 0.25))
-
-    def feed(self, batches: Iterable[Batch]) -> None:
-        batches = list(batches)
-        if not batches:
-            return
-        self.stream.feed(batches)
-        if self.state.feed(batches) and self.dashboard is not None and self._throttle.due():
-            self.dashboard.update(self.state.snapshot())
-
-    def close(self) -> None:
-        self.stream.close()
-        self.state.finish()
-        if self.dashboard is not None:
-            self.dashboard.close(self.state.snapshot())
-
-    def snapshot(self) -> Any:
-        return self.state.snapshot()
-
-
 def make_run_view(output: str, shown_rank: int, world_size: int, *,
                   ranks: Optional[Sequence[int]] = None, mode: Optional[str] = None) -> RunView:
-    """The view a run's event batches are fed to (``feed(batches)``, then ``close()``).
+    """The view of one run, in the medium chosen for this notebook.
 
     ``output`` is ``rank0``, ``all`` or ``quiet`` (quiet: no output and no dashboard, but the
-    run's telemetry is still recorded).
+    run's telemetry is still recorded by the Session).
     """
     ranks = list(range(world_size)) if ranks is None else list(ranks)
-    dashboard: Any = None
+    dashboard: Optional[Dashboard] = None
     if output != "quiet":
         if display_medium(mode) == "widget":
             from .widgets import WidgetDashboard
@@ -104,7 +73,7 @@ def make_run_view(output: str, shown_rank: int, world_size: int, *,
             dashboard = WidgetDashboard(ranks)
         else:
             dashboard = TextDashboard()
-    return RunView(StreamView(output, shown_rank=shown_rank), ranks, dashboard)
+    return RunView(StreamView(output, shown_rank=shown_rank), dashboard)
 
 
 def make_cluster_view(status: Callable[[], Any], scale: Optional[Callable[[int], Any]] = None,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import linecache
-import traceback
 from typing import Any, Optional
 
 # Rich representations probed on the last expression's value, in IPython's order of preference.
@@ -78,30 +77,3 @@ def mimebundle(value: Any) -> Optional[dict[str, Any]]:
         text = text[:_MAX_TEXT] + f"... [{len(text) - _MAX_TEXT} more characters]"
     bundle["text/plain"] = text
     return bundle
-
-
-def format_error(exc: BaseException, filename: str) -> dict[str, Any]:
-    """Describe ``exc`` for the notebook, keeping only frames from the cell onwards."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
-        tb = tb.tb_next
-    if isinstance(exc, SyntaxError):
-        tb = None
-    lines = traceback.format_exception(type(exc), exc, tb)
-    if tb is None and not isinstance(exc, SyntaxError):
-        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    line = None
-    if tb is not None:
-        last_cell = None
-        walk = tb
-        while walk is not None:
-            if walk.tb_frame.f_code.co_filename == filename:
-                last_cell = walk.tb_lineno
-            walk = walk.tb_next
-        line = last_cell
-    return {
-        "ename": type(exc).__name__,
-        "evalue": str(exc),
-        "traceback": "".join(lines),
-        "line": line,
-    }

@@ -12,13 +12,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any
+from typing import Any, Optional
 
 from ..telemetry.events import stream
 from .capture import EventSink
+from .results import CellResult, script_result
 
 
-def _script_path(script: str, source: str) -> tuple[str, str | None]:
+def _script_path(script: str, source: str) -> tuple[str, Optional[str]]:
     """Use the script where it is if this host has the same file, else a private copy."""
     try:
         with open(script, encoding="utf-8") as f:
@@ -40,7 +41,7 @@ def _pump(pipe: Any, name: str, sink: EventSink) -> None:
 
 
 def run(script: str, source: str, argv: list[str], env: dict[str, str], cwd: str,
-        sink: EventSink) -> dict[str, Any]:
+        sink: EventSink) -> CellResult:
     path, tmp = _script_path(script, source)
     seq0 = sink.flush()
     child_env = dict(os.environ)
@@ -70,5 +71,4 @@ def run(script: str, source: str, argv: list[str], env: dict[str, str], cwd: str
 
             shutil.rmtree(tmp, ignore_errors=True)
     seq = sink.flush()
-    return {"ok": code == 0 and not interrupted, "returncode": code, "interrupted": interrupted,
-            "seq": seq if seq > seq0 else 0}
+    return script_result(code, interrupted, seq if seq > seq0 else 0)

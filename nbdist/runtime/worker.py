@@ -1,14 +1,15 @@
 """Entry points the notebook calls on each worker. Stdlib, torch, cloudpickle and psutil only.
 
-Every entry point returns a plain dict and reports user errors as data (``{"ok": False, ...}``),
-so the engine's own error path only ever carries nbdist bugs.
+Every entry point returns a plain dict built by :mod:`.results` and reports user errors as data
+(``ok=False``), so the engine's own error path only ever carries nbdist bugs. Torch and the
+group module are imported inside the entry points that need them: the notebook imports this
+module to name the functions it ships, and must not load torch for that.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import re
 import socket
 import sys
 import threading
@@ -18,8 +19,9 @@ from typing import Any, Callable, Optional
 import cloudpickle
 
 from . import env as envmod
+from . import results
 from .capture import EventSink, Transport, captured_output
-from .execute import format_error, mimebundle, run_code
+from .execute import mimebundle, run_code
 from .interrupt import interruptible
 
 
@@ -40,11 +42,6 @@ class _State:
 
 
 _state = _State()
-
-# Errors after which this rank's group cannot be trusted (a collective timed out or lost a peer).
-_COMM_FAILURE = re.compile(r"gloo|nccl|timed out|connection (closed|reset)|processgroup",
-                           re.IGNORECASE)
-
 
 def describe(controller_ip: Optional[str] = None) -> dict[str, Any]:
     """What this worker knows about its host, without touching CUDA."""
@@ -136,9 +133,9 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
         _state.sink = EventSink(plan.rank, _state.transport)
     _state.sink.rank = plan.rank
     group.install_guard()
-    from . import instrument
+    from . import ddp_hooks
 
-    instrument.install()  # DDP and collective timing; each cell switches it on or off
+    ddp_hooks.install()  # DDP and collective timing; each cell switches it on or off
     t0 = time.perf_counter()
     group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr, port,
                timeout, _state.device)
@@ -175,17 +172,17 @@ def leave() -> None:
 
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
              want_result: bool, grace: float = 3.0, telemetry: bool = True,
-             collectives: bool = True) -> dict[str, Any]:
+             collectives: bool = True) -> results.CellResult:
     """Run one cell on this rank. ``peers`` are the ranks running the same cell."""
     from ..telemetry import events
     from . import group
-    from .instrument import telemetry as tel
+    from .measure import telemetry as tel
 
     plan = _state.plan
     if plan is None:
-        return {"ok": False, "error": {"ename": "RuntimeError", "evalue": "worker has no rank",
-                                       "traceback": "this worker has not joined the job; run "
-                                       "%nbdist restart", "line": None}}
+        return results.cell_failed(results.plain_error(
+            "RuntimeError", "worker has no rank",
+            "this worker has not joined the job; run %nbdist restart"), group_alive=False, seq=0)
     full = len(peers) == plan.world_size
     with _state.lock:
         t0 = time.perf_counter()
@@ -196,10 +193,10 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                 group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr,
                            _state.port, _state.timeout, _state.device)
             except Exception as exc:
-                err = format_error(exc, filename)
-                err["evalue"] = f"could not re-form the process group: {exc}"
-                return {"ok": False, "error": err, "group_alive": False, "seq": _state.sink.flush()}
-        out: dict[str, Any] = {"ok": True, "value": None}
+                err = results.error_info(exc, filename, communication=True,
+                                         evalue=f"could not re-form the process group: {exc}")
+                return results.cell_failed(err, group_alive=False, seq=_state.sink.flush())
+        out = results.cell_ok()
         tel.begin_cell(_state.sink, telemetry, collectives)
         with interruptible(group.sever) as watch, captured_output(_state.sink):
             try:
@@ -207,8 +204,10 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                 if want_result:
                     out["value"] = mimebundle(value)
             except BaseException as exc:  # the user's error is data for the notebook
-                out = {"ok": False, "error": format_error(exc, filename)}
-                if _COMM_FAILURE.search(f"{type(exc).__name__} {exc}"):
+                err = results.error_info(exc, filename, communication=True if watch.severed
+                                         else None)
+                out = results.cell_failed(err)
+                if err["communication"]:  # a collective failed: this group cannot be trusted
                     group.teardown(sever=True)
         if watch.severed:  # an interrupt cut this rank out of a collective: the group is gone
             group.teardown()
@@ -216,10 +215,10 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
             tel.end_cell()
         except Exception as exc:  # a telemetry bug must never fail the user's cell
             sys.__stderr__.write(f"nbdist: telemetry error: {exc!r}\n")
-        err = out.get("error")
+        err = out["error"]
         _state.sink.emit(events.end(out["ok"], time.time(),
                                     f"{err['ename']}: {err['evalue']}" if err else None))
-        out["seconds"] = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
         if len(peers) > 1:
             group.mark_done(f"nbdist/cell/{cell_id}/{plan.rank}")
             if not out["ok"] and group.generation() is not None:
@@ -228,29 +227,28 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                     # Peers are still running and may wait on us in a collective forever:
                     # closing our side of the group makes their collective fail now.
                     group.teardown(sever=True)
-        out["group_alive"] = group.generation() == gen
         seq = _state.sink.flush()
-        out["seq"] = seq if seq > seq0 else 0  # 0: this cell sent nothing to wait for
-        return out
+        return results.finish(out, seconds=seconds, group_alive=group.generation() == gen,
+                              seq=seq if seq > seq0 else 0)  # 0: this cell sent nothing
 
 
 def push(blob: bytes) -> None:
     _state.namespace.update(cloudpickle.loads(blob))
 
 
-def pull(name: str) -> dict[str, Any]:
+def pull(name: str) -> results.PullResult:
     """Return ``name`` (a dotted path) from the namespace, with tensors and modules on CPU."""
     parts = name.split(".")
     if parts[0] not in _state.namespace:
-        return {"ok": False, "evalue": f"name {parts[0]!r} is not defined on this worker"}
+        return results.not_pulled(f"name {parts[0]!r} is not defined on this worker")
     obj = _state.namespace[parts[0]]
     for attr in parts[1:]:
         try:
             obj = getattr(obj, attr)
         except AttributeError:
-            return {"ok": False, "evalue": f"{'.'.join(parts[:parts.index(attr)])} has no "
-                    f"attribute {attr!r}"}
-    return {"ok": True, "blob": cloudpickle.dumps(_to_cpu(obj))}
+            return results.not_pulled(f"{'.'.join(parts[:parts.index(attr)])} has no "
+                                      f"attribute {attr!r}")
+    return results.pulled(cloudpickle.dumps(_to_cpu(obj)))
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -269,7 +267,8 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def run_script(script: str, source: str, argv: list[str], port: int, cwd: str) -> dict[str, Any]:
+def run_script(script: str, source: str, argv: list[str], port: int,
+               cwd: str) -> results.CellResult:
     """Run a torchrun-style script in a fresh process with this rank's torchrun environment."""
     from .script import run
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Optional, Union
 
 from .events import COMM, PROGRESS, SCALARS, STEP, Event
 
@@ -39,7 +39,7 @@ def _lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
 
 
 def chrome_trace(events_by_rank: Mapping[int, Sequence[Event]],
-                 metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 metadata: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """Build the trace dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", ...}``.
 
     Timestamps are microseconds since the earliest recorded event.
@@ -104,8 +104,8 @@ def chrome_trace(events_by_rank: Mapping[int, Sequence[Event]],
             "otherData": {"generator": "nbdist", **dict(metadata or {})}}
 
 
-def write_trace(path: str | os.PathLike[str], events_by_rank: Mapping[int, Sequence[Event]],
-                metadata: Mapping[str, Any] | None = None) -> int:
+def write_trace(path: Union[str, os.PathLike], events_by_rank: Mapping[int, Sequence[Event]],
+                metadata: Optional[Mapping[str, Any]] = None) -> int:
     """Write the trace to ``path``; return the number of trace events written."""
     trace = chrome_trace(events_by_rank, metadata)
     with open(path, "w", encoding="utf-8") as f:

@@ -5,6 +5,7 @@ A leaf module (no nbdist imports), so the fold's records and all views may use i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Optional
 
 
@@ -45,3 +46,25 @@ def fmt_seconds(x: Optional[float]) -> str:
 def fmt_fraction(x: Optional[float]) -> str:
     """A share as a whole percentage (``37%``), ``-`` when unknown."""
     return f"{x:.0%}" if x is not None else "-"
+
+
+def fmt_ranks(ranks: Iterable[int]) -> str:
+    """Ranks as runs of ranges: ``[0, 1, 2, 5]`` → ``"0-2, 5"``.
+
+    >>> fmt_ranks([5, 0, 2, 1])
+    '0-2, 5'
+    """
+    out: list[str] = []
+    run: list[int] = []
+    for r in sorted(set(ranks)):
+        if run and r != run[-1] + 1:
+            out.append(_span(run))
+            run = []
+        run.append(r)
+    if run:
+        out.append(_span(run))
+    return ", ".join(out)
+
+
+def _span(run: list[int]) -> str:
+    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"

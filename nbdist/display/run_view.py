@@ -1,0 +1,58 @@
+"""The view of one run under its cell: workers' output as it arrives, and a dashboard.
+
+It draws what it is given and holds no numbers of its own: the Session owns the run's record
+(:class:`nbdist.telemetry.run.Run`) and passes snapshots in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
+
+from ..telemetry.events import Batch
+from .refresh import Throttle
+from .text import StreamView
+
+if TYPE_CHECKING:
+    from ..telemetry.aggregate import RunSnapshot
+
+
+class Dashboard(Protocol):
+    """What every run dashboard (text lines, widgets) implements."""
+
+    #: seconds between redraws while the run goes on
+    interval: float
+
+    def update(self, snap: RunSnapshot) -> None:
+        """Redraw with the run's numbers now."""
+
+    def close(self, snap: RunSnapshot) -> None:
+        """The final redraw; the dashboard stays on screen as it is."""
+
+
+class RunView:
+    """Streams output under the cell and keeps a dashboard up to date, rate-limited.
+
+    The Session calls :meth:`output` with every drained batch (from the kernel's main thread,
+    about ten times a second), :meth:`refresh` when telemetry changed, and :meth:`close` once.
+    """
+
+    def __init__(self, stream: StreamView, dashboard: Optional[Dashboard] = None):
+        self.stream = stream
+        self.dashboard = dashboard
+        self._throttle = Throttle(dashboard.interval if dashboard is not None else 1.0)
+
+    def output(self, batches: Iterable[Batch]) -> None:
+        """Write the workers' stdout/stderr that these batches carry."""
+        self.stream.feed(batches)
+
+    def refresh(self, snapshot: Callable[[], RunSnapshot]) -> None:
+        """Redraw the dashboard if it is due; ``snapshot`` is only called then."""
+        if self.dashboard is not None and self._throttle.due():
+            self.dashboard.update(snapshot())
+
+    def close(self, snap: RunSnapshot) -> None:
+        """End unfinished output lines and draw the final dashboard."""
+        self.stream.close()
+        if self.dashboard is not None:
+            self.dashboard.close(snap)

@@ -1,0 +1,163 @@
+"""What a worker's entry point returns to the notebook: the one typed contract between them.
+
+Stdlib only, imported on both sides. Results stay plain dicts on the wire (pickled by the
+engine); the ``TypedDict`` classes document their keys and the constructors below are the only
+places that build them, as :mod:`nbdist.telemetry.events` does for events.
+
+The worker holds the exception object, so it alone decides whether a failure was in
+communication (a collective, the process group) or in the user's code: see :func:`error_info`.
+The notebook trusts the flags it sets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+from typing import Any, Optional, TypedDict
+
+# Text of a failure caused by a *peer* dying or closing the group under this rank.
+_PEER_LOSS = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote process exited|"
+    r"ProcessGroup.*(aborted|destroyed)|Broken pipe|NCCL communicator was aborted",
+    re.IGNORECASE,
+)
+# Text of any communication failure: the above, a collective timing out, a group that is gone.
+_COMM = re.compile(_PEER_LOSS.pattern + r"|gloo|nccl|timed out|process ?group|transport",
+                   re.IGNORECASE)
+# torch's own frames; only an error raised there can be a communication failure.
+_TORCH_DIR = os.sep + "torch" + os.sep
+
+
+class ErrorInfo(TypedDict):
+    """One rank's error, formatted on the worker."""
+
+    ename: str  # exception class name
+    evalue: str  # str(exception)
+    traceback: str  # formatted, from the cell's first frame on
+    line: Optional[int]  # the cell's line of the innermost cell frame
+    communication: bool  # failed in a collective or the group, not in the cell's own code
+    caused_by_peer: bool  # ... because a peer died or closed the group (a consequence)
+
+
+class CellResult(TypedDict, total=False):
+    """What ``run_cell`` and ``run_script`` return for one rank."""
+
+    ok: bool
+    value: Optional[dict[str, Any]]  # rich display bundle of the last expression (cells)
+    error: Optional[ErrorInfo]  # when not ok (scripts: None, see returncode)
+    seconds: float
+    group_alive: bool  # False: this rank's process group is gone; the next full cell re-forms it
+    seq: int  # last event batch the call sent (0: none to wait for)
+    returncode: Optional[int]  # scripts: the child's exit status
+    interrupted: bool  # scripts: stopped by an interrupt or timeout
+
+
+class PullResult(TypedDict, total=False):
+    """What ``pull`` returns: the pickled object, or why there is none."""
+
+    ok: bool
+    blob: bytes
+    evalue: str
+
+
+def is_communication_failure(exc: BaseException) -> bool:
+    """True when ``exc`` was raised by torch while communicating, never by the user's code.
+
+    Both must hold: torch raised it (its innermost frame is in torch, or it is one of
+    torch.distributed's own error types), and its text names a collective, a transport or the
+    group. A cell's own ``raise TimeoutError("timed out")`` is therefore a code error.
+    """
+    if _is_dist_error(exc):
+        return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    from_torch = bool(frames) and _TORCH_DIR in frames[-1].filename
+    return from_torch and bool(_COMM.search(f"{type(exc).__name__}: {exc}"))
+
+
+def _is_dist_error(exc: BaseException) -> bool:
+    dist = sys.modules.get("torch.distributed")  # loaded already if torch can have raised it
+    dist_error = getattr(dist, "DistError", None)
+    return dist_error is not None and isinstance(exc, dist_error)
+
+
+def error_info(exc: BaseException, filename: str, *, communication: Optional[bool] = None,
+               evalue: Optional[str] = None) -> ErrorInfo:
+    """Describe ``exc`` for the notebook, keeping only frames from the cell ``filename`` on.
+
+    ``communication`` overrides the classification (e.g. an interrupt that cut this rank out
+    of a collective); ``evalue`` replaces the message.
+    """
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    if isinstance(exc, SyntaxError):
+        lines = traceback.format_exception(type(exc), exc, None)
+    elif tb is None:
+        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    else:
+        lines = traceback.format_exception(type(exc), exc, tb)
+    line = None
+    walk = tb
+    while walk is not None:
+        if walk.tb_frame.f_code.co_filename == filename:
+            line = walk.tb_lineno
+        walk = walk.tb_next
+    comm = is_communication_failure(exc) if communication is None else communication
+    text = str(exc) if evalue is None else evalue
+    return ErrorInfo(ename=type(exc).__name__, evalue=text, traceback="".join(lines), line=line,
+                     communication=comm, caused_by_peer=comm and bool(_PEER_LOSS.search(
+                         f"{type(exc).__name__}: {exc}")))
+
+
+def plain_error(ename: str, evalue: str, traceback_text: str = "", *,
+                communication: bool = False) -> ErrorInfo:
+    """An error that is not a Python exception on the worker (no rank, engine failure)."""
+    return ErrorInfo(ename=ename, evalue=evalue, traceback=traceback_text, line=None,
+                     communication=communication, caused_by_peer=False)
+
+
+def cell_ok(value: Optional[dict[str, Any]] = None) -> CellResult:
+    """A cell that ran; ``seconds``, ``group_alive`` and ``seq`` are added by :func:`finish`."""
+    return CellResult(ok=True, value=value, error=None)
+
+
+def cell_failed(error: ErrorInfo, *, group_alive: Optional[bool] = None,
+                seq: Optional[int] = None) -> CellResult:
+    """A cell (or nbdist's preparation for it) that failed on this rank."""
+    out = CellResult(ok=False, value=None, error=error)
+    if group_alive is not None:
+        out["group_alive"] = group_alive
+    if seq is not None:
+        out["seq"] = seq
+    return out
+
+
+def finish(result: CellResult, *, seconds: float, group_alive: bool, seq: int) -> CellResult:
+    """Add what every finished call reports: its duration, the group's state, its last batch."""
+    result["seconds"] = seconds
+    result["group_alive"] = group_alive
+    result["seq"] = seq
+    return result
+
+
+def script_result(returncode: int, interrupted: bool, seq: int) -> CellResult:
+    """A ``%nbdist run`` script's exit on this rank."""
+    return CellResult(ok=returncode == 0 and not interrupted, value=None, error=None,
+                      returncode=returncode, interrupted=interrupted, seq=seq,
+                      group_alive=True)
+
+
+def engine_failure(text: str) -> CellResult:
+    """The engine itself failed the call (the worker died, or an nbdist bug): the group is lost."""
+    first = text.splitlines()[0] if text else "the engine gave no reason"
+    return cell_failed(plain_error("WorkerError", first, text), group_alive=False)
+
+
+def pulled(blob: bytes) -> PullResult:
+    return PullResult(ok=True, blob=blob)
+
+
+def not_pulled(reason: str) -> PullResult:
+    return PullResult(ok=False, evalue=reason)

@@ -1,0 +1,93 @@
+"""A run's record: one cell or script across its ranks, owned by the Session.
+
+The Session feeds it the event batches its backend drains; the record folds them
+(:class:`~.aggregate.RunState`), counts batches per rank so the Session knows when it has seen
+everything the run sent, and hands views a :class:`~.aggregate.RunSnapshot` to draw. When the
+run is over it stays here for ``Session.last_run`` and ``%nbdist timeline``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Optional, Union
+
+from .aggregate import RunSnapshot, RunState
+from .events import Batch, Event
+from .trace import write_trace
+
+
+class Run:
+    """One execution of a cell or script on ``ranks``.
+
+    Parameters
+    ----------
+    what : str
+        ``"cell"`` or ``"script NAME"``: how errors and summaries name it.
+    ranks : sequence of int
+        The ranks that run it.
+    world_size : int
+        Ranks in the job when it ran.
+    generation : int
+        The process group's generation when it started.
+    """
+
+    def __init__(self, what: str, ranks: Sequence[int], *, world_size: int,
+                 generation: int = 0) -> None:
+        self.what = what
+        self.ranks = tuple(ranks)
+        self.world_size = world_size
+        self.generation = generation
+        self.started = time.time()
+        self.ended: Optional[float] = None
+        self._state = RunState(self.ranks)
+        self._seq: dict[int, int] = {}  # rank -> highest batch seq received
+
+    def feed(self, batches: Iterable[Batch]) -> bool:
+        """Take batches (any ranks, any order); True if any carried telemetry."""
+        batches = list(batches)
+        for b in batches:
+            self._seq[b["rank"]] = max(self._seq.get(b["rank"], 0), b["seq"])
+        return self._state.feed(batches)
+
+    def has_all(self, wanted: Mapping[int, int]) -> bool:
+        """True once every rank's batches up to ``wanted[rank]`` (its last seq) arrived."""
+        return all(self._seq.get(r, 0) >= s for r, s in wanted.items())
+
+    def finish(self) -> None:
+        """The run is over: ranks that never reported their end are marked stopped."""
+        self._state.finish()
+        self.ended = time.time()
+
+    def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
+        """The run's numbers now; views draw this."""
+        return self._state.snapshot(now)
+
+    @property
+    def recorded(self) -> bool:
+        """True when the run recorded telemetry events (steps, collectives, bars, scalars)."""
+        return bool(self._state.recorded)
+
+    @property
+    def dropped(self) -> int:
+        """Telemetry events dropped because the run recorded more than the cap."""
+        return self._state.dropped
+
+    def events(self) -> dict[int, list[Event]]:
+        """The recorded telemetry events per rank."""
+        return self._state.events()
+
+    def write_trace(self, path: Union[str, os.PathLike]) -> int:
+        """Write the run as a Chrome trace (one track per rank); return its event count."""
+        meta = {"world_size": self.world_size, "what": self.what,
+                "dropped_events": self.dropped}
+        return write_trace(path, self.events(), meta)
+
+    def __repr__(self) -> str:
+        state = "finished" if self.ended is not None else "running"
+        return (f"<nbdist.Run {self.what} on ranks {list(self.ranks)}, {state}: "
+                f"{self.snapshot()!r}>")
+
+    def _repr_html_(self) -> str:
+        return self.snapshot()._repr_html_()

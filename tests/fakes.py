@@ -1,0 +1,159 @@
+"""A scripted in-memory backend: the Session's coordination tested without processes.
+
+``ScriptedBackend`` answers nbdist's own calls (describe, join, ...) with canned values and each
+rank's ``run_cell`` with a :class:`Scripted` outcome: a result or an engine error, the event
+batches it sends (some only after the outcome is in), or a hang until interrupted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from nbdist.backends.base import Backend, Call, Job, Outcome, WorkerId
+from nbdist.runtime import results
+from nbdist.telemetry.events import Batch
+
+
+@dataclass
+class Scripted:
+    """What one rank does with one cell."""
+
+    result: Optional[results.CellResult] = None  # default: ok, nothing sent
+    engine_error: Optional[str] = None  # the engine failed the call (the worker died)
+    batches: list[Batch] = field(default_factory=list)  # drained while the call runs
+    late: list[Batch] = field(default_factory=list)  # drained only after the outcome is in
+    hang: bool = False  # runs until interrupted
+    ignores_interrupt: bool = False  # ... and even then (stuck in native code)
+
+
+def ok(value: Optional[dict] = None, *, seq: int = 0, group_alive: bool = True
+       ) -> results.CellResult:
+    return results.finish(results.cell_ok(value), seconds=0.01, group_alive=group_alive,
+                          seq=seq)
+
+
+def failed(ename: str, evalue: str, *, line: Optional[int] = 1, communication: bool = False,
+           caused_by_peer: bool = False, group_alive: bool = True, seq: int = 0
+           ) -> results.CellResult:
+    err = results.ErrorInfo(ename=ename, evalue=evalue, line=line,
+                            traceback=f"Traceback (most recent call last):\n{ename}: {evalue}\n",
+                            communication=communication, caused_by_peer=caused_by_peer)
+    return results.finish(results.cell_failed(err), seconds=0.01, group_alive=group_alive,
+                          seq=seq)
+
+
+class ScriptedJob(Job):
+    def __init__(self, backend: ScriptedBackend, plan: list[tuple[WorkerId, Any, Scripted]]):
+        self._backend = backend
+        self._plan = plan
+        self._live = [b for _, _, s in plan for b in s.batches]
+        self._late = [b for _, _, s in plan for b in s.late]
+        self.drains_after_done = 0
+
+    def _hung(self) -> list[WorkerId]:
+        b = self._backend
+        return [w for w, _, s in self._plan
+                if s.hang and (w not in b.interrupted or s.ignores_interrupt)]
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        if not self._hung():
+            return True
+        time.sleep(min(timeout or 0.0, 0.01))  # a hung call: let the caller's clock move
+        return not self._hung()
+
+    def pending(self) -> list[WorkerId]:
+        return self._hung()
+
+    def outcomes(self) -> list[Outcome]:
+        out = []
+        for w, value, s in self._plan:
+            if s.engine_error is not None:
+                out.append(Outcome(w, engine_error=s.engine_error))
+            elif s.hang:
+                out.append(Outcome(w, value=failed("KeyboardInterrupt", "", line=None)))
+            else:
+                out.append(Outcome(w, value=value))
+        return out
+
+    def drain_events(self) -> list[Batch]:
+        batches, self._live = self._live, []
+        if not self._hung():
+            self.drains_after_done += 1
+            if self.drains_after_done >= 3 and self._late:  # arrives well after the outcome
+                batches, self._late = batches + self._late, []
+        return batches
+
+
+class ScriptedBackend(Backend):
+    """``n`` in-memory workers on one host; ``cells`` scripts each rank's next ``run_cell``."""
+
+    name = "scripted"
+
+    def __init__(self, n: int = 2, hostname: str = "hostA") -> None:
+        self.ids = list(range(100, 100 + n))  # not the ranks: the Session must map them
+        self.hostname = hostname
+        self.cells: dict[int, Scripted] = {}  # worker id -> what its next run_cell does
+        self.interrupted: set[WorkerId] = set()
+        self.calls: list[str] = []
+        self.jobs: list[ScriptedJob] = []
+
+    def script(self, **by_rank: Scripted) -> None:
+        """Script the next cell: ``script(r0=Scripted(...), r1=...)`` (worker of rank i is
+        the i-th worker id, as the Session plans ranks on one host)."""
+        for key, s in by_rank.items():
+            self.cells[self.ids[int(key[1:])]] = s
+
+    # what an adapter provides
+    def _start(self, n: int, timeout: float) -> None:
+        self.client = self
+        self.cluster = self
+        self.controller_ip = "127.0.0.1"
+
+    def connect(self, timeout: float, **target: Any) -> None:
+        self.client = self
+        self.owns_cluster = False
+
+    def worker_ids(self) -> list[WorkerId]:
+        return list(self.ids)
+
+    def submit(self, calls: Sequence[Call]) -> ScriptedJob:
+        plan = []
+        for c in calls:
+            name = getattr(c.fn, "__name__", "?")
+            self.calls.append(name)
+            if name == "run_cell":
+                s = self.cells.pop(c.worker, Scripted())
+                plan.append((c.worker, s.result or ok(), s))
+            else:
+                plan.append((c.worker, self._answer(name, c), Scripted()))
+        self.interrupted.clear()
+        job = ScriptedJob(self, plan)
+        self.jobs.append(job)
+        return job
+
+    def _answer(self, name: str, c: Call) -> Any:
+        answers: dict[str, Callable[[], Any]] = {
+            "describe": lambda: {"hostname": self.hostname, "pid": c.worker, "cpu_count": 2,
+                                 "gpu_count": 0, "addresses": [], "route_ip": "127.0.0.1"},
+            "open_store": lambda: 29500,
+            "join": lambda: {"rank": c.args[0].rank, "device": "cpu", "backend": "gloo",
+                             "threads": 1},
+            "status": lambda: {"rank": None, "hostname": self.hostname, "pid": c.worker,
+                               "device": "cpu", "group": True, "rss": 2**20},
+        }
+        return answers.get(name, lambda: None)()
+
+    def interrupt(self, workers: Sequence[WorkerId]) -> None:
+        self.interrupted.update(workers)
+
+    def transport(self) -> Callable[[Batch], None]:
+        return print
+
+    def _close_client(self, client: Any) -> None:
+        pass
+
+    def _close_cluster(self, cluster: Any) -> None:
+        pass

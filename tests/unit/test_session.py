@@ -1,0 +1,167 @@
+"""The Session's coordination on a scripted in-memory backend: error shaping, timeouts,
+group generations and the event grace period, in milliseconds."""
+
+from __future__ import annotations
+
+import pytest
+from fakes import Scripted, ScriptedBackend, failed, ok
+
+from nbdist import session as session_mod
+from nbdist.errors import (
+    REBUILD_DDP,
+    CellTimeoutError,
+    DistributedError,
+    InterruptTimeoutError,
+    NoClusterError,
+    OptionError,
+)
+from nbdist.session import Session
+from nbdist.telemetry import events as ev
+
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture
+def backend() -> ScriptedBackend:
+    return ScriptedBackend(2)
+
+
+@pytest.fixture
+def session(backend) -> Session:
+    s = Session(backends=lambda engine: backend).start(2, engine="ipyparallel", timeout=5)
+    assert backend.calls == ["describe", "describe", "set_transport", "set_transport",
+                             "open_store", "join", "join"]
+    return s
+
+
+def step(rank: int, n: int, seq: int) -> dict:
+    return {"rank": rank, "seq": seq, "events": [
+        ev.step(n, T0 + n, T0 + n + 0.1, samples=8, comm_total_s=0.02, comm_exposed_s=0.01),
+        ev.end(True, T0 + n + 0.2)]}
+
+
+def test_start_forms_the_job_and_returns_rank0s_value(session, backend):
+    assert session.world_size == 2 and session.generation == 1
+    assert [p.worker_id for p in session.plans] == backend.ids
+    backend.script(r0=Scripted(ok({"text/plain": "42"})), r1=Scripted(ok({"text/plain": "7"})))
+    value = session.run_cell("x")
+    assert value is not None and value.rank == 0 and repr(value) == "42"
+
+
+def test_code_error_on_one_rank_and_peer_loss_on_the_other(session, backend):
+    backend.script(
+        r0=Scripted(failed("RuntimeError", "Connection closed by peer", communication=True,
+                           caused_by_peer=True, group_alive=False)),
+        r1=Scripted(failed("ZeroDivisionError", "division by zero", line=3)))
+    gen = session.generation
+    with pytest.raises(DistributedError) as info:
+        session.run_cell("1/0")
+    err = info.value
+    assert err.ranks == [0, 1]
+    assert [f.rank for f in err.causes] == [1]  # rank 0 only lost its peer
+    assert "rank 0 stopped because of it" in str(err)
+    assert err.failures[1].line == 3 and err.failures[1].hostname == "hostA"
+    assert REBUILD_DDP in err.remedy  # rank 0's group is gone: the next cell re-forms it
+    assert session.generation == gen + 1
+
+
+def test_code_error_with_group_intact_does_not_reform(session, backend):
+    backend.script(r1=Scripted(failed("ValueError", "bad")))
+    gen = session.generation
+    with pytest.raises(DistributedError) as info:
+        session.run_cell("raise ValueError('bad')")
+    assert info.value.remedy == "" and session.generation == gen
+
+
+def test_partial_rank_hint_only_for_communication_failures(session, backend):
+    backend.script(r1=Scripted(failed("RuntimeError", "[gloo] Timed out", communication=True)))
+    with pytest.raises(DistributedError) as info:
+        session.run_cell("dist.barrier()", ranks="1")
+    assert "collectives need every rank" in info.value.remedy
+    backend.script(r1=Scripted(failed("NameError", "name 'x' is not defined")))
+    with pytest.raises(DistributedError) as info:
+        session.run_cell("x", ranks="1")
+    assert "collectives" not in info.value.remedy
+
+
+def test_timeout_interrupts_the_late_ranks_and_bumps_the_generation(session, backend):
+    backend.script(r1=Scripted(hang=True))
+    gen = session.generation
+    with pytest.raises(CellTimeoutError) as info:
+        session.run_cell("while True: pass", timeout=0.2)
+    assert info.value.ranks == [1]
+    assert backend.ids[1] in backend.interrupted and backend.ids[0] not in backend.interrupted
+    assert session.generation == gen + 1
+    assert "DistributedDataParallel" in str(info.value)
+
+
+def test_a_rank_that_ignores_the_interrupt_is_named(session, backend, monkeypatch):
+    monkeypatch.setattr(session_mod, "_INTERRUPT_GRACE", 0.05)
+    backend.script(r0=Scripted(hang=True, ignores_interrupt=True))
+    with pytest.raises(InterruptTimeoutError, match=r"rank\(s\) \[0\] did not stop.*restart"):
+        session.run_cell("stuck()", timeout=0.1)
+
+
+def test_engine_error_on_one_worker_is_a_worker_error(session, backend):
+    backend.script(r1=Scripted(engine_error="EngineError: Engine 101 died\ntraceback..."))
+    gen = session.generation
+    with pytest.raises(DistributedError) as info:
+        session.run_cell("import os; os._exit(1)")
+    [f] = info.value.failures
+    assert f.rank == 1 and f.ename == "WorkerError" and "Engine 101 died" in f.evalue
+    assert not f.communication and session.generation == gen + 1
+
+
+def test_last_batch_arriving_after_the_outcome_is_waited_for(session, backend):
+    backend.script(r0=Scripted(ok(seq=2), batches=[step(0, 0, 1)], late=[step(0, 1, 2)]),
+                   r1=Scripted(ok(seq=1), batches=[step(1, 0, 1)]))
+    session.run_cell("train()")
+    snap = session.last_run
+    assert snap is not None
+    assert [r.steps for r in snap.ranks] == [2, 1]  # rank 0's late step was not lost
+    assert backend.jobs[-1].drains_after_done >= 3
+
+
+def test_missing_batches_give_up_after_the_grace_period(session, backend, monkeypatch):
+    monkeypatch.setattr(session_mod, "_EVENT_GRACE", 0.05)
+    backend.script(r0=Scripted(ok(seq=5), batches=[step(0, 0, 1)]))  # batches 2-5 never come
+    session.run_cell("train()")
+    assert session.last_run.ranks[0].steps == 1
+
+
+def test_runs_keep_only_what_recorded_telemetry(session, backend):
+    session.run_cell("x = 1")
+    assert len(session.runs) == 0
+    backend.script(r0=Scripted(ok(seq=1), batches=[step(0, 0, 1)]))
+    session.run_cell("train()")
+    assert len(session.runs) == 1 and session.runs[-1].what == "cell"
+    assert "Run cell on ranks [0, 1], finished" in repr(session.runs[-1])
+
+
+def test_usage_errors_are_option_errors(session):
+    with pytest.raises(OptionError, match="out of range"):
+        session.run_cell("x", ranks="5")
+    with pytest.raises(OptionError, match="at least 1"):
+        session.scale(0)
+    with pytest.raises(ValueError):  # an OptionError is a ValueError for Python callers
+        session.run_cell("x", timeout=-1)
+
+
+def test_no_cluster_and_status(backend):
+    s = Session(backends=lambda engine: backend)
+    with pytest.raises(NoClusterError, match="nbdist start"):
+        s.run_cell("x")
+    assert "not running" in s._repr_html_()
+    s.start(2)
+    status = s.status()
+    assert status.alive == 2 and [r.rank for r in status.rows] == [0, 1]
+    assert "hostA" in s._repr_html_()
+    s.stop()
+    assert not s.running
+
+
+def test_restart_of_a_connected_cluster_connects_again(backend):
+    s = Session(backends=lambda engine: backend).connect(profile="x")
+    gen = s.generation
+    s.restart()
+    assert backend.owns_cluster is False and s.generation == gen + 1
