@@ -9,14 +9,16 @@ from typing import Any, Optional
 
 @dataclass(frozen=True)
 class WorkerRow:
-    rank: Optional[int]
-    worker: str
+    """One worker in a :class:`ClusterStatus`."""
+
+    rank: Optional[int]  # None: a worker outside the current rank plan
+    worker: str  # the engine's id for it
     hostname: str
     pid: Optional[int]
     device: Optional[str]
     alive: bool
-    rss_mb: Optional[float] = None
-    state: str = "idle"
+    rss_mb: Optional[float] = None  # resident memory in MiB
+    state: str = "idle"  # "idle", "busy" (alive, no status reply: in a cell) or "gone"
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class ClusterStatus:
     def alive(self) -> int:
         return sum(r.alive for r in self.rows)
 
+    # Views are imported when drawn, not at import time: display names these types itself.
     def __repr__(self) -> str:
         from .display.text import format_status
 

@@ -6,10 +6,11 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from nbdist.display import RunView, display_medium, make_run_view, set_display  # noqa: E402
+from nbdist.display import display_medium, make_run_view, set_display  # noqa: E402
 from nbdist.display.refresh import Throttle  # noqa: E402
 from nbdist.display.text import StreamView, TextDashboard  # noqa: E402
-from nbdist.display.widgets import ClusterPanel, RunWidget  # noqa: E402
+from nbdist.display.widgets import ClusterPanel, RunWidget, WidgetDashboard  # noqa: E402
+from nbdist.records import ClusterStatus  # noqa: E402
 from nbdist.telemetry import events as ev  # noqa: E402
 from nbdist.telemetry.aggregate import RunState  # noqa: E402
 
@@ -97,11 +98,17 @@ def test_medium_is_chosen_by_argument_env_and_setting(monkeypatch):
 
 def test_text_run_view_prints_lines_not_a_flood(capsys):
     view = make_run_view("rank0", 0, 2)
-    assert isinstance(view, RunView) and isinstance(view.dashboard, TextDashboard)
-    for k in range(50):  # 50 feeds in quick succession: one line, not 50
-        view.feed([{"rank": 0, "seq": k + 1, "events": [
-            ev.stream("stdout", f"line {k}\n"), ev.progress(1, "train", k, 50, T0 + k)]}])
-    view.close()
+    assert isinstance(view.dashboard, TextDashboard)
+    state = RunState([0, 1])
+    for k in range(50):  # 50 redraws in quick succession: one line, not 50
+        batch = {"rank": 0, "seq": k + 1, "events": [
+            ev.stream("stdout", f"line {k}\n"), ev.progress(1, "train", k, 50, T0 + k)]}
+        view.stream.feed([batch])
+        state.feed([batch])
+        view.dashboard.update(state.snapshot())
+    view.stream.close()
+    state.finish()
+    view.dashboard.close(state.snapshot())
     out = capsys.readouterr().out
     assert out.count("[0] line ") == 50
     status_lines = [ln for ln in out.splitlines() if ln.startswith("nbdist:")]
@@ -136,13 +143,43 @@ def test_scale_errors_stay_on_the_panel():
     def boom(n):
         raise RuntimeError("cannot <scale>")
 
-    panel = ClusterPanel(lambda: _Status(), boom)
+    panel = ClusterPanel(lambda: ClusterStatus("none", 0), boom)
     panel.scale(3)
     assert "could not scale to 3" in panel.message.value and "&lt;scale&gt;" in panel.message.value
 
 
-class _Status:
-    """A finished ClusterStatus-like record for the error-path test (no cluster involved)."""
+def test_widget_dashboard_shows_its_own_bundle_and_finishes_in_close(monkeypatch):
+    shown = []
 
-    engine, wanted, dist_backend, master, alive = "none", 0, None, None, 0
-    rows: tuple = ()
+    class Handle:
+        def update(self, bundle, raw):
+            shown.append(bundle)
+
+    def display(bundle, raw, display_id):
+        shown.append(bundle)
+        return Handle()
+
+    monkeypatch.setattr("IPython.display.display", display)
+    state = RunState([0, 1])
+    dash = WidgetDashboard([0, 1])
+    dash.update(state.snapshot())
+    assert shown == []  # nothing under a cell that has sent no telemetry yet
+    feed_training(state)
+    dash.update(state.snapshot())
+    view = shown[0]["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == dash.widget.model_id  # the widget's own bundle, not a copy
+    assert "nbdist-summary" in shown[0]["text/html"]
+    assert shown[0]["text/plain"].startswith("nbdist run:")
+    assert "running" in dash.widget.header.value
+    state.finish()
+    dash.close(state.snapshot())
+    assert len(shown) == 2 and "finished" in dash.widget.header.value
+
+
+def test_dashboards_share_one_protocol():
+    import inspect
+
+    for cls in (TextDashboard, WidgetDashboard):
+        assert isinstance(cls.interval, float)
+        assert list(inspect.signature(cls.update).parameters) == ["self", "snap"]
+        assert list(inspect.signature(cls.close).parameters) == ["self", "snap"]

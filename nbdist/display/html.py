@@ -1,39 +1,79 @@
-"""Static HTML: what stays readable in a saved notebook (GitHub, nbviewer). Remote text escaped."""
+"""Static HTML: what stays readable in a saved notebook (GitHub, nbviewer).
+
+All of nbdist's markup and colours live here; the widgets set their values from these
+functions. Remote text (host names, error messages, progress labels) is always escaped.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Optional
 
 from ..telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
+from .tables import Table, run_table, status_rows
+
+if TYPE_CHECKING:
+    from ..records import ClusterStatus
+    from ..telemetry.aggregate import RankSnapshot, RunSnapshot, StepPoint
+
+#: chart series: compute time, exposed all-reduce time, all-reduce bandwidth; the axis line
+COMPUTE, EXPOSED, BANDWIDTH, AXIS = "#4c78a8", "#f58518", "#54a24b", "#888"
+#: a failed rank, a dead worker, an action that did not work
+FAIL = "#c00"
+#: a straggler: slower than the others, not broken
+WARN = "#b60"
 
 
-def status_table(status: Any) -> str:
+def bold(text: str) -> str:
+    """``text``, escaped, in bold."""
+    return f"<b>{escape(text)}</b>"
+
+
+def error_text(message: str) -> str:
+    """``message``, escaped, in the failure colour."""
+    return f"<span style='color:{FAIL}'>{escape(message)}</span>"
+
+
+def warning_text(message: str) -> str:
+    """``message``, escaped, in bold in the straggler colour."""
+    return f"<b style='color:{WARN}'>{escape(message)}</b>"
+
+
+def table(t: Table) -> str:
+    """A :class:`~nbdist.display.tables.Table` as an HTML table; broken rows in red."""
+    head = "".join(f"<th>{escape(c)}</th>" for c in t.header)
+    body = "".join((f"<tr style='color:{FAIL}'>" if row.broken else "<tr>")
+                   + "".join(f"<td>{escape(c)}</td>" for c in row.cells) + "</tr>"
+                   for row in t.rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# ----------------------------------------------------------------- cluster
+def status_table(status: ClusterStatus) -> str:
     """An HTML table of a :class:`~nbdist.records.ClusterStatus`."""
     head = (f"<b>nbdist</b> {escape(status.engine)}: {status.alive}/{status.wanted} workers alive"
             + (f", backend <code>{escape(status.dist_backend)}</code>" if status.dist_backend
                else "")
             + (f", MASTER_ADDR <code>{escape(status.master)}</code>" if status.master else ""))
-    cells = ("rank", "host", "pid", "device", "alive", "mem MB", "state")
-    rows = []
-    for r in status.rows:
-        color = "" if r.alive else ' style="color:#c00"'
-        values = (r.rank if r.rank is not None else "-", r.hostname, r.pid or "-",
-                  r.device or "-", "yes" if r.alive else "no",
-                  f"{r.rss_mb:.0f}" if r.rss_mb is not None else "-", r.state)
-        rows.append(f"<tr{color}>" + "".join(f"<td>{escape(str(v))}</td>" for v in values)
-                    + "</tr>")
-    header = "".join(f"<th>{c}</th>" for c in cells)
-    return (f"<div class='nbdist-status'><p>{head}</p><table><thead><tr>{header}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table></div>")
+    return f"<div class='nbdist-status'><p>{head}</p>{table(status_rows(status))}</div>"
+
+
+#: shown under the cluster panel's Scale control
+SCALE_NOTE = ("<small>Scaling re-forms the process group at the new size before the next "
+              "<code>%%distributed</code> cell. Rebuild what depends on the world size: "
+              "DistributedDataParallel models, optimizers, samplers and data loaders. Workers "
+              "that stay keep their namespace; new workers start empty (re-run set-up cells "
+              "or <code>%nbdist push</code>).</small>")
 
 
 # ----------------------------------------------------------------- run telemetry
-_COMPUTE, _EXPOSED, _LINE, _FAIL = "#4c78a8", "#f58518", "#54a24b", "#c00"
+def run_header(state: str, line: Optional[str] = None) -> str:
+    """The live dashboard's first line: the run's state, then its one-line summary."""
+    return f"<b>nbdist</b> {escape(state)}" + (f" · {escape(line)}" if line is not None else "")
 
 
-def step_chart_svg(series: Sequence[Any], width: int = 420, height: int = 120) -> str:
+def step_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 120) -> str:
     """Stacked bars per step: compute time under exposed all-reduce time (seconds)."""
     pts = list(series)[-120:]
     top = max((p.step_s for p in pts), default=0.0)
@@ -52,48 +92,53 @@ def step_chart_svg(series: Sequence[Any], width: int = 420, height: int = 120) -
                f"{fmt_seconds(p.exposed_s)}")
         bars.append(f"<g><title>{escape(tip)}</title>"
                     f"<rect x='{x:.1f}' y='{y_c:.1f}' width='{max(bw - 1, 0.5):.1f}' "
-                    f"height='{hc:.1f}' fill='{_COMPUTE}'/>"
+                    f"height='{hc:.1f}' fill='{COMPUTE}'/>"
                     f"<rect x='{x:.1f}' y='{y_c - he:.1f}' width='{max(bw - 1, 0.5):.1f}' "
-                    f"height='{he:.1f}' fill='{_EXPOSED}'/></g>")
+                    f"height='{he:.1f}' fill='{EXPOSED}'/></g>")
     return (f"<svg class='nbdist-step-chart' xmlns='http://www.w3.org/2000/svg' "
             f"width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
             f"font-family='sans-serif' font-size='10'>"
-            f"<text x='{pad_l}' y='10'>step time: <tspan fill='{_COMPUTE}'>compute</tspan> + "
-            f"<tspan fill='{_EXPOSED}'>exposed all-reduce</tspan></text>"
+            f"<text x='{pad_l}' y='10'>step time: <tspan fill='{COMPUTE}'>compute</tspan> + "
+            f"<tspan fill='{EXPOSED}'>exposed all-reduce</tspan></text>"
             f"<text x='{pad_l - 4}' y='{14 + 8}' text-anchor='end'>{fmt_seconds(top)}</text>"
             f"<text x='{pad_l - 4}' y='{14 + h}' text-anchor='end'>0</text>"
-            f"<line x1='{pad_l}' y1='{14 + h}' x2='{width - 4}' y2='{14 + h}' stroke='#888'/>"
+            f"<line x1='{pad_l}' y1='{14 + h}' x2='{width - 4}' y2='{14 + h}' stroke='{AXIS}'/>"
             + "".join(bars)
             + f"<text x='{pad_l}' y='{height - 3}'>step {pts[0].step}</text>"
             f"<text x='{width - 4}' y='{height - 3}' text-anchor='end'>step {pts[-1].step}"
             f"</text></svg>")
 
 
-def bandwidth_chart_svg(series: Sequence[Any], width: int = 420, height: int = 90) -> str:
+def bandwidth_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 90) -> str:
     """All-reduce algorithm bandwidth per step, as a line."""
     pts = [p for p in list(series)[-120:] if p.bandwidth]
     if not pts:
         return ""
-    top = max(p.bandwidth for p in pts)
+    top = max(p.bandwidth or 0.0 for p in pts)
     lo, hi = pts[0].step, max(pts[-1].step, pts[0].step + 1)
     pad_l, pad_b = 60, 16
     w, h = width - pad_l - 4, height - pad_b - 14
     xy = " ".join(f"{pad_l + w * (p.step - lo) / (hi - lo):.1f},"
-                  f"{14 + h - h * p.bandwidth / top:.1f}" for p in pts)
+                  f"{14 + h - h * (p.bandwidth or 0.0) / top:.1f}" for p in pts)
     return (f"<svg class='nbdist-allreduce-chart' xmlns='http://www.w3.org/2000/svg' "
             f"width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
             f"font-family='sans-serif' font-size='10'>"
             f"<text x='{pad_l}' y='10'>all-reduce bandwidth per step</text>"
             f"<text x='{pad_l - 4}' y='{14 + 8}' text-anchor='end'>"
             f"{escape(fmt_bytes_rate(top))}</text>"
-            f"<line x1='{pad_l}' y1='{14 + h}' x2='{width - 4}' y2='{14 + h}' stroke='#888'/>"
-            f"<polyline fill='none' stroke='{_LINE}' stroke-width='1.5' points='{xy}'/>"
+            f"<line x1='{pad_l}' y1='{14 + h}' x2='{width - 4}' y2='{14 + h}' stroke='{AXIS}'/>"
+            f"<polyline fill='none' stroke='{BANDWIDTH}' stroke-width='1.5' points='{xy}'/>"
             f"<text x='{pad_l}' y='{height - 3}'>step {lo}</text>"
             f"<text x='{width - 4}' y='{height - 3}' text-anchor='end'>step {pts[-1].step}"
             f"</text></svg>")
 
 
-def rank_stats(r: Any) -> str:
+def charts(series: Sequence[StepPoint]) -> str:
+    """The step-time chart, then the bandwidth chart (either empty when there is no data)."""
+    return step_chart_svg(series) + bandwidth_chart_svg(series)
+
+
+def rank_stats(r: RankSnapshot) -> str:
     """One rank's numbers as HTML (escaped): progress, rates, comm share, failure reason."""
     parts = []
     if r.bar is not None:
@@ -101,7 +146,7 @@ def rank_stats(r: Any) -> str:
         label = f"{escape(b.desc)} " if b.desc else ""
         parts.append(f"{label}{b.n}/{b.total}" if b.total is not None else f"{label}{b.n}")
         if b.rate is not None:
-            parts.append(f"{fmt_rate(b.rate, 'it/s')}")
+            parts.append(fmt_rate(b.rate, "it/s"))
         if b.eta_s is not None:
             parts.append(f"ETA {fmt_seconds(b.eta_s)}")
     if r.steps:
@@ -118,39 +163,25 @@ def rank_stats(r: Any) -> str:
             parts.append(fmt_bytes_rate(r.bandwidth))
     text = " · ".join(parts)
     if r.straggler:
-        text += " · <b style='color:#b60'>straggler</b>"
-    if r.state == "failed" or r.state == "stopped":
-        reason = escape(r.error or r.state)
-        text += f" · <span style='color:{_FAIL}'>{escape(r.state)}: {reason}</span>"
+        text += " · " + warning_text("straggler")
+    if r.state.broken:
+        text += " · " + error_text(f"{r.state}: {r.error or r.state}")
     return f"<span class='nbdist-rank-stats'>{text}</span>"
 
 
-def scalars_line(values: dict) -> str:
-    return " · ".join(f"{escape(str(k))} <b>{v:.4g}</b>" for k, v in values.items())
+def scalars_line(values: Mapping[str, float]) -> str:
+    """The latest logged values, ``name value`` with the value in bold."""
+    return " · ".join(f"{escape(str(k))} {bold(f'{v:.4g}')}" for k, v in values.items())
 
 
-def run_summary(snap: Any) -> str:
+def run_summary(snap: RunSnapshot) -> str:
     """A static summary of a run (table + SVG charts) that renders without widgets."""
     head = (f"<b>nbdist run</b>: {len(snap.ranks)} ranks, {snap.steps} steps, "
             f"{fmt_seconds(snap.elapsed_s)}")
     if snap.stragglers:
-        head += (" · <b style='color:#b60'>straggler: rank "
-                 + ", ".join(str(r) for r in snap.stragglers) + "</b>")
+        head += " · " + warning_text("straggler: rank "
+                                     + ", ".join(str(r) for r in snap.stragglers))
     if snap.scalars:
         head += " · " + scalars_line(snap.scalars)
-    cols = ("rank", "state", "steps", "steps/s", "samples/s", "step", "exposed comm",
-            "all-reduce bw")
-    rows = []
-    for r in snap.ranks:
-        frac = r.exposed_fraction
-        state = r.state + (f": {r.error}" if r.error else "")
-        values = (r.rank, state, r.steps, fmt_rate(r.steps_per_s), fmt_rate(r.samples_per_s),
-                  fmt_seconds(r.step_s), f"{frac:.0%}" if frac is not None else "-",
-                  fmt_bytes_rate(r.bandwidth))
-        color = f" style='color:{_FAIL}'" if r.state in ("failed", "stopped") else ""
-        rows.append(f"<tr{color}>" + "".join(f"<td>{escape(str(v))}</td>" for v in values)
-                    + "</tr>")
-    header = "".join(f"<th>{c}</th>" for c in cols)
-    charts = step_chart_svg(snap.series) + bandwidth_chart_svg(snap.series)
-    return (f"<div class='nbdist-summary'><p>{head}</p><table><thead><tr>{header}</tr>"
-            f"</thead><tbody>{''.join(rows)}</tbody></table><div>{charts}</div></div>")
+    return (f"<div class='nbdist-summary'><p>{head}</p>{table(run_table(snap))}"
+            f"<div>{charts(snap.series)}</div></div>")

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Optional, TextIO
 
 from ..telemetry.events import STREAM, Batch
+from ..telemetry.states import RankState
 from ..telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
+from .html import run_summary
+from .refresh import Throttle
+from .tables import Table, run_table, status_rows
+
+if TYPE_CHECKING:
+    from ..records import ClusterStatus
+    from ..telemetry.aggregate import RunSnapshot
 
 
 class StreamView:
@@ -64,27 +72,27 @@ class StreamView:
         self._last_rank.clear()
 
 
-def format_status(status: Any) -> str:
+def _lay_out(table: Table) -> list[str]:
+    """The header and rows in left-aligned columns two spaces apart."""
+    header, rows = table
+    cells = [row.cells for row in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h)
+              for i, h in enumerate(header)]
+    return ["  ".join(v.ljust(w) for v, w in zip(line, widths)) for line in (header, *cells)]
+
+
+def format_status(status: ClusterStatus) -> str:
     """A plain table of a :class:`~nbdist.records.ClusterStatus`."""
     head = (f"nbdist cluster: {status.engine}, {status.alive}/{status.wanted} workers alive"
             + (f", backend {status.dist_backend}" if status.dist_backend else "")
             + (f", MASTER_ADDR {status.master}" if status.master else ""))
-    cols = ("rank", "host", "pid", "device", "alive", "mem MB", "state")
-    rows = [(str(r.rank) if r.rank is not None else "-", r.hostname, str(r.pid or "-"),
-             r.device or "-", "yes" if r.alive else "NO",
-             f"{r.rss_mb:.0f}" if r.rss_mb is not None else "-", r.state)
-            for r in status.rows]
-    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c)
-              for i, c in enumerate(cols)]
-    lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
+    return "\n".join([head, *_lay_out(status_rows(status))])
 
 
 # ----------------------------------------------------------------- run telemetry
-def format_line(snap: Any, prefix: str = "nbdist: ") -> str:
+def format_line(snap: RunSnapshot, prefix: str = "nbdist: ") -> str:
     """One line for a run in progress: steps, rates, exposed comm, bar, latest scalars."""
-    rows = [r for r in snap.ranks if r.state != "waiting"]
+    rows = [r for r in snap.ranks if r.state != RankState.WAITING]
     parts = [f"{prefix}step {snap.steps}"] if any(r.steps for r in rows) else [prefix.strip()]
     stepped = [r for r in rows if r.steps_per_s]
     if stepped:
@@ -113,21 +121,12 @@ def format_line(snap: Any, prefix: str = "nbdist: ") -> str:
     return " | ".join(parts)
 
 
-def format_summary(snap: Any) -> str:
+def format_summary(snap: RunSnapshot) -> str:
     """A plain table of a finished run, one row per rank."""
-    cols = ("rank", "state", "steps", "steps/s", "samples/s", "step", "exposed", "all-reduce")
-    rows = [(str(r.rank), r.state, str(r.steps), fmt_rate(r.steps_per_s),
-             fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
-             f"{r.exposed_fraction:.0%}" if r.exposed_fraction is not None else "-",
-             fmt_bytes_rate(r.bandwidth)) for r in snap.ranks]
-    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c)
-              for i, c in enumerate(cols)]
-    lines = [f"nbdist run: {snap.steps} steps in {fmt_seconds(snap.elapsed_s)}"
-             + (f", straggler: rank {','.join(map(str, snap.stragglers))}"
-                if snap.stragglers else ""),
-             "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
+    head = (f"nbdist run: {snap.steps} steps in {fmt_seconds(snap.elapsed_s)}"
+            + (f", straggler: rank {','.join(map(str, snap.stragglers))}"
+               if snap.stragglers else ""))
+    return "\n".join([head, *_lay_out(run_table(snap))])
 
 
 class TextDashboard:
@@ -137,31 +136,29 @@ class TextDashboard:
     running, so a notebook executed by nbconvert keeps a table and chart that GitHub renders.
     """
 
-    interval = 5.0
+    interval: float = 5.0
 
     def __init__(self, stream: Optional[TextIO] = None, interval: Optional[float] = None):
-        from .refresh import Throttle
-
+        if interval is not None:
+            self.interval = interval
         self._stream = stream
-        self._throttle = Throttle(self.interval if interval is None else interval)
+        self._throttle = Throttle(self.interval)
         self.lines = 0
         self._last = ""
 
-    def update(self, snap: Any) -> None:
+    def update(self, snap: RunSnapshot) -> None:
         if snap.has_telemetry and self._throttle.due():
             self._print(format_line(snap))
 
-    def close(self, snap: Any) -> None:
+    def close(self, snap: RunSnapshot) -> None:
         if not snap.has_telemetry:
             return
         line = format_line(snap)
         if line != self._last:
             self._print(line)
-        from .html import run_summary
-
         shown = False
         if self._stream is None:
-            try:
+            try:  # deferred: the text view also serves plain Python, without IPython
                 from IPython import get_ipython
                 from IPython.display import display
 

@@ -1,0 +1,67 @@
+"""The tables nbdist shows, as plain strings: text.py and html.py only lay them out.
+
+One builder per table, so the text and HTML views cannot drift apart in their headers or in
+how a number is written. Pure: no markup, no IPython; the snapshot types are imported for
+annotations only (``records`` and ``aggregate`` import the views back for their reprs).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple, Optional
+
+from ..telemetry.units import fmt_bytes_rate, fmt_fraction, fmt_rate, fmt_seconds
+
+if TYPE_CHECKING:
+    from ..records import ClusterStatus
+    from ..telemetry.aggregate import RankSnapshot, RunSnapshot
+
+
+class Row(NamedTuple):
+    cells: tuple[str, ...]
+    #: a dead worker, or a rank that failed or stopped: views draw it in the failure colour
+    broken: bool = False
+
+
+class Table(NamedTuple):
+    """A header and its rows, every cell already formatted. Unpacks as ``header, rows``."""
+
+    header: tuple[str, ...]
+    rows: tuple[Row, ...]
+
+
+STATUS_HEADER = ("rank", "host", "pid", "device", "alive", "mem MiB", "state")
+RUN_HEADER = ("rank", "state", "steps", "steps/s", "samples/s", "step time", "exposed comm",
+              "all-reduce bw")
+
+
+def _or_dash(value: Optional[object]) -> str:
+    return "-" if value is None else str(value)
+
+
+def status_rows(status: ClusterStatus) -> Table:
+    """One row per worker of a cluster's status (``NO`` for a dead worker: text has no red)."""
+    rows = tuple(
+        Row((_or_dash(w.rank), w.hostname, str(w.pid or "-"), w.device or "-",
+             "yes" if w.alive else "NO",
+             f"{w.rss_mb:.0f}" if w.rss_mb is not None else "-", w.state),
+            broken=not w.alive)
+        for w in status.rows)
+    return Table(STATUS_HEADER, rows)
+
+
+def _state_cell(r: RankSnapshot) -> str:
+    if not r.error:
+        return str(r.state)
+    # Remote reasons may span lines; one line keeps the text table aligned (HTML folds them anyway).
+    return f"{r.state}: {' '.join(r.error.split())}"
+
+
+def run_table(snap: RunSnapshot) -> Table:
+    """One row per rank of a run: state (with the reason it failed), rates, step time, comm."""
+    rows = tuple(
+        Row((str(r.rank), _state_cell(r), str(r.steps), fmt_rate(r.steps_per_s),
+             fmt_rate(r.samples_per_s), fmt_seconds(r.step_s), fmt_fraction(r.exposed_fraction),
+             fmt_bytes_rate(r.bandwidth)),
+            broken=r.state.broken)
+        for r in snap.ranks)
+    return Table(RUN_HEADER, rows)
