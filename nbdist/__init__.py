@@ -35,9 +35,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # progress/log live in the worker runtime; loaded on first use to keep `import nbdist` cheap.
     if name in ("progress", "log"):
-        from .runtime import instrument
+        from .runtime import progress as user_api
 
-        return getattr(instrument, name)
+        return getattr(user_api, name)
     raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
 
 

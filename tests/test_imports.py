@@ -18,8 +18,8 @@ def modules_after(code: str) -> set[str]:
 
 
 def test_worker_runtime_needs_no_notebook_stack():
-    mods = modules_after("import nbdist.runtime.worker, nbdist.runtime.instrument\n"
-                         "nbdist.runtime.instrument.install()")
+    mods = modules_after("import nbdist.runtime.worker, nbdist.runtime.ddp_hooks\n"
+                         "nbdist.runtime.ddp_hooks.install()")
     assert "torch" in mods
     for banned in ("IPython", "ipywidgets", "zmq", "ipyparallel", "nbdist.display",
                    "nbdist.session"):
@@ -27,9 +27,16 @@ def test_worker_runtime_needs_no_notebook_stack():
 
 
 def test_import_nbdist_is_cheap():
-    mods = modules_after("import nbdist\nnbdist.progress")
+    mods = modules_after("import nbdist\nnbdist.progress, nbdist.log")
     for banned in ("torch", "ipywidgets", "ipyparallel", "distributed"):
         assert banned not in mods, f"`import nbdist` imported {banned}"
+
+
+def test_measurement_model_and_user_api_are_torch_free():
+    # The notebook imports both (nbdist.progress); only ddp_hooks may load torch.
+    mods = modules_after("import nbdist.runtime.measure, nbdist.runtime.progress")
+    for banned in ("torch", "nbdist.runtime.ddp_hooks", "nbdist.telemetry.aggregate"):
+        assert banned not in mods, f"the measurement model imported {banned}"
 
 
 def test_display_never_imports_engines_or_runtime():

@@ -1,0 +1,245 @@
+"""Worker-side measurement model: steps, gradient buckets and collectives become events.
+
+One :class:`Telemetry` per process, :data:`telemetry`, switched on or off per cell. The DDP
+hooks and collective wrappers (:mod:`.ddp_hooks`) and the user API (:mod:`.progress`) report to
+it. It never sends a message itself: it hands plain-dict events to the cell's
+:class:`~.capture.EventSink`, which batches them, so a bucket or a step costs a few
+``time.time()`` calls and a list append.
+
+The notebook imports this module too (``nbdist.progress`` → :mod:`.progress` → here), and
+``import nbdist`` must not load torch, so nothing here imports torch: what needs it looks it up
+in ``sys.modules``, where a worker that has tensors already has it.
+
+How each number is measured
+---------------------------
+* **Steps (DDP).** A forward of a ``DistributedDataParallel`` model with grad enabled starts a
+  step once the previous step has synchronized gradients, so ``no_sync()`` micro-batches fold
+  into the step that finally all-reduces. A step lasts until the next one starts; the last
+  step of a cell ends when its gradients are synchronized (its optimizer step is not seen).
+  Forward is the DDP model's forward call; backward runs from the end of forward (so it
+  includes the loss) to the last bucket's all-reduce completing.
+* **Buckets.** nbdist registers a communication hook on every DDP model built in a cell with
+  telemetry on. It calls the hook the user registered (or DDP's default all-reduce) and times
+  it from the bucket becoming ready to the hook's future completing. Bytes are what the hook
+  passed to ``torch.distributed`` collectives while it ran (half the bucket for fp16
+  compression); a hook that bypasses ``torch.distributed`` is charged the bucket's size and
+  marked ``measured="bucket"``.
+* **Exposed communication** is the wait that compute did not hide: from the last bucket being
+  ready (the end of backward compute) to the last bucket's all-reduce finishing, plus the time
+  spent in blocking collectives called in the step.
+* **Collectives** called in a cell through ``torch.distributed`` are timed on the host, from
+  the call to its return (or, with ``async_op=True``, to its future completing).
+
+On CUDA, bucket completion comes from CUDA events recorded in the hook's future callback, read
+without synchronizing when the step closes; a bucket whose events have not completed yet is
+reported with bytes but no time.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any, Optional
+
+from ..telemetry import events as ev
+from ..telemetry.intervals import exposed_seconds
+
+
+class _Bucket:
+    """One gradient bucket's trip through the hook in one step."""
+
+    __slots__ = ("index", "ready", "issued", "done", "nbytes", "dtype", "op", "cuda")
+
+    def __init__(self, index: int, ready: float):
+        self.index = index
+        self.ready = ready
+        self.issued: Optional[float] = None
+        self.done: Optional[float] = None
+        self.nbytes = 0
+        self.dtype = ""
+        self.op = ""
+        self.cuda: Optional[tuple[Any, Any]] = None  # (event at ready, event at done)
+
+
+class _Step:
+    """One open training step: its forward span, buckets and collective time so far."""
+
+    __slots__ = ("n", "t0", "source", "samples", "fwd0", "fwd1", "buckets",
+                 "coll_total", "coll_exposed", "last")
+
+    def __init__(self, n: int, t0: float, source: str):
+        self.n = n
+        self.t0 = t0
+        self.source = source
+        self.samples = 0
+        self.fwd0: Optional[float] = None
+        self.fwd1: Optional[float] = None
+        self.buckets: list[_Bucket] = []
+        self.coll_total = 0.0
+        self.coll_exposed = 0.0
+        self.last = t0  # latest activity seen, the end of a cell's last step
+
+
+class Telemetry:
+    """Per-process telemetry state; one instance, :data:`telemetry`."""
+
+    def __init__(self) -> None:
+        self.sink: Any = None
+        self.enabled = False
+        self.collectives = True
+        self.step: Optional[_Step] = None
+        self.steps = 0
+        self.ddp_seen = False
+        self.bars = 0
+        self.local = threading.local()  # .bucket: the bucket whose hook is running
+        self.lock = threading.Lock()
+
+    # ------------------------------------------------------------- cell lifecycle
+    def begin_cell(self, sink: Any, enabled: bool = True, collectives: bool = True) -> None:
+        """Start recording a cell's events into ``sink`` (``enabled=False``: record nothing)."""
+        self.sink = sink
+        self.enabled = enabled and sink is not None
+        self.collectives = collectives
+        self.step, self.steps, self.ddp_seen = None, 0, False
+
+    def end_cell(self) -> None:
+        """Report the cell's open step and stop recording."""
+        if self.step is not None:
+            self.close_step(self.step.last, final=True)
+        self.enabled = False
+        self.sink = None
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """Hand ``event`` to the cell's sink, if a cell is running."""
+        sink = self.sink
+        if sink is not None:
+            sink.emit(event)
+
+    # ------------------------------------------------------------- steps
+    def open_step(self, t0: float, source: str) -> _Step:
+        """Open the next step at ``t0``; ``source`` is ``"ddp"`` or ``"progress"``."""
+        self.step = _Step(self.steps, t0, source)
+        self.steps += 1
+        return self.step
+
+    def close_step(self, t1: float, final: bool = False) -> None:
+        """Emit the open step (ending at ``t1``) and its buckets; ``final``: the cell's last."""
+        st, self.step = self.step, None
+        if st is None:
+            return
+        ready_last, comm_end, total, nbytes = None, None, st.coll_total, 0
+        spans = []
+        for b in st.buckets:
+            _resolve_cuda(b)
+            ready_last = b.ready if ready_last is None else max(ready_last, b.ready)
+            nbytes += b.nbytes
+            if b.done is not None:
+                comm_end = b.done if comm_end is None else max(comm_end, b.done)
+                total += b.done - (b.issued or b.ready)
+                spans.append((b.issued or b.ready, b.done))
+                self.emit(ev.comm(b.op or "all_reduce", b.issued or b.ready, b.done, b.nbytes,
+                                  step=st.n, bucket=b.index, dtype=b.dtype,
+                                  measured="wire" if b.op else "bucket"))
+            else:
+                self.emit(ev.comm(b.op or "all_reduce", b.ready, b.ready, b.nbytes, step=st.n,
+                                  bucket=b.index, dtype=b.dtype, measured="untimed"))
+        exposed = st.coll_exposed
+        if ready_last is not None and spans:
+            exposed += exposed_seconds(ready_last, spans)
+        bwd = None
+        if ready_last is not None:
+            start = st.fwd1 or st.t0
+            bwd = (start, max(x for x in (comm_end, ready_last, start) if x is not None))
+        if final:
+            t1 = max(x for x in (t1, comm_end, st.fwd1, st.t0) if x is not None)
+        self.emit(ev.step(st.n, st.t0, t1, samples=st.samples, comm_total_s=total,
+                          comm_exposed_s=exposed, comm_bytes=nbytes, buckets=len(st.buckets),
+                          fwd=(st.fwd0, st.fwd1) if st.fwd0 and st.fwd1 else None, bwd=bwd,
+                          source=st.source))
+
+    # called from DDP module hooks (main thread), for forwards with grad enabled only
+    def on_forward(self, args: tuple) -> None:
+        """A DDP forward starts: open a step unless ``no_sync()`` micro-batches fold into it."""
+        now = time.time()
+        st = self.step
+        if st is not None and st.source == "progress":
+            st = self.step = None  # DDP found: it owns the steps from here on
+            self.steps -= 1
+        if st is None or st.buckets:
+            if st is not None:
+                self.close_step(now)
+            st = self.open_step(now, "ddp")
+        self.ddp_seen = True
+        st.samples += _batch_size(args)
+        if st.fwd0 is None:
+            st.fwd0 = now
+
+    def on_forward_end(self, output: Any) -> None:
+        """A DDP forward returned: backward starts here."""
+        st = self.step
+        if st is None:
+            return
+        # The backward span starts here: a hook on the output would pin it to the first
+        # gradient, but a Python hook inside autograd costs more than it tells.
+        st.fwd1 = st.last = time.time()
+
+    # called from nbdist.progress (main thread)
+    def on_iteration(self, item: Any, t0: float) -> None:
+        """A progress bar fetched ``item`` at ``t0``: a step, unless a DDP model owns steps."""
+        if self.ddp_seen:
+            return
+        if self.step is not None:
+            self.close_step(t0)
+        self.open_step(t0, "progress").samples = _batch_size((item,)) or 1
+
+    # called from the comm hook and collective wrappers (any thread)
+    def on_collective(self, name: str, t0: float, t1: float, nbytes: int, dtype: str,
+                      blocking: bool) -> None:
+        """Count a collective outside a DDP hook; ``blocking``: compute waited for all of it."""
+        with self.lock:
+            st = self.step
+            if st is not None:
+                st.coll_total += t1 - t0
+                if blocking:
+                    st.coll_exposed += t1 - t0
+                st.last = max(st.last, t1)
+        self.emit(ev.comm(name, t0, t1, nbytes, step=st.n if st is not None else None,
+                          dtype=dtype))
+
+
+telemetry = Telemetry()
+
+
+# ----------------------------------------------------------------- helpers
+def _batch_size(args: Iterable[Any]) -> int:
+    """The leading dimension of the first tensor found in ``args`` (0 when there is none)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0  # torch was never imported, so there is no tensor to find
+    return _leading_dim(args, torch.Tensor)
+
+
+def _leading_dim(args: Iterable[Any], tensor: type) -> int:
+    for a in args:
+        if isinstance(a, tensor):
+            return int(a.shape[0]) if a.dim() else 1
+        if isinstance(a, (list, tuple)) and a and not hasattr(a, "_fields"):
+            n = _leading_dim(a[:1], tensor)
+            if n:
+                return n
+        if isinstance(a, dict) and a:
+            n = _leading_dim(list(a.values())[:1], tensor)
+            if n:
+                return n
+    return 0
+
+
+def _resolve_cuda(b: _Bucket) -> None:
+    """Fill in ``b.done`` from its CUDA events once both have completed."""
+    if b.cuda is None or b.done is not None:
+        return
+    start, stop = b.cuda
+    if stop is not None and start.query() and stop.query():  # never synchronizes
+        b.done = b.ready + start.elapsed_time(stop) / 1000.0

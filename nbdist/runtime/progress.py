@@ -1,0 +1,122 @@
+"""The user API inside a ``%%distributed`` cell: :class:`progress` and :func:`log`.
+
+``nbdist.progress`` and ``nbdist.log`` resolve here, so the notebook imports this module too and
+it must not load torch; it reports to :mod:`.measure`, which is torch-free as well. Outside a
+cell with telemetry on, ``progress`` is a plain iterator and ``log`` does nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional
+
+from ..telemetry import events as ev
+from .measure import telemetry
+
+# How often a progress bar reports its position (seconds); the end is always reported.
+_PROGRESS_EVERY = 0.1
+
+
+class progress:
+    """Iterate with a progress bar merged across ranks in the notebook (like ``tqdm``).
+
+    Parameters
+    ----------
+    iterable : iterable, optional
+        What to iterate over. Without it, call :meth:`update` by hand.
+    total : int, optional
+        Number of items; taken from ``len(iterable)`` when it has one.
+    desc : str
+        Label shown next to the bar.
+
+    Outside a ``%%distributed`` cell it is a plain iterator. Without a DDP model in the cell,
+    each iteration counts as a training step (time per step, samples/s from the batch size).
+
+    Examples
+    --------
+    >>> for x, y in nbdist.progress(loader, desc="epoch 1"):   # doctest: +SKIP
+    ...     loss = train_step(x, y)
+    """
+
+    def __init__(self, iterable: Optional[Iterable[Any]] = None, total: Optional[int] = None,
+                 desc: str = ""):
+        self.iterable = iterable
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)  # type: ignore[arg-type]
+        self.total = total
+        self.desc = desc
+        self.n = 0
+        telemetry.bars += 1
+        self.bar = telemetry.bars
+        self._sent = 0.0
+        self._report(time.time())
+
+    def _report(self, now: float, done: bool = False) -> None:
+        if telemetry.enabled:
+            self._sent = now
+            telemetry.emit(ev.progress(self.bar, self.desc, self.n, self.total, now, done))
+
+    def update(self, n: int = 1) -> None:
+        """Advance the bar by ``n`` items."""
+        self.n += n
+        now = time.time()
+        if now - self._sent >= _PROGRESS_EVERY or (self.total is not None
+                                                    and self.n >= self.total):
+            self._report(now)
+
+    def close(self) -> None:
+        """Report the bar as finished."""
+        self._report(time.time(), done=True)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.iterable is None:
+            raise TypeError("progress() without an iterable: call update() instead")
+        it = iter(self.iterable)
+        try:
+            while True:
+                t0 = time.time()
+                try:
+                    item = next(it)
+                except StopIteration:
+                    if telemetry.enabled and not telemetry.ddp_seen and telemetry.step:
+                        telemetry.close_step(t0)
+                    return
+                if telemetry.enabled:
+                    telemetry.on_iteration(item, t0)
+                yield item
+                self.update()
+        finally:
+            self.close()
+
+    def __len__(self) -> int:
+        if self.total is None:
+            raise TypeError("this progress bar has no total")
+        return self.total
+
+    def __enter__(self) -> progress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def log(step: Optional[int] = None, **values: Any) -> None:
+    """Show the latest values (``loss=...``, ``acc=...``) in the notebook's dashboard.
+
+    Tensors are turned into numbers with ``.item()``, which waits for the GPU: log every few
+    steps rather than every step when that matters.
+    """
+    if not telemetry.enabled:
+        return
+    out: dict[str, float] = {}
+    for k, v in values.items():
+        if hasattr(v, "item"):
+            v = v.item()
+        try:
+            out[str(k)] = float(v)
+        except (TypeError, ValueError):
+            continue  # non-numeric values have no place in a chart
+    if step is None and telemetry.step is not None:
+        step = telemetry.step.n
+    telemetry.emit(ev.scalars(out, time.time(), step))
