@@ -134,7 +134,7 @@ def test_error_on_rank1_is_raised_with_cell_line_and_next_cell_runs(cluster):
     rendered = "\n".join(err._render_traceback_())
     assert 'line 5' in rendered and 'raise ValueError("bad shard on rank one")' in rendered
     # Rank 0 was blocked in all_reduce; it must have been released, not timed out.
-    assert err.failures[0].rank == 0 and err.failures[0].consequential
+    assert err.failures[0].rank == 0 and err.failures[0].caused_by_peer
     # The cluster is usable right after, with a re-formed group.
     cell(cluster, "t = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)")
     assert cluster.pull("t").item() == 3.0

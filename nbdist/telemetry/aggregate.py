@@ -123,7 +123,7 @@ class RunSnapshot:
 
     @property
     def finished(self) -> bool:
-        return not any(RankState(r.state).active for r in self.ranks)
+        return not any(r.state.active for r in self.ranks)
 
     @property
     def steps(self) -> int:

@@ -59,3 +59,18 @@ def test_fmt_ranks():
     assert fmt_ranks([]) == ""
     assert fmt_ranks([3]) == "3"
     assert fmt_ranks([0, 1, 2, 4, 6, 7]) == "0-2, 4, 6-7"
+
+
+def test_distributed_error_names_cause_and_consequences():
+    cause = RankFailure(1, "hostB", "ZeroDivisionError", "division by zero",
+                        "Traceback...\n  File \"<distributed cell 3>\", line 2\n", line=2)
+    peer = RankFailure(0, "hostA", "RuntimeError", "[pair.cc:553] Connection closed by peer",
+                       communication=True, caused_by_peer=True)
+    err = DistributedError([peer, cause])
+    assert err.ranks == [0, 1]
+    assert err.causes == [cause]
+    assert "rank 1" in str(err) and "ZeroDivisionError" in str(err)
+    assert "rank 0 stopped because of it" in str(err)
+    text = rendered(err)
+    assert "rank 1 on hostB" in text and "cell line 2" in text
+    assert "<distributed cell 3>" in text
