@@ -55,9 +55,15 @@ from nbdist.telemetry import events as ev
 assert display_medium("widget") == "text"
 view = make_run_view("rank0", 0, 2, mode="widget")
 assert isinstance(view.dashboard, TextDashboard)
-view.feed([{"rank": 0, "seq": 1, "events": [ev.progress(1, "train", 3, 10, 1.0),
-                                             ev.end(True, 2.0)]}])
-view.close()
+from nbdist.telemetry.run import Run
+run = Run("cell", [0, 1], world_size=2)
+batches = [{"rank": 0, "seq": 1, "events": [ev.progress(1, "train", 3, 10, 1.0),
+                                            ev.end(True, 2.0)]}]
+view.output(batches)
+run.feed(batches)
+view.refresh(run.snapshot)
+run.finish()
+view.close(run.snapshot())
 assert make_cluster_view(lambda: "STATUS", mode="widget") == "STATUS"
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
