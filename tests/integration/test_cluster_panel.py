@@ -1,0 +1,27 @@
+"""The cluster panel's Scale button on a real cluster: the same Session.scale as the magic."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import start_session
+
+from nbdist.display.widgets import ClusterPanel
+
+
+@pytest.mark.timeout(240)
+def test_scale_button_resizes_a_real_cluster():
+    s = start_session("ipyparallel", n=1)
+    try:
+        panel = ClusterPanel(s.status, s.scale)
+        assert panel.workers == 1 and panel.count.value == 1
+        assert "rank" in panel.table.value
+        panel.count.value = 2
+        panel.scale_button.click()
+        assert panel.workers == 2 and s.world_size == 2
+        assert "re-formed" in panel.message.value and not panel.scale_button.disabled
+        assert repr(s.run_cell("import torch.distributed as dist\ndist.get_world_size()",
+                               output="quiet")) == "2"
+        panel.count.value = 0  # bounded: the widget clamps to its minimum
+        assert panel.count.value == 1
+    finally:
+        s.stop()
