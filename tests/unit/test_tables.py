@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
+from synthetic import T0, training_events
+
 from nbdist.display.html import run_summary, status_table
 from nbdist.display.tables import RUN_HEADER, STATUS_HEADER, run_table, status_rows
 from nbdist.display.text import format_status, format_summary
@@ -12,20 +14,11 @@ from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
 from nbdist.telemetry.states import RankState
 
-T0 = 1_700_000_000.0
-
 
 def training(ranks=(0, 1, 2), steps=8, slow_rank=2):
     state = RunState(ranks)
     for r in ranks:
-        evs = []
-        for n in range(steps):
-            s0 = T0 + n * 0.1
-            compute = 0.09 if r == slow_rank else 0.05
-            evs.append(ev.comm("all_reduce", s0 + compute, s0 + 0.1, 1000, step=n, bucket=0))
-            evs.append(ev.step(n, s0, s0 + 0.1, samples=4, comm_total_s=0.1 - compute,
-                               comm_exposed_s=0.1 - compute, comm_bytes=1000, buckets=1))
-        state.feed([{"rank": r, "seq": 1, "events": evs}])
+        state.feed([{"rank": r, "seq": 1, "events": training_events(steps, r == slow_rank)}])
     return state
 
 

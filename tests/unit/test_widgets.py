@@ -6,6 +6,8 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
+from synthetic import T0, training_events  # noqa: E402
+
 from nbdist.display import display_medium, make_run_view, set_display  # noqa: E402
 from nbdist.display.refresh import Throttle  # noqa: E402
 from nbdist.display.text import StreamView, TextDashboard  # noqa: E402
@@ -14,18 +16,10 @@ from nbdist.records import ClusterStatus  # noqa: E402
 from nbdist.telemetry import events as ev  # noqa: E402
 from nbdist.telemetry.aggregate import RunState  # noqa: E402
 
-T0 = 1_700_000_000.0
-
 
 def feed_training(state, ranks=(0, 1), steps=8, slow_rank=None, n_of=None):
     for r in ranks:
-        evs = []
-        for n in range(steps):
-            s0 = T0 + n * 0.1
-            compute = 0.09 if r == slow_rank else 0.05
-            evs.append(ev.comm("all_reduce", s0 + compute, s0 + 0.1, 1000, step=n, bucket=0))
-            evs.append(ev.step(n, s0, s0 + 0.1, samples=4, comm_total_s=0.1 - compute,
-                               comm_exposed_s=0.1 - compute, comm_bytes=1000, buckets=1))
+        evs = training_events(steps, r == slow_rank)
         evs.append(ev.progress(1, "train", n_of(r) if n_of else steps, 20, T0 + steps * 0.1))
         evs.append(ev.scalars({"loss": 0.25}, T0 + 1))
         state.feed([{"rank": r, "seq": 1, "events": evs}])
