@@ -12,7 +12,12 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from nbdist.backends.base import Call  # noqa: E402
-from nbdist.errors import CellTimeoutError, ClusterError, DistributedError  # noqa: E402
+from nbdist.errors import (  # noqa: E402
+    CellTimeoutError,
+    ClusterError,
+    DistributedError,
+    WorkersDidNotStart,
+)
 from nbdist.session import Session  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -75,7 +80,8 @@ def test_connect_to_a_running_scheduler(external_cluster):
         cell(s, "counter = rank")
         cell(s, "counter += 10")
         assert [s.pull("counter", rank=r) for r in range(2)] == [10, 11]
-        with pytest.raises(ClusterError, match="tool that started it"):
+        with pytest.raises(ClusterError, match="not started by nbdist: scale it with the tool "
+                           r"that started it \(dask-jobqueue.*%nbdist restart"):
             s.scale(3)
     finally:
         s.stop()
@@ -140,6 +146,23 @@ def test_connect_failure_is_a_clear_cluster_error():
     with pytest.raises(ClusterError, match="could not connect to the Dask scheduler"):
         # Nothing listens on port 9 of loopback (discard service is not run here).
         Session().connect(engine="dask", address="tcp://127.0.0.1:9", timeout=3)
+
+
+def test_a_failed_start_keeps_dask_s_error_and_closes_the_cluster(monkeypatch):
+    from distributed.exceptions import WorkerStartTimeoutError
+
+    from nbdist.backends.dask import DaskBackend
+
+    def too_slow(self, n_workers, timeout=None):
+        raise WorkerStartTimeoutError(1, n_workers, timeout)
+
+    # LocalCluster waits for its own workers, so a short timeout alone would not fail.
+    monkeypatch.setattr(distributed.Client, "wait_for_workers", too_slow)
+    b = DaskBackend()
+    with pytest.raises(WorkersDidNotStart, match="only 2 of 2 dask workers") as info:
+        b.start(2, 30)
+    assert isinstance(info.value.__cause__, WorkerStartTimeoutError)
+    assert b.cluster is None and b.client is None  # closed: no worker process is left
 
 
 def test_status_rows_and_stable_worker_order(dask_session):

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import abc
+import logging
+import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generic, Optional, TypeVar
 
+from ..errors import ClusterError, WorkersDidNotStart
 from ..telemetry.events import Batch
 
 WorkerId = Hashable
+ClientT = TypeVar("ClientT")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,18 +57,53 @@ class Job(abc.ABC):
         """Event batches received since the last drain."""
 
 
-class Backend(abc.ABC):
-    """An engine: a set of warm worker processes that run functions and send events back."""
+class Backend(abc.ABC, Generic[ClientT]):
+    """An engine: a set of warm worker processes that run functions and send events back.
+
+    To implement an adapter you provide
+
+    1.  ``name``, the engine's short name, and ``_launchers``, the tools that start its
+        clusters (named in the remedy when a cluster nbdist did not start is scaled);
+    2.  ``_start(n, timeout)``: start a local cluster of ``n`` workers, set :attr:`cluster`,
+        :attr:`client` (whatever object talks to the engine; ``None`` means "not connected")
+        and :attr:`controller_ip`, and wait for the workers;
+    3.  ``connect(timeout, **target)``: attach to a running cluster, set :attr:`client`,
+        :attr:`controller_ip` and ``owns_cluster = False``;
+    4.  ``worker_ids``, ``submit`` (returning your :class:`Job`), ``interrupt`` and
+        ``transport``;
+    5.  optionally ``_close_client`` / ``_close_cluster`` when ``.close()`` is not how the
+        engine lets go of them, and ``describe``;
+    6.  optionally, only for engines that can scale, ``_grow(k, timeout)`` (add ``k``
+        workers and wait for them) and ``_retire(ids, timeout)`` (stop those workers).
+
+    In return you get
+
+    1.  :meth:`start`: ownership recorded; on failure what was started is stopped and the
+        error is :class:`~nbdist.errors.WorkersDidNotStart`, with the engine's own error
+        as its ``__cause__`` and the number of workers that did come up;
+    2.  :meth:`scale`: refused with the remedy on a cluster nbdist did not start; retires the
+        highest ranks, so the ranks that stay keep their numbers; waits until the retired
+        workers are gone; engine errors become :class:`~nbdist.errors.ClusterError`;
+    3.  :meth:`stop`: client, then cluster, each released even when the other fails;
+    4.  :meth:`_require`: the connected client, or a ClusterError that says what to type.
+    """
 
     name: str = "?"
+    #: tools that start this engine's clusters, for the remedy when scaling one is refused
+    _launchers: str = "..."
     #: address workers use to reach the controller/scheduler (to find routable addresses)
     controller_ip: Optional[str] = None
     #: True when nbdist started the workers (and may scale or stop them)
     owns_cluster: bool = False
+    #: the engine's client; ``None`` while not connected
+    client: Optional[ClientT] = None
+    #: the cluster nbdist started, if it did
+    cluster: Any = None
 
+    # ------------------------------------------------------------------ what adapters provide
     @abc.abstractmethod
-    def start(self, n: int, timeout: float) -> None:
-        """Start an embedded local cluster of ``n`` workers and connect to it."""
+    def _start(self, n: int, timeout: float) -> None:
+        """Start a local cluster of ``n`` workers, connect to it and wait for the workers."""
 
     @abc.abstractmethod
     def connect(self, timeout: float, **target: Any) -> None:
@@ -81,16 +122,111 @@ class Backend(abc.ABC):
         """Raise KeyboardInterrupt in the code running on ``workers``."""
 
     @abc.abstractmethod
-    def scale(self, n: int, timeout: float) -> None:
-        """Make the cluster ``n`` workers (only where :attr:`owns_cluster`)."""
-
-    @abc.abstractmethod
-    def stop(self) -> None:
-        """Stop what was started; disconnect from what was connected."""
-
-    @abc.abstractmethod
     def transport(self) -> Callable[[Batch], None]:
         """A picklable function that, on a worker, sends one event batch to the notebook."""
 
     def describe(self) -> str:
         return self.name
+
+    def _grow(self, k: int, timeout: float) -> None:
+        """Add ``k`` workers and wait until they are up (engines that can scale)."""
+        raise ClusterError(f"the {self.name} engine cannot add workers")
+
+    def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
+        """Stop the workers ``ids``; :meth:`scale` then waits until they are gone."""
+        raise ClusterError(f"the {self.name} engine cannot remove workers")
+
+    def _close_client(self, client: ClientT) -> None:
+        client.close()  # type: ignore[attr-defined]
+
+    def _close_cluster(self, cluster: Any) -> None:
+        cluster.close()
+
+    # ------------------------------------------------------------------ what adapters get
+    def start(self, n: int, timeout: float) -> None:
+        """Start an embedded local cluster of ``n`` workers and connect to it."""
+        self.owns_cluster = True
+        try:
+            self._start(n, timeout)
+        except Exception as exc:
+            ready = self._count_started()
+            try:
+                self.stop()
+            except Exception:  # the start failure is the news; the cleanup's is logged
+                logger.warning("could not stop the partly started %s cluster", self.name,
+                               exc_info=True)
+            raise WorkersDidNotStart(self.name, ready, n, timeout, _reason(exc)) from exc
+
+    def scale(self, n: int, timeout: float) -> None:
+        """Make the cluster ``n`` workers (only where :attr:`owns_cluster`)."""
+        self._require()
+        if not self.owns_cluster or self.cluster is None:
+            raise ClusterError(
+                f"this {self.name} cluster was not started by nbdist: scale it with the tool "
+                f"that started it ({self._launchers}), then run %nbdist restart")
+        ids = self.worker_ids()
+        try:
+            if n > len(ids):
+                self._grow(n - len(ids), timeout)
+            elif n < len(ids):
+                gone = set(ids[n:])  # the highest ranks: the ranks that stay keep their numbers
+                self._retire(ids[n:], timeout)
+                if not _poll_until(lambda: not gone & set(self.worker_ids()), timeout):
+                    raise ClusterError(f"could not scale to {n} {self.name} workers: "
+                                       f"{ids[n:]} still running after {timeout:g} s")
+        except ClusterError:
+            raise
+        except Exception as exc:
+            raise ClusterError(f"could not scale to {n} {self.name} workers within "
+                               f"{timeout:g} s ({_reason(exc)})") from exc
+
+    def stop(self) -> None:
+        """Stop what was started; disconnect from what was connected.
+
+        A client that fails to close is logged and dropped (the other end may already be
+        gone); a cluster that fails to stop raises, since its processes may still run.
+        """
+        client, self.client = self.client, None
+        cluster, self.cluster = self.cluster, None
+        if client is not None:
+            try:
+                self._close_client(client)
+            except Exception:
+                logger.debug("closing the %s client failed", self.name, exc_info=True)
+        if cluster is not None:
+            self._close_cluster(cluster)
+
+    def _require(self) -> ClientT:
+        """The connected client, or a ClusterError that says how to get one."""
+        if self.client is None:
+            raise ClusterError(f"no {self.name} cluster: run %nbdist start --engine "
+                               f"{self.name} or %nbdist connect --engine {self.name}")
+        return self.client
+
+    def _count_started(self) -> int:
+        """How many workers are up, for the report of a failed start (0 when unknown)."""
+        try:
+            return len(self.worker_ids())
+        except Exception:
+            return 0
+
+
+def _poll_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Wait until ``predicate()`` is true (True) or ``timeout`` seconds pass (False).
+
+    For state the engine changes in the background and offers nothing to wait on, such as a
+    worker leaving the scheduler's or controller's list; the cost is one call of
+    ``predicate`` per ``interval``.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def _reason(exc: BaseException) -> str:
+    """``Type: message``, or the type alone for an exception without a message."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

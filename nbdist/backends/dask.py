@@ -9,12 +9,10 @@ client is subscribed to that topic.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import ipaddress
 import logging
 import pickle
-import threading
 import time
 import traceback
 import uuid
@@ -28,6 +26,7 @@ import distributed
 from distributed.comm.addressing import get_address_host_port
 
 from ..errors import ClusterError
+from ..runtime.interrupt import forget_call, interrupt_calls, register_call
 from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, WorkerId
 
@@ -37,59 +36,23 @@ _LIVENESS_INTERVAL = 1.0
 # ----------------------------------------------------------------------------- worker side
 # These run inside Dask worker processes.
 
-_calls_lock = threading.Lock()
-_running: dict[int, str] = {}  # thread ident -> tag of the backend whose call it runs
 _worker: Optional[distributed.Worker] = None  # for event threads that are not task threads
 
 
 def _invoke(payload: bytes) -> Any:
-    """Run one nbdist call; remember which thread runs it so it can be interrupted."""
+    """Run one nbdist call; register the thread running it, so that it can be interrupted."""
     global _worker
     tag, fn, args, kwargs = cloudpickle.loads(payload)
     if _worker is None:
         _worker = distributed.get_worker()
-    ident = threading.get_ident()
-    with _calls_lock:
-        _running[ident] = tag
+    ident = register_call(tag)
     try:
         return fn(*args, **(kwargs or {}))
     except KeyboardInterrupt:
         # Landed in nbdist's own code rather than the cell's (which reports it as data).
         raise RuntimeError("interrupted outside the cell's code") from None
     finally:
-        _forget(ident)
-
-
-def _forget(ident: int) -> None:
-    """Unregister ``ident`` and drop an interrupt that arrived after the call had finished."""
-    while True:
-        try:
-            with _calls_lock:
-                _running.pop(ident, None)
-                # Interrupts are only raised while registered, under this lock: clear a late one.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
-            return
-        except KeyboardInterrupt:
-            continue
-
-
-def _interrupt_calls(tag: str) -> int:
-    """Raise KeyboardInterrupt in the threads running calls of ``tag``; return how many.
-
-    Runs on the worker's event loop (``Client.run``), beside the busy task thread. A thread
-    blocked inside one native call (a long ``time.sleep``) sees it when that call returns.
-    """
-    hit = 0
-    with _calls_lock:
-        for ident, t in _running.items():
-            if t == tag:
-                hit += ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
-    if hit:
-        from ..runtime import interrupt
-
-        interrupt.request()  # a thread blocked in a collective is cut loose after a grace
-    return hit
+        forget_call(ident)
 
 
 def _publish(topic: str, batch: Batch) -> None:
@@ -193,38 +156,33 @@ class _DaskJob(Job):
         return self._backend._drain()
 
 
-class DaskBackend(Backend):
+class DaskBackend(Backend[distributed.Client]):
     """Workers are Dask workers; the channel is the scheduler's, with Dask's own security."""
 
     name = "dask"
+    _launchers = "dask-jobqueue, dask-kubernetes, ..."
+    cluster: Optional[distributed.LocalCluster]
 
     def __init__(self) -> None:
-        self.cluster: Optional[distributed.LocalCluster] = None
-        self.client: Optional[distributed.Client] = None
         self._tag = f"nbdist-{uuid.uuid4().hex[:12]}"
         self._topic = f"{self._tag}-events"
         self._events: deque[bytes] = deque()
 
     # ------------------------------------------------------------------ lifecycle
+    def _start(self, n: int, timeout: float) -> None:
+        with _worker_process_config():
+            # Loopback only, dashboard included; workers are spawned, never forked from a
+            # kernel that may hold CUDA state. No memory limit: Dask's nanny must not kill
+            # or pause a training process by its own heuristics.
+            self.cluster = distributed.LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
+                memory_limit=0)
+            self.client = _new_client(self.cluster, timeout=timeout)
+            self.client.wait_for_workers(n, timeout=timeout)
+
     def start(self, n: int, timeout: float) -> None:
-        self.owns_cluster = True
-        try:
-            with _nondaemonic_workers():
-                # Loopback only, dashboard included; workers are spawned, never forked from a
-                # kernel that may hold CUDA state. No memory limit: Dask's nanny must not kill
-                # or pause a training process by its own heuristics.
-                self.cluster = distributed.LocalCluster(
-                    n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                    dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
-                    memory_limit=0)
-                self.client = _new_client(self.cluster, timeout=timeout)
-                self.client.wait_for_workers(n, timeout=timeout)
-        except Exception as exc:
-            self.stop()
-            raise ClusterError(
-                f"could not start {n} Dask workers within {timeout:g} s ({exc}). "
-                "Try a longer --timeout, or fewer workers with -n."
-            ) from None
+        super().start(n, timeout)
         self._subscribe()
 
     def connect(self, timeout: float, address: Any = None, scheduler_file: Optional[str] = None,
@@ -252,7 +210,7 @@ class DaskBackend(Backend):
                 f"could not connect to the Dask scheduler at {target} with at least one worker "
                 f"within {timeout:g} s: {type(exc).__name__}: {exc}. Check that the scheduler "
                 "and its workers are running and reachable from here (and the TLS settings)."
-            ) from None
+            ) from exc
         self.owns_cluster = False
         self._subscribe()
 
@@ -275,21 +233,12 @@ class DaskBackend(Backend):
                 return out
             out.append(pickle.loads(blob))
 
-    def stop(self) -> None:
-        client, self.client = self.client, None
-        cluster, self.cluster = self.cluster, None
-        if client is not None:
-            try:
-                client.unsubscribe_topic(self._topic)
-            except Exception:
-                pass
-            try:
-                client.close()
-            except Exception:
-                pass
-        if cluster is not None:
-            cluster.close()
+    def _close_client(self, client: distributed.Client) -> None:
         self._events.clear()
+        try:
+            client.unsubscribe_topic(self._topic)
+        finally:
+            client.close()
 
     # ------------------------------------------------------------------ workers
     def _workers_info(self) -> dict[str, Any]:
@@ -322,37 +271,28 @@ class DaskBackend(Backend):
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
         if workers:
             # Client.run executes on each worker's event loop, not behind the busy task.
-            self._require().run(_interrupt_calls, self._tag, workers=list(workers),
+            self._require().run(interrupt_calls, self._tag, workers=list(workers),
                                 on_error="return")
 
-    def scale(self, n: int, timeout: float) -> None:
-        client = self._require()
-        if not self.owns_cluster or self.cluster is None:
-            raise ClusterError("this Dask cluster was not started by nbdist: scale it with the "
-                               "tool that started it (dask-jobqueue, dask-kubernetes, ...)")
-        ids = self.worker_ids()
-        try:
-            if n > len(ids):
-                with _nondaemonic_workers():
-                    self.cluster.scale(n)
-                    client.wait_for_workers(n, timeout=timeout)
-            elif n < len(ids):
-                # Retire the highest ranks, so the ranks that stay keep their numbers.
-                info = self._workers_info()
-                for addr in ids[n:]:
-                    self.cluster.worker_spec.pop(info[addr]["name"], None)
-                # Retire by address first: it hands over what the workers still hold, where
-                # the cluster's own scale-down would just close them.
-                client.retire_workers(workers=ids[n:], close_workers=True)
-                self.cluster.scale(n)
-                deadline = time.monotonic() + timeout
-                while set(ids[n:]) & set(self.live_workers()):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"workers {ids[n:]} still running")
-                    threading.Event().wait(0.05)  # the scheduler drops them asynchronously
-        except Exception as exc:
-            raise ClusterError(f"could not scale to {n} Dask workers within {timeout:g} s "
-                               f"({exc})") from None
+    def _grow(self, k: int, timeout: float) -> None:
+        client, cluster = self._require(), self.cluster
+        assert cluster is not None  # scale() checked
+        want = len(self.worker_ids()) + k
+        with _worker_process_config():
+            cluster.scale(want)
+            client.wait_for_workers(want, timeout=timeout)
+
+    def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
+        cluster = self.cluster
+        assert cluster is not None  # scale() checked
+        info = self._workers_info()
+        # Dask's own verb: it drops the workers from the cluster's spec (so they are not
+        # started again) and returns once their nannies have closed. Its graceful retire
+        # step passes worker names where the scheduler expects addresses, so it retires
+        # nothing here and the nannies simply stop their workers; nbdist keeps no Dask data
+        # on them (results are released once read), so nothing is lost.
+        cluster.sync(cluster.scale_down, [info[a]["name"] for a in ids if a in info],
+                     callback_timeout=timeout)
 
     def transport(self) -> Callable[[Batch], None]:
         return functools.partial(_publish, self._topic)
@@ -362,12 +302,6 @@ class DaskBackend(Backend):
             return "dask (not connected)"
         where = self.client.scheduler.address
         return f"dask (LocalCluster {where})" if self.cluster is not None else f"dask ({where})"
-
-    def _require(self) -> distributed.Client:
-        if self.client is None:
-            raise ClusterError("no Dask cluster: run %nbdist start --engine dask or "
-                               "%nbdist connect --engine dask")
-        return self.client
 
 
 def _worker_order(addr: str, name: Any) -> tuple:
@@ -388,7 +322,7 @@ def _worker_order(addr: str, name: Any) -> tuple:
     return (*host_key, *name_key, port)
 
 
-def _nondaemonic_workers() -> Any:
+def _worker_process_config() -> dask.config.set:
     """Config for the worker processes nbdist spawns; the nanny reads it when it spawns, so it
     must be active until the workers are up.
 

@@ -68,32 +68,22 @@ class _IppJob(Job):
         return batches
 
 
-class IpyparallelBackend(Backend):
+class IpyparallelBackend(Backend[ipp.Client]):
     """Workers are ipyparallel engines; their channel is authenticated by the cluster's key."""
 
     name = "ipyparallel"
+    _launchers = "ipcluster, Slurm, ..."
+    cluster: Optional[ipp.Cluster]
 
-    def __init__(self) -> None:
-        self.cluster: Optional[ipp.Cluster] = None
-        self.client: Optional[ipp.Client] = None
-
-    def start(self, n: int, timeout: float) -> None:
+    def _start(self, n: int, timeout: float) -> None:
         # Controller and engines listen on loopback only; the connection files carry the key.
         self.cluster = ipp.Cluster(n=n, controller_ip="127.0.0.1", log_level=logging.WARNING,
                                    controller_args=_HEARTBEAT_ARGS)
-        self.owns_cluster = True
-        try:
-            self.cluster.start_controller_sync()
-            self.cluster.start_engines_sync(n)
-            self.client = self.cluster.connect_client_sync()
-            # No progress bar: the session shows its own status when the job is formed.
-            self.client.wait_for_engines(n, timeout=timeout, interactive=False)
-        except Exception as exc:
-            self.stop()
-            raise ClusterError(
-                f"could not start {n} ipyparallel engines within {timeout:g} s ({exc}). "
-                "Try a longer --timeout, or fewer workers with -n."
-            ) from None
+        self.cluster.start_controller_sync()
+        self.cluster.start_engines_sync(n)
+        self.client = self.cluster.connect_client_sync()
+        # No progress bar: the session shows its own status when the job is formed.
+        self.client.wait_for_engines(n, timeout=timeout, interactive=False)
         self.controller_ip = "127.0.0.1"
 
     def connect(self, timeout: float, **target: Any) -> None:
@@ -108,7 +98,7 @@ class IpyparallelBackend(Backend):
                 f"could not connect to the ipyparallel cluster {kwargs or '(default profile)'}: "
                 f"{exc}. Check that `ipcluster start` is running and the connection file is "
                 "readable here."
-            ) from None
+            ) from exc
         self.owns_cluster = False
         url = getattr(self.client, "_config", {}).get("registration") or ""
         self.controller_ip = urlparse(url).hostname
@@ -128,38 +118,21 @@ class IpyparallelBackend(Backend):
         if workers:
             self._require().send_signal(signal.SIGINT, targets=list(workers), block=False)
 
-    def scale(self, n: int, timeout: float) -> None:
-        client = self._require()
-        if not self.owns_cluster or self.cluster is None:
-            raise ClusterError("this cluster was not started by nbdist: scale it with the "
-                               "launcher that started it (ipcluster, Slurm, ...)")
-        ids = self.worker_ids()
-        if n > len(ids):
-            self.cluster.start_engines_sync(n - len(ids))
-            client.wait_for_engines(n, timeout=timeout, interactive=False)
-        elif n < len(ids):
-            victims = ids[n:]
-            client.shutdown(targets=victims, block=True)
-            deadline = time.monotonic() + timeout
-            while set(victims) & set(client.ids):
-                if time.monotonic() > deadline:
-                    raise ClusterError(f"engines {victims} did not stop within {timeout:g} s")
-                time.sleep(0.05)  # client.ids is updated by the client's IO thread
+    def _grow(self, k: int, timeout: float) -> None:
+        client, cluster = self._require(), self.cluster
+        assert cluster is not None  # scale() checked
+        want = len(client.ids) + k
+        cluster.start_engines_sync(k)
+        client.wait_for_engines(want, timeout=timeout, interactive=False)
 
-    def stop(self) -> None:
-        if self.client is not None:
-            try:
-                self.client.close()
-            except Exception:
-                pass
-            self.client = None
-        if self.cluster is not None:
-            # Engines stopped on purpose exit non-zero; ipyparallel would log that as a warning.
-            self.cluster.log.setLevel(logging.ERROR)
-            try:
-                self.cluster.stop_cluster_sync()
-            finally:
-                self.cluster = None
+    def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
+        # Returns once the engines were told; they leave client.ids at their unregistration.
+        self._require().shutdown(targets=list(ids), block=True)
+
+    def _close_cluster(self, cluster: ipp.Cluster) -> None:
+        # Engines stopped on purpose exit non-zero; ipyparallel would log that as a warning.
+        cluster.log.setLevel(logging.ERROR)
+        cluster.stop_cluster_sync()
 
     def transport(self) -> Callable[[Batch], None]:
         return publish
@@ -168,8 +141,3 @@ class IpyparallelBackend(Backend):
         if self.cluster is not None:
             return f"ipyparallel (local cluster {self.cluster.cluster_id})"
         return "ipyparallel (connected)"
-
-    def _require(self) -> ipp.Client:
-        if self.client is None:
-            raise ClusterError("no ipyparallel cluster: run %nbdist start or %nbdist connect")
-        return self.client

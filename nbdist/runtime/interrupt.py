@@ -1,15 +1,21 @@
-"""Interrupts that reach a rank blocked inside a collective.
+"""How an interrupt reaches a cell on a worker, including one blocked inside a collective.
+
+Engines that run the cell in the worker's main thread (ipyparallel) interrupt it with SIGINT.
+Engines that run it in a pool thread (Dask) register that thread with :func:`register_call`
+and interrupt it with :func:`interrupt_calls`, which raises KeyboardInterrupt in it as an
+asynchronous exception.
 
 Python runs a signal handler, or an asynchronous exception, only between bytecodes, so a rank
 blocked in a gloo or NCCL wait would ignore an interrupt until the collective's own timeout
-(minutes). A watcher thread notices the interrupt instead — through the signal wakeup fd when
-the cell runs in the main thread (ipyparallel's SIGINT), or through :func:`request` (Dask's
-interrupt) — and, if the cell is still running after a short grace, cuts this rank's
-connections to its peers: the collective fails at once and the interrupt lands.
+(minutes). A watcher thread notices the interrupt instead — through the signal wakeup fd for
+SIGINT, or through :func:`request` — and, if the cell is still running after a short grace,
+cuts this rank's connections to its peers: the collective fails at once and the interrupt
+lands.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import signal
@@ -94,3 +100,48 @@ def request() -> None:
         os.write(_get().write_fd, _REQUEST)
     except BlockingIOError:  # the pipe is full of earlier requests: one is enough
         pass
+
+
+# ----------------------------------------------------------------------------- calls by thread
+_calls_lock = threading.Lock()
+_running: dict[int, str] = {}  # thread ident -> tag of the backend whose call it runs
+
+
+def register_call(tag: str) -> int:
+    """Mark the current thread as running a call of ``tag``; return its ident for
+    :func:`forget_call`, which must follow in a ``finally``."""
+    ident = threading.get_ident()
+    with _calls_lock:
+        _running[ident] = tag
+    return ident
+
+
+def forget_call(ident: int) -> None:
+    """Unregister ``ident`` and drop an interrupt that arrived after the call had finished."""
+    while True:
+        try:
+            with _calls_lock:
+                _running.pop(ident, None)
+                # Interrupts are only raised while registered, under this lock: clear a late one.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+            return
+        except KeyboardInterrupt:
+            continue
+
+
+def interrupt_calls(tag: str) -> int:
+    """Raise KeyboardInterrupt in the threads running calls of ``tag``; return how many.
+
+    Runs beside the busy thread (on Dask, on the worker's event loop via ``Client.run``). A
+    thread blocked inside one native call (a long ``time.sleep``) sees it when that call
+    returns; one blocked in a collective is cut loose by the watcher after :data:`GRACE`.
+    """
+    hit = 0
+    with _calls_lock:
+        for ident, t in _running.items():
+            if t == tag:
+                hit += ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+    if hit:
+        request()
+    return hit
