@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import cloudpickle
 
 from .backends import get_backend
-from .backends.base import Backend, Call, Job
+from .backends.base import Backend, Call, Job, poll_until
 from .display import RunView, make_run_view
 from .errors import (
     PARTIAL_RANKS,
@@ -373,11 +373,13 @@ class Session:
         if not job.pending():
             wanted = {self._rank_of(o.worker): o.value["seq"] for o in job.outcomes()
                       if o.engine_error is None and o.value.get("seq")}
-            deadline = time.monotonic() + _EVENT_GRACE
-            self._pump(job, run, view)
-            while not run.has_all(wanted) and time.monotonic() < deadline:
-                time.sleep(0.01)  # batches arrive on the engine's IO thread, not this one
+
+            def drained() -> bool:
                 self._pump(job, run, view)
+                return run.has_all(wanted)
+
+            # Batches arrive on the engine's IO thread, which offers nothing to wait on.
+            poll_until(drained, _EVENT_GRACE, interval=0.01)
         else:
             self._pump(job, run, view)
         run.finish()

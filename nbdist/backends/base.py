@@ -171,7 +171,7 @@ class Backend(abc.ABC, Generic[ClientT]):
             elif n < len(ids):
                 gone = set(ids[n:])  # the highest ranks: the ranks that stay keep their numbers
                 self._retire(ids[n:], timeout)
-                if not _poll_until(lambda: not gone & set(self.worker_ids()), timeout):
+                if not poll_until(lambda: not gone & set(self.worker_ids()), timeout):
                     raise ClusterError(f"could not scale to {n} {self.name} workers: "
                                        f"{ids[n:]} still running after {timeout:g} s")
         except ClusterError:
@@ -211,7 +211,7 @@ class Backend(abc.ABC, Generic[ClientT]):
             return 0
 
 
-def _poll_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+def poll_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
     """Wait until ``predicate()`` is true (True) or ``timeout`` seconds pass (False).
 
     For state the engine changes in the background and offers nothing to wait on, such as a

@@ -23,7 +23,7 @@ import pytest
 
 CHROMIUM = "/usr/bin/chromium"
 NB = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"  # the notebook on screen
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]

@@ -28,7 +28,7 @@ import pytest
 from nbdist.session import Session
 
 ENGINES = ["ipyparallel", "dask"]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(240)
 
