@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
-    "progress", "log",
+    "progress", "log", "auto",
 ]
 
 
@@ -100,3 +100,19 @@ def push(*args: dict[str, Any], **values: Any) -> None:
 def pull(name: str, rank: int = 0) -> Any:
     """Bring a worker variable into the notebook, tensors and modules moved to CPU."""
     return current_session().pull(name, rank=rank)
+
+
+def auto(on: bool = True) -> None:
+    """Auto mode (``%nbdist auto on|off``): while on, every cell runs on the ranks.
+
+    Cells that start with a magic, and ``%%local`` cells, stay in the kernel. Needs IPython
+    (a notebook or ``ipython``) with a cluster running for ``on``.
+    """
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        raise RuntimeError("nbdist.auto() needs IPython: it changes how notebook cells run")
+    if "nbdist" not in shell.magics_manager.magics["line"]:
+        load_ipython_extension(shell)
+    shell.run_line_magic("nbdist", f"auto {'on' if on else 'off'}")

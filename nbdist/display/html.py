@@ -185,3 +185,24 @@ def run_summary(snap: RunSnapshot) -> str:
         head += " · " + scalars_line(snap.scalars)
     return (f"<div class='nbdist-summary'><p>{head}</p>{table(run_table(snap))}"
             f"<div>{charts(snap.series)}</div></div>")
+
+
+# ----------------------------------------------------------------- workers' output
+def output_pre(text: str) -> str:
+    """Workers' output text, escaped, as a preformatted block."""
+    return f"<pre class='nbdist-output'>{escape(text)}</pre>"
+
+
+def rank_output_html(merged: str, per_rank: Sequence[tuple[int, str]]) -> str:
+    """The static per-rank view a saved notebook keeps: the merged text, then one
+    collapsible block per rank (no widget state is needed to read it)."""
+    ranks = "".join(f"<details class='nbdist-rank-output-{r}'><summary>rank {r}</summary>"
+                    f"{output_pre(text)}</details>" for r, text in per_rank)
+    return f"<div class='nbdist-rank-output-static'>{output_pre(merged)}{ranks}</div>"
+
+
+def warnings_html(lines: Sequence[str]) -> str:
+    """Warnings from the ranks, one per line, each naming its ranks, in the warning colour."""
+    body = escape("\n".join(lines))
+    return (f"<pre class='nbdist-warnings' style='color:{WARN};background:#fff8e6;"
+            f"padding:4px'>{body}</pre>")

@@ -31,6 +31,9 @@ FORBIDDEN = {
     "nbdist.session": ("nbdist.magics", "IPython", "ipywidgets"),
     "nbdist.errors": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     "nbdist.options": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
+    # runs on every cell's text: IPython's hook only, nothing heavy
+    "nbdist.automode": ("nbdist.session", "nbdist.backends", "nbdist.runtime", "nbdist.display",
+                        "torch", "ipywidgets"),
 }
 # Leaves: stdlib only, so any layer may use them.
 LEAVES = ("nbdist.telemetry.units", "nbdist.telemetry.intervals", "nbdist.telemetry.states",
