@@ -134,7 +134,12 @@ def run_notebook(repo_copy, binder_env) -> Callable[[str], Any]:
                 nb, timeout=300, kernel_name="python3",
                 resources={"metadata": {"path": str(path.parent)}}, **kw)
             t0 = time.monotonic()
-            client.execute(env=env)
+            try:
+                client.execute(env=env)
+            finally:
+                km = kw.get("km")
+                if km is not None and km.has_kernel:  # nbclient shuts down only kernels it made
+                    km.shutdown_kernel(now=False)
             nb.metadata["nbdist_test_seconds"] = round(time.monotonic() - t0, 1)
             done[name] = nb
         return done[name]
