@@ -15,6 +15,7 @@ Importing this package is cheap: torch, widgets and engines load on first use.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -108,6 +109,11 @@ def auto(on: bool = True) -> None:
     Cells that start with a magic, and ``%%local`` cells, stay in the kernel. Needs IPython
     (a notebook or ``ipython``) with a cluster running for ``on``.
     """
+    worker = sys.modules.get("nbdist.runtime.worker")
+    if worker is not None and getattr(worker._state, "plan", None) is not None:
+        from .errors import AUTO_ON_A_RANK
+
+        raise RuntimeError(AUTO_ON_A_RANK)  # an engine's own IPython must not switch modes
     from IPython import get_ipython
 
     shell = get_ipython()

@@ -120,3 +120,12 @@ def test_local_magic_called_directly_runs_here_and_raises_errors(shell):
         shell.run_cell_magic("local", "", "1 / 0")
     with pytest.raises(UsageError, match="no options"):
         shell.run_cell_magic("local", "--now", "here = 7")
+
+
+def test_the_python_twin_refuses_to_run_on_a_rank(monkeypatch):
+    import types
+
+    fake = types.SimpleNamespace(_state=types.SimpleNamespace(plan=object()))
+    monkeypatch.setitem(__import__("sys").modules, "nbdist.runtime.worker", fake)
+    with pytest.raises(RuntimeError, match="%nbdist auto off"):
+        nbdist.auto(False)
