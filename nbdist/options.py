@@ -148,6 +148,13 @@ class ClusterOptions:
             raise OptionError(
                 f"the {self.engine} engine has no {launcher!r} launcher: choose one of "
                 f"{', '.join(ENGINE_LAUNCHERS[self.engine])}", key="launcher")
+        if self.launch.local and self.launch.listen:
+            raise OptionError("`listen` is for launchers that start workers on other machines; "
+                              "a local cluster listens on loopback only", key="listen")
+        if self.launch.hosts and launcher != "ssh":
+            raise OptionError(f"`hosts` is for the ssh launcher; the {launcher!r} launcher "
+                              "places workers itself (pass its own options in "
+                              "resources.options)", key="hosts")
         remote_listener = self.engine == "ipyparallel" or launcher in ("slurm", "pbs", "sge",
                                                                         "lsf")
         if not self.launch.local and remote_listener and not self.launch.listen:

@@ -129,7 +129,8 @@ class Profile(_Section):
 # Where a key of the option records lives in a profile, to point at its line.
 _KEY_LOCATIONS = {
     "engine": ("cluster", "engine"), "workers": ("cluster", "workers"),
-    "launcher": ("cluster", "launcher"), "device": ("runtime", "device"),
+    "launcher": ("cluster", "launcher"), "listen": ("cluster", "listen"),
+    "hosts": ("cluster", "hosts"), "device": ("runtime", "device"),
     "dist_backend": ("runtime", "dist_backend"), "timeout": ("runtime", "timeout"),
     "threads": ("runtime", "threads"), "output": ("training", "output"),
     "cell_timeout": ("training", "cell_timeout"),

@@ -124,6 +124,10 @@ class Session:
             base, defaults = to_options(profile)
         options = base.override(n=n, engine=engine, device=device, dist_backend=dist_backend,
                                 timeout=timeout, threads=threads)
+        if options.n is None and not options.launch.local:
+            raise OptionError(f"the {options.launch.launcher!r} launcher needs a number of "
+                              "workers: set `workers` in the profile's cluster section, or -n",
+                              key="workers")
         if options.n is None:
             options = replace(options, n=count_local_gpus() or 2)
         self._launch(options, None)

@@ -122,7 +122,7 @@ def test_missing_launcher_package_is_named_and_nothing_starts(no_jobqueue):
 
 def test_missing_package_from_a_profile_leaves_the_session_stopped(no_jobqueue, tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text("cluster: {engine: dask, launcher: slurm, listen: '*'}\n")
+    path.write_text("cluster: {engine: dask, launcher: slurm, listen: '*', workers: 2}\n")
     session = Session()
     with pytest.raises(MissingPackageError, match="pip install dask-jobqueue"):
         session.start(profile=path)

@@ -199,3 +199,13 @@ def test_saved_options_load_back_equal(tmp_path):
 def test_profile_objects_validate_like_files():
     with pytest.raises(Exception, match="extra"):
         Profile.model_validate({"cluster": {"nodes": 2}})
+
+
+@pytest.mark.parametrize("text,key,message", [
+    ("cluster:\n  listen: 0.0.0.0\n", "cluster.listen", "a local cluster listens on loopback"),
+    ("cluster:\n  launcher: slurm\n  listen: '*'\n  hosts: [a]\n", "cluster.hosts",
+     "`hosts` is for the ssh launcher"),
+])
+def test_settings_that_would_be_ignored_are_refused(tmp_path, text, key, message):
+    err = problem(tmp_path, text)
+    assert err.problems[0][1] == key and message in str(err)

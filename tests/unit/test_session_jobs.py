@@ -8,7 +8,13 @@ import textwrap
 import pytest
 from fakes import Scripted, ScriptedBackend, failed
 
-from nbdist.errors import CellTimeoutError, ClusterError, DistributedError, ProfileError
+from nbdist.errors import (
+    CellTimeoutError,
+    ClusterError,
+    DistributedError,
+    OptionError,
+    ProfileError,
+)
 from nbdist.history import CellEntry, PushEntry
 from nbdist.profiles import load_profile, to_options
 from nbdist.session import Session
@@ -155,3 +161,12 @@ def test_dask_client_needs_an_engine_that_can_serve_dask():
     session.start(2)
     with pytest.raises(ClusterError, match="cannot serve Dask"):
         session.dask_client()
+
+
+def test_a_remote_launcher_needs_a_worker_count(tmp_path):
+    path = tmp_path / "slurm.yaml"
+    path.write_text("cluster: {launcher: slurm, listen: '*'}\n")
+    session, made = make()
+    with pytest.raises(OptionError, match="needs a number of workers"):
+        session.start(profile=path)
+    assert made == []
