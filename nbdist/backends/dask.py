@@ -320,7 +320,9 @@ class DaskBackend(Backend[distributed.Client]):
         if self.client is None:
             return "dask (not connected)"
         where = self.client.scheduler.address
-        return f"dask (LocalCluster {where})" if self.cluster is not None else f"dask ({where})"
+        if self.cluster is None:
+            return f"dask ({where})"
+        return f"dask ({type(self.cluster).__name__} {where})"
 
 
 _JOBQUEUE = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster",

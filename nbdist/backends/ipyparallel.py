@@ -189,7 +189,8 @@ class IpyparallelBackend(Backend[ipp.Client]):
 
     def describe(self) -> str:
         if self.cluster is not None:
-            return f"ipyparallel (local cluster {self.cluster.cluster_id})"
+            where = "local" if self.launch.local else self.launch.launcher
+            return f"ipyparallel ({where} cluster {self.cluster.cluster_id})"
         return "ipyparallel (connected)"
 
 
