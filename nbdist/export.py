@@ -256,15 +256,16 @@ def _header(shape: JobShape, script: str, command: str, version: str,
     if shape.nnodes > 1:
         lines.append("# on every host, with HOST0 the address of the first host.")
     launcher = shape.launch.launcher if shape.launch else "local"
+    source = f"the profile {shape.profile}" if shape.profile else "the session's profile"
     snippet: list[str] = []
     if launcher == "slurm":
         job = f"{os.path.splitext(script)[0]}.sbatch"
-        snippet = ["#", f"# With Slurm, as in the profile {shape.profile}: save this as "
-                        f"{job} and run `sbatch {job}`"]
+        snippet = ["#", f"# With Slurm, as in {source}: save this as {job} and run "
+                        f"`sbatch {job}`"]
         snippet += [f"#     {line}" for line in sbatch_snippet(shape, script)]
     elif launcher == "kubernetes":
-        snippet = ["#", f"# On Kubernetes, as in the profile {shape.profile}: a Kubeflow "
-                        "PyTorchJob (kubectl apply -f job.yaml), in an image with this script"]
+        snippet = ["#", f"# On Kubernetes, as in {source}: a Kubeflow PyTorchJob (kubectl "
+                        "apply -f job.yaml), in an image that holds this script"]
         snippet += [f"#     {line}" for line in kubernetes_snippet(shape, script)]
     return lines + snippet + [""]
 
