@@ -36,7 +36,37 @@ class NbdistError(Exception):
 
 
 class OptionError(NbdistError, ValueError):
-    """A bad option value (``-n 0``, ``--ranks 5`` on 2 ranks); magics show it as usage."""
+    """A bad option value (``-n 0``, ``--ranks 5`` on 2 ranks); magics show it as usage.
+
+    ``key`` names the option as a profile spells it (``workers``, ``dist_backend``), so a
+    profile's error can point at the line that set it.
+    """
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ProfileError(OptionError):
+    """A profile file that cannot be used: missing, not YAML, or not valid. Nothing started.
+
+    ``problems`` holds one ``(line, dotted key, message)`` per problem found.
+    """
+
+    def __init__(self, path: str, problems: Sequence[tuple[Optional[int], str, str]]) -> None:
+        self.path = path
+        self.problems = list(problems)
+        lines = [f"{path}{f', line {line}' if line else ''}: {key + ': ' if key else ''}{msg}"
+                 for line, key, msg in self.problems]
+        if len(lines) == 1:
+            text = f"bad profile {lines[0]}"
+        else:
+            text = f"bad profile {path} ({len(lines)} problems):\n  " + "\n  ".join(lines)
+        super().__init__(text + "\nNothing was started.")
+
+
+class ExportError(NbdistError):
+    """``%nbdist export`` has nothing to write, or would overwrite a file it did not write."""
 
 
 class ClusterError(NbdistError):
@@ -53,6 +83,15 @@ class WorkersDidNotStart(ClusterError):
         super().__init__(
             f"only {ready} of {wanted} {engine} workers started within {timeout:g} s{why}. "
             "Try a longer --timeout, or fewer workers with -n.")
+
+
+class MissingPackageError(NbdistError, ImportError):
+    """A launcher needs a package that is not installed here; nothing was started."""
+
+    def __init__(self, what: str, package: str) -> None:
+        self.package = package
+        super().__init__(f"{what} needs the `{package}` package, which is not installed: "
+                         f"pip install {package}")
 
 
 class NoClusterError(NbdistError):

@@ -37,7 +37,8 @@ from .errors import (
     OptionError,
     RankFailure,
 )
-from .options import CellOptions, ClusterOptions, parse_ranks
+from .history import History
+from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
 from .records import ClusterStatus, RemoteValue, WorkerRow
 from .runtime import results
 from .runtime import worker as rt
@@ -94,29 +95,59 @@ class Session:
         self._lock = threading.Lock()
         #: records of the latest runs that recorded telemetry, newest last
         self.runs: deque[Run] = deque(maxlen=3)
+        #: what a cell does when its own flags say nothing (a profile's training section)
+        self.defaults = CellDefaults()
+        #: the profile file the session started from, if any
+        self.profile_path: Optional[str] = None
+        #: the cells and pushes since the process group formed, for :meth:`export`
+        self.history = History()
 
     # ----------------------------------------------------------------- lifecycle
-    def start(self, n: Optional[int] = None, *, engine: str = "ipyparallel",
-              device: str = "auto", dist_backend: str = "auto", timeout: float = 300.0,
+    def start(self, n: Optional[int] = None, *, profile: Any = None,
+              engine: Optional[str] = None, device: Optional[str] = None,
+              dist_backend: Optional[str] = None, timeout: Optional[float] = None,
               threads: Optional[int] = None) -> Session:
-        """Start a local cluster of ``n`` workers (default: one per GPU, else 2); form the job."""
-        if n is None:
-            n = count_local_gpus() or 2
-        options = ClusterOptions(engine=engine, n=n, device=device, dist_backend=dist_backend,
-                                 timeout=timeout, threads=threads)
-        return self._launch(options, None)
+        """Start ``n`` workers (default: one per GPU, else 2) and form the job.
 
-    def connect(self, *, engine: str = "ipyparallel", device: str = "auto",
-                dist_backend: str = "auto", timeout: float = 300.0,
+        ``profile`` is a YAML file (or a :class:`~nbdist.profiles.Profile`) saying where and
+        how (see ``docs/profiles.md``); the other arguments override it. Without one, the
+        workers start on this machine, on loopback. A bad profile raises
+        :class:`~nbdist.errors.ProfileError` before anything starts.
+        """
+        base, defaults, path = ClusterOptions(), CellDefaults(), None
+        if profile is not None:
+            from .profiles import Profile, load_profile, to_options
+
+            if not isinstance(profile, Profile):
+                path = os.fspath(profile)
+                profile = load_profile(path)
+            base, defaults = to_options(profile)
+        options = base.override(n=n, engine=engine, device=device, dist_backend=dist_backend,
+                                timeout=timeout, threads=threads)
+        if options.n is None and not options.launch.local:
+            raise OptionError(f"the {options.launch.launcher!r} launcher needs a number of "
+                              "workers: set `workers` in the profile's cluster section, or -n",
+                              key="workers")
+        if options.n is None:
+            options = replace(options, n=count_local_gpus() or 2)
+        self._launch(options, None)
+        self.defaults, self.profile_path = defaults, path
+        return self
+
+    def connect(self, *, engine: Optional[str] = None, device: Optional[str] = None,
+                dist_backend: Optional[str] = None, timeout: Optional[float] = None,
                 threads: Optional[int] = None, **target: Any) -> Session:
         """Attach to a running cluster.
 
         ``target`` names it: ipyparallel ``cluster_id``, ``profile``, ``url_file``; Dask
         ``address`` or ``scheduler_file``, and ``security`` for TLS.
         """
-        options = ClusterOptions(engine=engine, device=device, dist_backend=dist_backend,
-                                 timeout=timeout, threads=threads)
-        return self._launch(options, target)
+        options = ClusterOptions().override(engine=engine, device=device,
+                                            dist_backend=dist_backend, timeout=timeout,
+                                            threads=threads)
+        self._launch(options, target)
+        self.defaults, self.profile_path = CellDefaults(), None
+        return self
 
     def restart(self) -> Session:
         """Stop and start again with the same options (fresh processes, empty namespaces)."""
@@ -130,6 +161,7 @@ class Session:
         self.stop()
         backend = self._backends(options.engine)
         if target is None:
+            backend.launch = options.launch
             backend.start(options.n or 2, options.timeout)
         else:
             backend.connect(options.timeout, **target)
@@ -156,6 +188,9 @@ class Session:
             info["worker_id"] = w
         self.plans = plan_ranks(infos, threads=self.options.threads,
                                 use_gpus=self.options.device != "cpu")
+        if self.options.env:  # the profile's variables, set and restored with torchrun's
+            self.plans = [replace(p, extra={**self.options.env, **p.extra})
+                          for p in self.plans]
         if self.options.device == "cuda" and any(p.gpu is None for p in self.plans):
             bad = sorted({p.hostname for p in self.plans if p.gpu is None})
             raise ClusterError(f"--device cuda, but no GPU is visible on {', '.join(bad)}")
@@ -175,9 +210,11 @@ class Session:
         self.generation += 1
         joined = self._call(
             [Call(p.worker_id, rt.join, (p, self.port, self.options.device,
-                                         self.options.dist_backend, timeout, self.generation))
+                                         self.options.dist_backend, timeout, self.generation),
+                  {"working_dir": self.options.working_dir})
              for p in self.plans], timeout + 30, "form the process group")
         self._joined = {j["rank"]: j for j in joined}
+        self.history.reset()  # a new group: what ran before is not this job's script
 
     def _invalidate_group(self) -> None:
         """Some rank's group is gone or suspect: every rank forms a new one at the next full
@@ -241,23 +278,31 @@ class Session:
 
     # ----------------------------------------------------------------- cells
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
-                 timeout: Optional[float] = None, output: str = "rank0",
-                 telemetry: bool = True, time_collectives: bool = True) -> Optional[RemoteValue]:
+                 timeout: Optional[float] = None, output: Optional[str] = None,
+                 telemetry: Optional[bool] = None, time_collectives: Optional[bool] = None
+                 ) -> Optional[RemoteValue]:
         """Run ``code`` on every rank (or ``ranks``, e.g. ``"0,2-3"``) as one job.
 
         Returns the value of the last expression on the lowest selected rank, for display.
         Raises :class:`~nbdist.errors.DistributedError` naming the failing ranks. With
         ``telemetry`` (default), steps and gradient all-reduces are timed and shown live, and
         so are ``torch.distributed`` collectives called in the cell unless
-        ``time_collectives=False``; see ``docs/telemetry.md``.
+        ``time_collectives=False``; see ``docs/telemetry.md``. Options left at None take the
+        session's :attr:`defaults` (a profile's ``training`` section).
         """
+        d = self.defaults
+        output = d.output if output is None else output
+        telemetry = d.telemetry if telemetry is None else telemetry
+        time_collectives = d.collective_timing if time_collectives is None else time_collectives
+        timeout = d.timeout if timeout is None else timeout
         opts = CellOptions(ranks=ranks, timeout=timeout, output=output)
         self._require()
         selected = parse_ranks(opts.ranks, self.world_size)
         ast.parse(code, "<cell>", "exec")  # a syntax error is raised here, before shipping
         with self._lock:
             self._cells += 1
-            filename = f"<distributed cell {self._cells}>"
+            number = self._cells
+            filename = f"<distributed cell {number}>"
         cell_id = uuid.uuid4().hex
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
                       (code, filename, cell_id, self.generation, list(selected), r == selected[0]),
@@ -273,6 +318,7 @@ class Session:
         finally:
             if run.recorded:
                 self.runs.append(run)
+        self.history.cell(number, code, None if len(selected) == self.world_size else selected)
         first = outcomes[0]
         if first.get("value"):
             return RemoteValue(selected[0], first["value"])
@@ -403,6 +449,7 @@ class Session:
         selected = parse_ranks(ranks, self.world_size)
         self._call([Call(self.plans[r].worker_id, rt.push, (blob,)) for r in selected],
                    self.options.timeout, "push values")
+        self.history.push(values, blob, None if len(selected) == self.world_size else selected)
 
     def pull(self, name: str, *, rank: int = 0) -> Any:
         """Bring ``name`` from rank ``rank`` into the notebook (tensors and modules on CPU)."""
@@ -414,6 +461,44 @@ class Session:
         if not res["ok"]:
             raise NameError(f"rank {rank}: {res['evalue']}")
         return cloudpickle.loads(res["blob"])
+
+    # ----------------------------------------------------------------- notebook to job
+    def export(self, path: str, *, force: bool = False) -> Any:
+        """Write the cells that ran successfully since the group formed as a torchrun script.
+
+        Pushed values the cells read go in as code (literals) or in ``<stem>.data.pkl`` next
+        to the script. Returns an :class:`~nbdist.export.Export` (its ``command`` is the
+        launch line). A file nbdist did not write is not overwritten unless ``force``.
+        See ``docs/export.md``.
+        """
+        from ._version import __version__
+        from .export import write
+
+        self._require()
+        return write(path, self.history.entries, self.plans, self.options, self.profile_path,
+                     version=__version__, force=force)
+
+    def save_profile(self, path: str) -> str:
+        """Write this session's options as a profile that ``start(profile=path)`` reads."""
+        from .profiles import dump_profile, from_options
+
+        backend = self._require()
+        header = f"nbdist profile saved from a session on {backend.describe()}.\n"
+        if not backend.owns_cluster:
+            header += "That session was connected to its cluster; this starts one like it.\n"
+        header += f"Start it with: %nbdist start --profile {os.path.basename(path)}"
+        text = dump_profile(from_options(self.options, self.defaults), header)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+    def dask_client(self) -> Any:
+        """A ``distributed.Client`` on these same workers, for Dask-ML, XGBoost, LightGBM.
+
+        The Dask engine's own client; on ipyparallel, the engines become Dask workers too
+        (ipyparallel's ``become_dask``). Do not close it: ``nbdist.stop()`` does.
+        """
+        return self._require().dask_client()
 
     # ----------------------------------------------------------------- plumbing
     def _require(self) -> Backend:

@@ -10,6 +10,8 @@ client is subscribed to that topic.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import ipaddress
 import logging
 import pickle
@@ -25,7 +27,8 @@ import dask
 import distributed
 from distributed.comm.addressing import get_address_host_port
 
-from ..errors import ClusterError
+from ..errors import ClusterError, MissingPackageError
+from ..options import LaunchOptions
 from ..runtime.interrupt import forget_call, interrupt_calls, register_call
 from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, WorkerId
@@ -170,6 +173,15 @@ class DaskBackend(Backend[distributed.Client]):
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self, n: int, timeout: float) -> None:
+        if not self.launch.local:
+            module, name, package, kwargs, scale = cluster_spec(self.launch, n, self._tag)
+            cls = _import_cluster_class(module, name, package, self.launch.launcher)
+            self.cluster = cls(**kwargs)
+            if scale:
+                self.cluster.scale(n)
+            self.client = _new_client(self.cluster, timeout=timeout)
+            self.client.wait_for_workers(n, timeout=timeout)
+            return
         with _worker_process_config():
             # Loopback only, dashboard included; workers are spawned, never forked from a
             # kernel that may hold CUDA state. No memory limit: Dask's nanny must not kill
@@ -285,6 +297,9 @@ class DaskBackend(Backend[distributed.Client]):
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
         cluster = self.cluster
         assert cluster is not None  # scale() checked
+        if not hasattr(cluster, "scale_down"):  # e.g. KubeCluster: it picks the workers to go
+            cluster.scale(len(self.worker_ids()) - len(ids))
+            return
         info = self._workers_info()
         # Dask's own verb: it drops the workers from the cluster's spec (so they are not
         # started again) and returns once their nannies have closed. Its graceful retire
@@ -297,11 +312,77 @@ class DaskBackend(Backend[distributed.Client]):
     def transport(self) -> Callable[[Batch], None]:
         return functools.partial(_publish, self._topic)
 
+    def dask_client(self) -> distributed.Client:
+        # nbdist's own client: its calls and the user's Dask work share the workers' pools.
+        return self._require()
+
     def describe(self) -> str:
         if self.client is None:
             return "dask (not connected)"
         where = self.client.scheduler.address
-        return f"dask (LocalCluster {where})" if self.cluster is not None else f"dask ({where})"
+        if self.cluster is None:
+            return f"dask ({where})"
+        return f"dask ({type(self.cluster).__name__} {where})"
+
+
+_JOBQUEUE = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster",
+             "lsf": "LSFCluster"}
+
+
+def cluster_spec(launch: LaunchOptions, n: int, tag: str = "nbdist"
+                 ) -> tuple[str, str, str, dict[str, Any], bool]:
+    """The Dask cluster class for ``launch`` and its arguments.
+
+    Returns ``(module, class name, package that provides it, keyword arguments, whether the
+    cluster must then be scaled to n)``: Dask's ``SSHCluster`` for ``ssh`` (scheduler on the
+    first host), dask-jobqueue's ``SLURMCluster``/``PBSCluster``/``SGECluster``/``LSFCluster``
+    (one worker process per job), dask-kubernetes' ``KubeCluster``. The profile's
+    ``resources.options`` are the class's own keyword arguments and win.
+    """
+    kwargs: dict[str, Any]
+    if launch.launcher == "ssh":
+        hosts = [h for host, count in launch.hosts.items() for h in [host] * count]
+        kwargs = {"hosts": [next(iter(launch.hosts), "localhost"), *hosts],
+                  "worker_options": {"nthreads": 1}}
+        spec = ("distributed.deploy.ssh", "SSHCluster", "asyncssh", kwargs, False)
+    elif launch.launcher in _JOBQUEUE:
+        kwargs = {"processes": 1}
+        for key, arg in (("cpus", "cores"), ("memory", "memory"), ("queue", "queue"),
+                         ("account", "account"), ("walltime", "walltime")):
+            if getattr(launch, key):
+                kwargs[arg] = getattr(launch, key)
+        if launch.gpus and launch.launcher == "slurm":
+            kwargs["job_extra_directives"] = [f"--gres=gpu:{launch.gpus}"]
+        if launch.listen:
+            host = "0.0.0.0" if launch.listen == "*" else launch.listen
+            kwargs["scheduler_options"] = {"host": host}
+        spec = ("dask_jobqueue", _JOBQUEUE[launch.launcher], "dask-jobqueue", kwargs, True)
+    elif launch.launcher == "kubernetes":
+        kwargs = {"name": tag, "n_workers": n}
+        if launch.image:
+            kwargs["image"] = launch.image
+        limits = {k: str(v) for k, v in (("cpu", launch.cpus), ("memory", launch.memory),
+                                         ("nvidia.com/gpu", launch.gpus)) if v}
+        if limits:
+            kwargs["resources"] = {"limits": limits, "requests": dict(limits)}
+        spec = ("dask_kubernetes.operator", "KubeCluster", "dask-kubernetes", kwargs, False)
+    else:
+        raise ClusterError(f"the dask engine has no {launch.launcher!r} launcher")
+    spec[3].update(launch.options)
+    return spec
+
+
+def _import_cluster_class(module: str, name: str, package: str, launcher: str) -> Any:
+    """The cluster class, imported now; a missing package is named with how to install it."""
+    what = f"the dask engine's {launcher!r} launcher"
+    # SSHCluster imports without asyncssh and fails only once it connects.
+    needed = "asyncssh" if package == "asyncssh" else module.split(".")[0]
+    if importlib.util.find_spec(needed) is None:
+        raise MissingPackageError(what, package)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise MissingPackageError(what, package) from exc
 
 
 def _worker_order(addr: str, name: Any) -> tuple:

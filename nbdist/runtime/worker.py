@@ -32,6 +32,7 @@ class _State:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         self.plan: Optional[envmod.RankPlan] = None
         self.env_before: dict[str, Optional[str]] = {}
+        self.cwd_before: Optional[str] = None
         self.port: Optional[int] = None
         self.device: Any = None
         self.backend: Optional[str] = None
@@ -109,13 +110,22 @@ def close_store(purpose: str) -> None:
 
 
 def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeout: float,
-         gen: int, warm: bool = True) -> dict[str, Any]:
-    """Take ``plan``'s rank: set torchrun's env, pin threads and GPU, form the group, warm up."""
+         gen: int, warm: bool = True, working_dir: Optional[str] = None) -> dict[str, Any]:
+    """Take ``plan``'s rank: set torchrun's env, pin threads and GPU, form the group, warm up.
+
+    With ``working_dir``, cells run there (the previous directory comes back on leave).
+    """
     import torch
 
     from . import group
 
     leave()
+    if working_dir:
+        if not os.path.isdir(working_dir):
+            raise FileNotFoundError(f"working_dir {working_dir!r} is not a directory on "
+                                    f"{socket.gethostname()}")
+        _state.cwd_before = os.getcwd()
+        os.chdir(working_dir)
     _state.plan = plan
     _state.port = port
     _state.timeout = timeout
@@ -168,6 +178,9 @@ def leave() -> None:
     envmod.restore_env(os.environ, _state.env_before)
     _state.env_before = {}
     _state.plan = None
+    if _state.cwd_before is not None:
+        os.chdir(_state.cwd_before)
+        _state.cwd_before = None
 
 
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],

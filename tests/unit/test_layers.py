@@ -31,6 +31,10 @@ FORBIDDEN = {
     "nbdist.session": ("nbdist.magics", "IPython", "ipywidgets"),
     "nbdist.errors": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     "nbdist.options": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
+    # Profiles, the session's record and export are pure: files and text in, text out.
+    **{m: ("nbdist.session", "nbdist.backends", "nbdist.display", "nbdist.magics",
+           "nbdist.runtime", "IPython", "ipywidgets", "torch")
+       for m in ("nbdist.profiles", "nbdist.history", "nbdist.export")},
 }
 # Leaves: stdlib only, so any layer may use them.
 LEAVES = ("nbdist.telemetry.units", "nbdist.telemetry.intervals", "nbdist.telemetry.states",
