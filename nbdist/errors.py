@@ -115,6 +115,8 @@ class RankFailure:
     communication: bool = False
     #: failed only because a peer died or closed the group under it
     caused_by_peer: bool = False
+    #: when the rank recorded its error (a script's ``@record`` error file), seconds since epoch
+    timestamp: Optional[float] = None
 
     @classmethod
     def from_result(cls, rank: int, hostname: str, result: CellResult) -> RankFailure:
@@ -125,7 +127,7 @@ class RankFailure:
                    else f"exited with status {result.get('returncode')}")
             return cls(rank, hostname, "ScriptError", msg)
         return cls(rank, hostname, err["ename"], err["evalue"], err["traceback"], err["line"],
-                   err["communication"], err["caused_by_peer"])
+                   err["communication"], err["caused_by_peer"], err.get("timestamp"))
 
     def headline(self) -> str:
         where = f" (cell line {self.line})" if self.line else ""
@@ -151,15 +153,19 @@ class DistributedError(NbdistError):
 
     @property
     def causes(self) -> list[RankFailure]:
-        primary = [f for f in self.failures if not f.caused_by_peer]
-        return primary or list(self.failures)
+        """Failures that did not merely lose a peer; the first recorded one first (as torchrun
+        reports a job's first failure as its root cause), else by rank."""
+        primary = [f for f in self.failures if not f.caused_by_peer] or list(self.failures)
+        return sorted(primary, key=lambda f: (f.timestamp is None, f.timestamp or 0, f.rank))
 
     def _summary(self) -> str:
         causes = self.causes
         plural = "s" if len(causes) > 1 else ""
         head = causes[0]
+        first = (f"first on rank {head.rank}: " if len(causes) > 1 and head.timestamp is not None
+                 else "")
         msg = (f"{self.what} failed on rank{plural} {fmt_ranks(f.rank for f in causes)}: "
-               f"{head.ename}: {head.evalue}")
+               f"{first}{head.ename}: {head.evalue}")
         others = [f.rank for f in self.failures if f not in causes]
         if others:
             msg += f" (rank{'s' if len(others) > 1 else ''} {fmt_ranks(others)} stopped " \

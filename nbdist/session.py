@@ -338,8 +338,10 @@ class Session:
                                   (rank0.master_addr, "run", self.options.timeout))],
                             self.options.timeout, "open the script's rendezvous store")
         try:
+            run_id = uuid.uuid4().hex[:12]  # fresh per launch, as torchrun --standalone does
             calls = [Call(p.worker_id, rt.run_script,
-                          (os.path.abspath(path), source, list(argv), port, os.getcwd()))
+                          (os.path.abspath(path), source, list(argv), port, os.getcwd(),
+                           run_id))
                      for p in self.plans]
             run = Run(f"script {os.path.basename(path)}", range(self.world_size),
                       world_size=self.world_size, generation=self.generation)

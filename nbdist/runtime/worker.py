@@ -280,13 +280,18 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def run_script(script: str, source: str, argv: list[str], port: int,
-               cwd: str) -> results.CellResult:
-    """Run a torchrun-style script in a fresh process with this rank's torchrun environment."""
-    from .script import run
+def run_script(script: str, source: str, argv: list[str], port: int, cwd: str,
+               run_id: str = "nbdist") -> results.CellResult:
+    """Run a torchrun-style script in a fresh process with this rank's torchrun environment:
+    the variables torchrun's agent sets, a per-run id and a per-rank error file."""
+    from .script import error_file, run
 
     assert _state.plan is not None and _state.sink is not None
-    return run(script, source, argv, _state.plan.env(port), cwd, _state.sink)
+    env = _state.plan.env(port, run_id=run_id)
+    env["TORCHELASTIC_ERROR_FILE"] = error_file(run_id, _state.plan.rank)
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                                            "1")
+    return run(script, source, argv, env, cwd, _state.sink)
 
 
 def status() -> dict[str, Any]:

@@ -40,7 +40,8 @@ def failed(ename: str, evalue: str, *, line: Optional[int] = 1, communication: b
            ) -> results.CellResult:
     err = results.ErrorInfo(ename=ename, evalue=evalue, line=line,
                             traceback=f"Traceback (most recent call last):\n{ename}: {evalue}\n",
-                            communication=communication, caused_by_peer=caused_by_peer)
+                            communication=communication, caused_by_peer=caused_by_peer,
+                            timestamp=None)
     return results.finish(results.cell_failed(err), seconds=0.01, group_alive=group_alive,
                           seq=seq)
 
