@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from html import escape
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import cloudpickle
 
@@ -184,12 +184,21 @@ class Session:
         cell (workers compare this generation with the one their group was formed at)."""
         self.generation += 1
 
-    def stop(self) -> None:
-        """Stop workers nbdist started (or disconnect from a cluster it attached to)."""
+    def stop(self) -> Optional[str]:
+        """Stop workers nbdist started (or disconnect from a cluster it attached to).
+
+        Returns what was stopped, in words (None when nothing was running).
+        """
         backend, self.backend = self.backend, None
+        n = len(self.plans)
         self.plans, self._joined, self.port = [], {}, None
-        if backend is not None:
-            backend.stop()
+        if backend is None:
+            return None
+        what, owned = backend.describe(), backend.owns_cluster
+        backend.stop()
+        if owned:
+            return f"stopped {n} worker{'s' if n != 1 else ''} of {what}"
+        return f"disconnected from {what}; its {n} worker{'s' if n != 1 else ''} keep running"
 
     def scale(self, n: int) -> Session:
         """Make the cluster ``n`` workers and re-form the process group at the new size.
@@ -242,7 +251,8 @@ class Session:
     # ----------------------------------------------------------------- cells
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
                  timeout: Optional[float] = None, output: str = "rank0",
-                 telemetry: bool = True, time_collectives: bool = True) -> Optional[RemoteValue]:
+                 telemetry: bool = True, time_collectives: bool = True, first_line: int = 1,
+                 execution_count: Optional[int] = None) -> Optional[RemoteValue]:
         """Run ``code`` on every rank (or ``ranks``, e.g. ``"0,2-3"``) as one job.
 
         Returns the value of the last expression on the lowest selected rank, for display.
@@ -250,20 +260,28 @@ class Session:
         ``telemetry`` (default), steps and gradient all-reduces are timed and shown live, and
         so are ``torch.distributed`` collectives called in the cell unless
         ``time_collectives=False``; see ``docs/telemetry.md``.
+
+        Tracebacks number lines from ``first_line`` (``%%distributed`` passes 2: its own line
+        is the editor's line 1) and name the cell ``In [execution_count]`` when given.
         """
         opts = CellOptions(ranks=ranks, timeout=timeout, output=output)
         self._require()
         selected = parse_ranks(opts.ranks, self.world_size)
-        ast.parse(code, "<cell>", "exec")  # a syntax error is raised here, before shipping
         with self._lock:
             self._cells += 1
-            filename = f"<distributed cell {self._cells}>"
+            name = cell_name(self._cells, execution_count)
+        # Blank lines in place of the lines before the code (the magic's own line): every line
+        # number Python reports, in tracebacks and syntax errors alike, is then the editor's.
+        code = "\n" * max(0, first_line - 1) + code
+        ast.parse(code, name.filename, "exec")  # a syntax error is raised here, before shipping
         cell_id = uuid.uuid4().hex
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
-                      (code, filename, cell_id, self.generation, list(selected), r == selected[0]),
+                      (code, name.filename, cell_id, self.generation, list(selected),
+                       r == selected[0]),
                       {"telemetry": telemetry, "collectives": time_collectives})
                  for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation)
+        run.label = name.label
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
         hint = ""
         if len(selected) < self.world_size:
@@ -345,7 +363,8 @@ class Session:
         if any(not r.get("group_alive", True) for r in out):
             self._invalidate_group()
         failures = [RankFailure.from_result(rank_of[o.worker],
-                                            self.plans[rank_of[o.worker]].hostname, r)
+                                            self.plans[rank_of[o.worker]].hostname, r,
+                                            cell=run.label)
                     for o, r in zip(outcomes, out) if not r["ok"]]
         if failures:
             remedy = REBUILD_DDP if any(not r.get("group_alive", True) for r in out) else ""
@@ -453,6 +472,21 @@ class Session:
             return self.status()._repr_html_()
         except NbdistError as exc:  # a repr must not raise; say what is wrong instead
             return f"<p><b>nbdist</b>: {escape(str(exc))}</p>"
+
+
+class CellName(NamedTuple):
+    """How a cell is named: the file in its tracebacks, and ``In [12]`` in error headlines."""
+
+    filename: str
+    label: Optional[str]
+
+
+def cell_name(n: int, execution_count: Optional[int] = None) -> CellName:
+    """``<distributed cell [12]>`` / ``In [12]`` where the kernel numbers the cell, else the
+    session's own count ``<distributed cell 3>`` and no label."""
+    if execution_count is not None:
+        return CellName(f"<distributed cell [{execution_count}]>", f"In [{execution_count}]")
+    return CellName(f"<distributed cell {n}>", None)
 
 
 _default: Optional[Session] = None
