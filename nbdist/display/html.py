@@ -53,7 +53,7 @@ _CELL = "padding:1px 6px;white-space:nowrap;overflow:hidden;text-overflow:ellips
 _NUMERIC = {"count", "rate", "ETA", "compute", "waiting", "transfer", "bandwidth", "pid",
             "mem MiB"}
 #: the run table's column widths (px): at 1400 px JupyterLab's default cell is wider
-RUN_WIDTHS = (44, 100, 92, 92, 56, 62, 62, 62, 76, 130, 110)
+RUN_WIDTHS = (56, 100, 84, 88, 52, 72, 68, 72, 84, 120, 130)
 RUN_TABLE_WIDTH = sum(RUN_WIDTHS)
 
 
@@ -106,7 +106,7 @@ def _row_html(header: Sequence[str], row: Row, bars: bool) -> str:
         body = escape(cell)
         if name == "rank" and row.straggler:
             css += f";color:{STRAGGLER};font-weight:bold;box-shadow:inset 3px 0 {STRAGGLER}"
-        if bars and name == "progress":
+        if bars and name == "progress" and row.fraction is not None:
             colour = FAIL if row.broken else STRAGGLER if row.straggler else \
                 BAR.get(row.state, BAR["running"])
             body = _bar(row.fraction, colour, cell)

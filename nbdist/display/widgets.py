@@ -198,15 +198,15 @@ class ClusterPanel(VBox):
         self._last_cost = time.perf_counter() - t0
         self.refreshes += 1
         clock = time.strftime("%H:%M:%S", time.localtime(self._clock()))
-        with _held(self.table, self.note, self.scale_button, self.count):
+        with _held(self.table, self.note, self.message, self.scale_button):
             if self.stopped:
                 _set(self.table, cluster_stopped(error))
                 _set(self.note, refreshed_note(self.interval, clock))
+                _set(self.message, "")  # what the last Scale said is no longer true
             else:
                 if self.status is not None:
                     _set(self.table, status_table(self.status))
-                _set(self.note, refreshed_note(self.interval, clock, "" if self.stopped
-                                               else error))
+                _set(self.note, refreshed_note(self.interval, clock, error))
             self.scale_button.disabled = self._scale is None or self.stopped
 
     def scale(self, n: int) -> None:
@@ -222,8 +222,8 @@ class ClusterPanel(VBox):
             self.message.value = (f"{self.workers} workers; the process group was re-formed "
                                   f"(world size {n}).")
         except Exception as exc:  # shown, not raised: a button has no cell to raise into
+            self.refresh()  # the table says what the cluster is now, the message why
             self.message.value = error_text(f"could not scale to {n}: {exc}")
-            self.refresh()
         finally:
             self.scale_button.disabled = self._scale is None or self.stopped
 

@@ -127,22 +127,20 @@ def straggler_scores(steps: Sequence[MatchedStep], ranks: Sequence[int]
     other ranks spent waiting; in other steps it scores 0. The score is the mean over ``steps``:
     0 for a rank nobody waits for, 0.25 when the others lose a quarter of every step to it.
     """
-    out = {}
     n = len(steps)
-    for r in ranks:
-        score = caused = last = 0.0
-        for m in steps:
-            if m.last != r:
-                continue
-            others = [q for q in m.reports if q != r]
-            if not others:
-                continue
-            last += 1
-            score += statistics.fmean(m.waiting_share(q) for q in others)
-            caused += statistics.fmean(m.waiting[q] for q in others)
-        out[r] = StragglerScore(score / n, caused / n, last / n) if n else \
-            StragglerScore(0.0, 0.0, 0.0)
-    return out
+    score = dict.fromkeys(ranks, 0.0)
+    caused = dict.fromkeys(ranks, 0.0)
+    last = dict.fromkeys(ranks, 0.0)
+    for m in steps:  # only the rank that arrived last scores in a step: one pass suffices
+        r = m.last
+        others = [q for q in m.reports if q != r]
+        if r is None or r not in score or not others:
+            continue
+        last[r] += 1
+        score[r] += statistics.fmean(m.waiting_share(q) for q in others)
+        caused[r] += statistics.fmean(m.waiting[q] for q in others)
+    return {r: StragglerScore(score[r] / n, caused[r] / n, last[r] / n) if n
+            else StragglerScore(0.0, 0.0, 0.0) for r in ranks}
 
 
 def flagged(scores: Mapping[int, StragglerScore], steps: int, *,

@@ -161,7 +161,7 @@ def test_many_ranks_become_min_median_max_rows_and_named_outliers():
     assert labels == ["min", "median", "max", "17"]
     col = {name: [row.cells[i] for row in rows] for i, name in enumerate(header)}
     assert col["compute"][:3] == ["10 ms", "10 ms", "16 ms"]
-    assert col["waiting"][:3] == ["0 µs", "6 ms", "6 ms"]
+    assert col["waiting"][:3] == ["0 ms", "6 ms", "6 ms"]
     assert rows[3].straggler and "straggler" in col["state"][3]
     assert col["state"][1] == "40 running"
     # the text table lays out the same rows
