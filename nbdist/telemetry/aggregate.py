@@ -331,11 +331,13 @@ class RunState:
     def _step(self, rank: int, st: _Rank, e: Event) -> None:
         st.steps += 1
         st.recent.append(e)
-        timed = [c for c in st.comm.pop(e["step"], []) if c["t1"] > c["t0"]]
+        comms = st.comm.pop(e["step"], [])
+        timed = [c for c in comms if c["t1"] > c["t0"]]
         step_s = e["t1"] - e["t0"]
         report = RankStep(step_s, min(e["comm_exposed_s"], step_s),
                           union_seconds((c["t0"], c["t1"]) for c in timed),
-                          sum(c["bytes"] for c in timed))
+                          sum(c["bytes"] for c in timed),
+                          timed=not any(c.get("measured") == "untimed" for c in comms))
         self._pending.setdefault(e["step"], {})[rank] = report
         while len(self._pending) > self._history:  # a rank stopped reporting: give up on it
             del self._pending[min(self._pending)]

@@ -46,6 +46,9 @@ class RankStep:
     exposed_s: float  # communication compute did not hide (waiting + transfer)
     busy_s: float  # time any of its timed collectives in the step was running
     nbytes: int  # bytes of those timed collectives
+    #: False when a collective of the step has no time (a GPU bucket whose events had not
+    #: completed when the step closed): its exposed time is then too short to compare
+    timed: bool = True
 
     @property
     def compute_s(self) -> float:
@@ -78,7 +81,8 @@ class MatchedStep:
 
 def match_step(step: int, reports: Mapping[int, RankStep]) -> MatchedStep:
     """Split step ``step``'s exposed communication on every rank that reported it."""
-    last = min(reports, key=lambda r: (reports[r].exposed_s, r))
+    timed = [r for r in reports if reports[r].timed] or list(reports)
+    last = min(timed, key=lambda r: (reports[r].exposed_s, r))
     transfer = reports[last].exposed_s
     waiting = {r: max(0.0, rep.exposed_s - transfer) for r, rep in reports.items()}
     if max(waiting.values()) < WAIT_NOISE_S:

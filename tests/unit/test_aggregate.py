@@ -174,6 +174,15 @@ def test_steps_wait_for_every_rank_before_they_are_split():
     assert state.snapshot().series[-1].ranks == 1
 
 
+def test_a_rank_with_an_untimed_bucket_is_not_taken_for_the_last_to_arrive():
+    # a GPU bucket whose events had not completed: rank 1 reports too little exposed time
+    reports = {0: RankStep(0.02, 0.004, 0.006, 100), 1: RankStep(0.02, 0.0, 0.0, 100, False),
+               2: RankStep(0.02, 0.009, 0.011, 100)}
+    m = match_step(0, reports)
+    assert m.last == 0 and m.transfer_s == 0.004
+    assert m.waiting[2] == approx(0.005) and m.waiting[1] == 0.0
+
+
 def test_collectives_outside_steps_are_matched_by_order():
     # rank 0 enters each all_reduce 3 ms before rank 1; both then spend 1 ms transferring
     def calls(early):
