@@ -61,9 +61,9 @@ def connect(**options: Any) -> Session:
     return current_session().connect(**options)
 
 
-def stop() -> None:
-    """Stop the workers nbdist started (or disconnect)."""
-    current_session().stop()
+def stop() -> Optional[str]:
+    """Stop the workers nbdist started (or disconnect); returns what was stopped, in words."""
+    return current_session().stop()
 
 
 def restart() -> Session:

@@ -117,9 +117,12 @@ class RankFailure:
     caused_by_peer: bool = False
     #: when the rank recorded its error (a script's ``@record`` error file), seconds since epoch
     timestamp: Optional[float] = None
+    #: the cell as the notebook numbers it (``In [12]``), when it does
+    cell: Optional[str] = None
 
     @classmethod
-    def from_result(cls, rank: int, hostname: str, result: CellResult) -> RankFailure:
+    def from_result(cls, rank: int, hostname: str, result: CellResult,
+                    cell: Optional[str] = None) -> RankFailure:
         """The failure a worker's result describes (a cell's error, or a script's exit)."""
         err = result.get("error")
         if err is None:  # a script's non-zero exit
@@ -127,11 +130,17 @@ class RankFailure:
                    else f"exited with status {result.get('returncode')}")
             return cls(rank, hostname, "ScriptError", msg)
         return cls(rank, hostname, err["ename"], err["evalue"], err["traceback"], err["line"],
-                   err["communication"], err["caused_by_peer"], err.get("timestamp"))
+                   err["communication"], err["caused_by_peer"], err.get("timestamp"), cell)
+
+    @property
+    def where(self) -> str:
+        """`` (In [12], line 6)`` or `` (cell line 6)``: the line as the editor numbers it."""
+        if not self.line:
+            return ""
+        return f" ({self.cell}, line {self.line})" if self.cell else f" (cell line {self.line})"
 
     def headline(self) -> str:
-        where = f" (cell line {self.line})" if self.line else ""
-        return f"rank {self.rank} on {self.hostname}: {self.ename}: {self.evalue}{where}"
+        return f"rank {self.rank} on {self.hostname}: {self.ename}: {self.evalue}{self.where}"
 
 
 class DistributedError(NbdistError):
@@ -194,7 +203,7 @@ class DistributedError(NbdistError):
                 hosts = sorted({f.hostname for f in same})
                 lines.append(f"\x1b[1m--- ranks {fmt_ranks(f.rank for f in same)} on "
                              f"{', '.join(hosts)}: {first.ename}: {first.evalue}"
-                             + (f" (cell line {first.line})" if first.line else "")
+                             + first.where
                              + " (same traceback)\x1b[0m")
             else:
                 lines.append(f"\x1b[1m--- {first.headline()}\x1b[0m")

@@ -182,7 +182,7 @@ class NbdistMagics(Magics):
         print(f"wrote {count} trace events to {args.file} (open in https://ui.perfetto.dev)")
 
     def _stop(self, session: Session, args: argparse.Namespace) -> None:
-        session.stop()
+        _say(session.stop() or "no cluster was running; nothing to stop")
 
     def _restart(self, session: Session, args: argparse.Namespace) -> Any:
         _say("restarting the workers ...")
@@ -250,9 +250,12 @@ class NbdistMagics(Magics):
             parse_ranks(options.ranks, session.world_size)
         except OptionError as exc:  # bad --ranks / --timeout values
             raise UsageError(f"%%distributed: {exc}") from None
+        # The %%distributed line is the editor's line 1: the cell's code starts on line 2.
         return session.run_cell(cell, ranks=options.ranks, timeout=options.timeout,
                                 output=output, telemetry=False if args.no_telemetry else None,
-                                time_collectives=False if args.no_collective_timing else None)
+                                time_collectives=False if args.no_collective_timing else None,
+                                first_line=2,
+                                execution_count=getattr(self.shell, "execution_count", None))
 
 
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:

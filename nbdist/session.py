@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from html import escape
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import cloudpickle
 
@@ -221,12 +221,21 @@ class Session:
         cell (workers compare this generation with the one their group was formed at)."""
         self.generation += 1
 
-    def stop(self) -> None:
-        """Stop workers nbdist started (or disconnect from a cluster it attached to)."""
+    def stop(self) -> Optional[str]:
+        """Stop workers nbdist started (or disconnect from a cluster it attached to).
+
+        Returns what was stopped, in words (None when nothing was running).
+        """
         backend, self.backend = self.backend, None
+        n = len(self.plans)
         self.plans, self._joined, self.port = [], {}, None
-        if backend is not None:
-            backend.stop()
+        if backend is None:
+            return None
+        what, owned = backend.describe(), backend.owns_cluster
+        backend.stop()
+        if owned:
+            return f"stopped {n} worker{'s' if n != 1 else ''} of {what}"
+        return f"disconnected from {what}; its {n} worker{'s' if n != 1 else ''} keep running"
 
     def scale(self, n: int) -> Session:
         """Make the cluster ``n`` workers and re-form the process group at the new size.
@@ -279,7 +288,8 @@ class Session:
     # ----------------------------------------------------------------- cells
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
                  timeout: Optional[float] = None, output: Optional[str] = None,
-                 telemetry: Optional[bool] = None, time_collectives: Optional[bool] = None
+                 telemetry: Optional[bool] = None, time_collectives: Optional[bool] = None,
+                 first_line: int = 1, execution_count: Optional[int] = None
                  ) -> Optional[RemoteValue]:
         """Run ``code`` on every rank (or ``ranks``, e.g. ``"0,2-3"``) as one job.
 
@@ -289,6 +299,9 @@ class Session:
         so are ``torch.distributed`` collectives called in the cell unless
         ``time_collectives=False``; see ``docs/telemetry.md``. Options left at None take the
         session's :attr:`defaults` (a profile's ``training`` section).
+
+        Tracebacks number lines from ``first_line`` (``%%distributed`` passes 2: its own line
+        is the editor's line 1) and name the cell ``In [execution_count]`` when given.
         """
         d = self.defaults
         output = d.output if output is None else output
@@ -298,17 +311,22 @@ class Session:
         opts = CellOptions(ranks=ranks, timeout=timeout, output=output)
         self._require()
         selected = parse_ranks(opts.ranks, self.world_size)
-        ast.parse(code, "<cell>", "exec")  # a syntax error is raised here, before shipping
         with self._lock:
             self._cells += 1
             number = self._cells
-            filename = f"<distributed cell {number}>"
+            name = cell_name(number, execution_count)
+        # Blank lines in place of the lines before the code (the magic's own line): every line
+        # number Python reports, in tracebacks and syntax errors alike, is then the editor's.
+        shipped = "\n" * max(0, first_line - 1) + code
+        ast.parse(shipped, name.filename, "exec")  # a syntax error is raised here, before shipping
         cell_id = uuid.uuid4().hex
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
-                      (code, filename, cell_id, self.generation, list(selected), r == selected[0]),
+                      (shipped, name.filename, cell_id, self.generation, list(selected),
+                       r == selected[0]),
                       {"telemetry": telemetry, "collectives": time_collectives})
                  for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation)
+        run.label = name.label
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
         hint = ""
         if len(selected) < self.world_size:
@@ -393,7 +411,8 @@ class Session:
         if any(not r.get("group_alive", True) for r in out):
             self._invalidate_group()
         failures = [RankFailure.from_result(rank_of[o.worker],
-                                            self.plans[rank_of[o.worker]].hostname, r)
+                                            self.plans[rank_of[o.worker]].hostname, r,
+                                            cell=run.label)
                     for o, r in zip(outcomes, out) if not r["ok"]]
         if failures:
             remedy = REBUILD_DDP if any(not r.get("group_alive", True) for r in out) else ""
@@ -540,6 +559,21 @@ class Session:
             return self.status()._repr_html_()
         except NbdistError as exc:  # a repr must not raise; say what is wrong instead
             return f"<p><b>nbdist</b>: {escape(str(exc))}</p>"
+
+
+class CellName(NamedTuple):
+    """How a cell is named: the file in its tracebacks, and ``In [12]`` in error headlines."""
+
+    filename: str
+    label: Optional[str]
+
+
+def cell_name(n: int, execution_count: Optional[int] = None) -> CellName:
+    """``<distributed cell [12]>`` / ``In [12]`` where the kernel numbers the cell, else the
+    session's own count ``<distributed cell 3>`` and no label."""
+    if execution_count is not None:
+        return CellName(f"<distributed cell [{execution_count}]>", f"In [{execution_count}]")
+    return CellName(f"<distributed cell {n}>", None)
 
 
 _default: Optional[Session] = None

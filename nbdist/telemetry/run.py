@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Optional, Union
 
 from .aggregate import RunSnapshot, RunState
@@ -36,6 +37,8 @@ class Run:
     def __init__(self, what: str, ranks: Sequence[int], *, world_size: int,
                  generation: int = 0) -> None:
         self.what = what
+        #: how error headlines name it: ``In [12]`` for a cell the kernel numbered
+        self.label: Optional[str] = None
         self.ranks = tuple(ranks)
         self.world_size = world_size
         self.generation = generation
@@ -61,8 +64,9 @@ class Run:
         self.ended = time.time()
 
     def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
-        """The run's numbers now; views draw this."""
-        return self._state.snapshot(now)
+        """The run's numbers now, with its wall-clock time so far; views draw this."""
+        end = self.ended if self.ended is not None else time.time()
+        return replace(self._state.snapshot(now), wall_s=max(0.0, end - self.started))
 
     @property
     def recorded(self) -> bool:

@@ -33,6 +33,8 @@ def fmt_seconds(x: Optional[float]) -> str:
     """A duration: µs and ms for short ones, ``m:ss`` and ``h:mm:ss`` past two minutes."""
     if x is None:
         return "-"
+    if x == 0:
+        return "0 ms"
     if x < 1e-3:
         return f"{x * 1e6:.0f} µs"
     if x < 1:

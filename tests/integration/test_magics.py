@@ -84,6 +84,24 @@ def test_run_cell_through_the_shell_raises_for_run_all(shell, with_cluster):
     assert result.success and repr(result.result) == "40"
 
 
+def test_traceback_names_the_editor_line_and_the_cell_number(shell, with_cluster):
+    cell = "%%distributed --quiet\nx = 1\n\nif rank == 1:\n    raise ValueError('bad shard')\n"
+    raising = next(i for i, line in enumerate(cell.splitlines(), 1) if "raise" in line)
+    count = shell.execution_count  # what the prompt shows for this cell: In [count]
+    result = shell.run_cell(cell, store_history=True)
+    err = result.error_in_exec
+    assert isinstance(err, DistributedError) and err.causes[0].line == raising == 5
+    text = "\n".join(err._render_traceback_())
+    assert "rank 1 on " in text and f"(In [{count}], line {raising})" in text
+    assert f'File "<distributed cell [{count}]>", line {raising}' in text
+    assert "raise ValueError('bad shard')" in text  # the editor's line, shown under it
+
+
+def test_stop_says_there_was_nothing_to_stop(shell, no_cluster, capsys):
+    shell.run_line_magic("nbdist", "stop")
+    assert "no cluster was running" in capsys.readouterr().out
+
+
 def test_cell_usage_errors(shell, with_cluster):
     with pytest.raises(UsageError, match="out of range"):
         shell.run_cell_magic("distributed", "--ranks 7", "x = 1")
@@ -113,7 +131,7 @@ def test_status_magic(shell, with_cluster):
     status = shell.run_line_magic("nbdist", "status")
     assert isinstance(status, ClusterStatus)
     assert [r.rank for r in status.rows] == [0, 1] and all(r.alive for r in status.rows)
-    assert "2/2 workers alive" in repr(status) and "<table>" in status._repr_html_()
+    assert "2/2 workers alive" in repr(status) and "<table " in status._repr_html_()
 
 
 @pytest.mark.parametrize("text,message", [

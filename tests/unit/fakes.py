@@ -99,6 +99,7 @@ class ScriptedBackend(Backend):
         self.cells: dict[int, Scripted] = {}  # worker id -> what its next run_cell does
         self.interrupted: set[WorkerId] = set()
         self.calls: list[str] = []
+        self.submitted: list[Call] = []
         self.jobs: list[ScriptedJob] = []
 
     def script(self, **by_rank: Scripted) -> None:
@@ -125,6 +126,7 @@ class ScriptedBackend(Backend):
         for c in calls:
             name = getattr(c.fn, "__name__", "?")
             self.calls.append(name)
+            self.submitted.append(c)
             if name == "run_cell":
                 s = self.cells.pop(c.worker, Scripted())
                 plan.append((c.worker, s.result or ok(), s))

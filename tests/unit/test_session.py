@@ -156,8 +156,33 @@ def test_no_cluster_and_status(backend):
     status = s.status()
     assert status.alive == 2 and [r.rank for r in status.rows] == [0, 1]
     assert "hostA" in s._repr_html_()
-    s.stop()
-    assert not s.running
+    assert s.stop() == "stopped 2 workers of scripted"
+    assert not s.running and s.stop() is None
+
+
+def test_stopping_a_connected_cluster_says_its_workers_keep_running(backend):
+    s = Session(backends=lambda engine: backend).connect(profile="x")
+    assert s.stop() == "disconnected from scripted; its 2 workers keep running"
+
+
+def test_cells_are_named_and_numbered_as_the_editor_shows_them(session, backend):
+    backend.script(r1=Scripted(failed("ValueError", "bad", line=3)))
+    with pytest.raises(DistributedError) as info:
+        session.run_cell("x = 1\nraise ValueError('bad')", first_line=2, execution_count=12)
+    [call] = [c for c in backend.submitted if c.fn.__name__ == "run_cell"][-1:]
+    code, filename = call.args[:2]
+    assert filename == "<distributed cell [12]>"
+    # the magic's line is the editor's line 1: the code's first line is compiled as line 2
+    assert code.splitlines()[1] == "x = 1" and code.splitlines()[0] == ""
+    assert "rank 1 on hostA: ValueError: bad (In [12], line 3)" in \
+        "\n".join(info.value._render_traceback_())
+    with pytest.raises(SyntaxError) as syntax:
+        session.run_cell("x = 1\ny = (", first_line=2, execution_count=13)
+    assert syntax.value.lineno == 3 and syntax.value.filename == "<distributed cell [13]>"
+    # from Python there is no magic line and no execution count
+    session.run_cell("x = 1")
+    call = [c for c in backend.submitted if c.fn.__name__ == "run_cell"][-1]
+    assert call.args[0] == "x = 1" and call.args[1].startswith("<distributed cell ")
 
 
 def test_restart_of_a_connected_cluster_connects_again(backend):
