@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
-    "progress", "log",
+    "progress", "log", "mesh", "compare",
 ]
 
 
@@ -38,6 +38,10 @@ def __getattr__(name: str) -> Any:
         from .runtime import progress as user_api
 
         return getattr(user_api, name)
+    if name == "mesh":
+        from .runtime.mesh import mesh
+
+        return mesh
     raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
 
 
@@ -100,3 +104,15 @@ def push(*args: dict[str, Any], **values: Any) -> None:
 def pull(name: str, rank: int = 0) -> Any:
     """Bring a worker variable into the notebook, tensors and modules moved to CPU."""
     return current_session().pull(name, rank=rank)
+
+
+def compare(*names: str) -> Any:
+    """Named runs side by side (``%%distributed --name LABEL``): a pandas DataFrame of
+    samples/s, step time, exposed communication, bytes per step, memory per rank and the last
+    logged values, one row per run (all named runs, or ``names``). Without pandas, a
+    :class:`~nbdist.records.Comparison`, which shows itself as an HTML table and chart."""
+    comparison = current_session().compare(*names)
+    try:
+        return comparison.to_pandas()
+    except ImportError:
+        return comparison

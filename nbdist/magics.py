@@ -90,6 +90,9 @@ def _build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPar
     p.add_argument("file", metavar="FILE.json",
                    help="open it in https://ui.perfetto.dev or chrome://tracing")
 
+    p = verb("compare", "_compare", "named runs side by side: speed, traffic, memory per rank")
+    p.add_argument("names", nargs="*", metavar="NAME", help="runs to show (default: all named)")
+
     p = verb("run", "_run_script", "run a torchrun-style script on every worker")
     p.add_argument("--timeout", type=float, default=None, metavar="S")
     p.add_argument("--all-output", action="store_true", help="show output of every rank")
@@ -175,6 +178,9 @@ class NbdistMagics(Magics):
         value = session.pull(args.name, rank=args.rank)
         self.shell.user_ns[args.as_name or args.name.split(".")[-1]] = value
 
+    def _compare(self, session: Session, args: argparse.Namespace) -> Any:
+        return session.compare(*args.names)
+
     def _run_script(self, session: Session, args: argparse.Namespace) -> None:
         session.run_script(args.script, args.args, timeout=args.timeout,
                            output="all" if args.all_output else "rank0")
@@ -191,6 +197,8 @@ class NbdistMagics(Magics):
               help="do not time steps, all-reduces and collectives in this cell")
     @argument("--no-collective-timing", action="store_true",
               help="time DDP steps and buckets, but not torch.distributed calls in the cell")
+    @argument("--name", default=None, metavar="LABEL",
+              help="label this run; %%nbdist compare shows named runs side by side")
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
         """Run this cell on every worker as one torch.distributed data-parallel job.
@@ -215,13 +223,15 @@ class NbdistMagics(Magics):
             raise UsageError(NO_CLUSTER)
         output = "quiet" if args.quiet else ("all" if args.all_output else "rank0")
         try:
-            options = CellOptions(ranks=args.ranks, timeout=args.timeout, output=output)
+            options = CellOptions(ranks=args.ranks, timeout=args.timeout, output=output,
+                                  name=args.name)
             parse_ranks(options.ranks, session.world_size)
         except OptionError as exc:  # bad --ranks / --timeout values
             raise UsageError(f"%%distributed: {exc}") from None
         return session.run_cell(cell, ranks=options.ranks, timeout=options.timeout,
                                 output=options.output, telemetry=not args.no_telemetry,
-                                time_collectives=not args.no_collective_timing)
+                                time_collectives=not args.no_collective_timing,
+                                name=options.name)
 
 
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -270,6 +280,7 @@ NbdistMagics.nbdist.__doc__ = (
     "    %nbdist scale 4\n"
     "    %nbdist cluster                    # worker table with a Scale control\n"
     "    %nbdist timeline run.json          # last run as a Chrome/Perfetto trace\n"
+    "    %nbdist compare                    # runs named with %%distributed --name, side by side\n"
     "    %nbdist stop\n\n"
     + _PARSER.format_help()
     + "".join(f"\n%nbdist {name}:\n{sub.format_help()}" for name, sub in _VERBS.items())

@@ -38,11 +38,12 @@ from .errors import (
     RankFailure,
 )
 from .options import CellOptions, ClusterOptions, parse_ranks
-from .records import ClusterStatus, RemoteValue, WorkerRow
+from .records import ClusterStatus, Comparison, RemoteValue, WorkerRow
 from .runtime import results
 from .runtime import worker as rt
 from .runtime.env import RankPlan, plan_ranks, shared_gpus
 from .telemetry.aggregate import RunSnapshot
+from .telemetry.compare import compare
 from .telemetry.run import Run
 
 # After an interrupt, how long workers get to return before we call them unresponsive.
@@ -94,6 +95,8 @@ class Session:
         self._lock = threading.Lock()
         #: records of the latest runs that recorded telemetry, newest last
         self.runs: deque[Run] = deque(maxlen=3)
+        #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
+        self.named: dict[str, Run] = {}
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, n: Optional[int] = None, *, engine: str = "ipyparallel",
@@ -242,16 +245,18 @@ class Session:
     # ----------------------------------------------------------------- cells
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
                  timeout: Optional[float] = None, output: str = "rank0",
-                 telemetry: bool = True, time_collectives: bool = True) -> Optional[RemoteValue]:
+                 telemetry: bool = True, time_collectives: bool = True,
+                 name: Optional[str] = None) -> Optional[RemoteValue]:
         """Run ``code`` on every rank (or ``ranks``, e.g. ``"0,2-3"``) as one job.
 
         Returns the value of the last expression on the lowest selected rank, for display.
         Raises :class:`~nbdist.errors.DistributedError` naming the failing ranks. With
         ``telemetry`` (default), steps and gradient all-reduces are timed and shown live, and
         so are ``torch.distributed`` collectives called in the cell unless
-        ``time_collectives=False``; see ``docs/telemetry.md``.
+        ``time_collectives=False``; see ``docs/telemetry.md``. A ``name`` labels the run: named
+        runs are all kept (a name used again is replaced) and :meth:`compare` shows them.
         """
-        opts = CellOptions(ranks=ranks, timeout=timeout, output=output)
+        opts = CellOptions(ranks=ranks, timeout=timeout, output=output, name=name)
         self._require()
         selected = parse_ranks(opts.ranks, self.world_size)
         ast.parse(code, "<cell>", "exec")  # a syntax error is raised here, before shipping
@@ -263,7 +268,8 @@ class Session:
                       (code, filename, cell_id, self.generation, list(selected), r == selected[0]),
                       {"telemetry": telemetry, "collectives": time_collectives})
                  for r in selected]
-        run = Run("cell", selected, world_size=self.world_size, generation=self.generation)
+        run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
+                  name=opts.name)
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
         hint = ""
         if len(selected) < self.world_size:
@@ -273,6 +279,9 @@ class Session:
         finally:
             if run.recorded:
                 self.runs.append(run)
+            if opts.name is not None:
+                self.named.pop(opts.name, None)  # a re-run goes to the end, in run order
+                self.named[opts.name] = run
         first = outcomes[0]
         if first.get("value"):
             return RemoteValue(selected[0], first["value"])
@@ -316,6 +325,18 @@ class Session:
             raise NbdistError("no telemetry recorded yet: run a %%distributed cell (without "
                               "--no-telemetry) first, then %nbdist timeline FILE.json")
         return self.runs[run].write_trace(path)
+
+    def compare(self, *names: str) -> Comparison:
+        """Named runs side by side (all of them, or ``names`` in that order)."""
+        if not self.named:
+            raise NbdistError("no named runs yet: label runs with %%distributed --name LABEL "
+                              "(Python: run_cell(code, name=...)), then compare them")
+        unknown = [n for n in names if n not in self.named]
+        if unknown:
+            raise OptionError(f"no run named {', '.join(map(repr, unknown))}; named runs: "
+                              f"{', '.join(self.named)}")
+        chosen = {n: self.named[n].snapshot() for n in (names or self.named)}
+        return Comparison(compare(chosen))
 
     def _run(self, calls: list[Call], run: Run, view: RunView, timeout: Optional[float],
              hint: str = "") -> list[results.CellResult]:

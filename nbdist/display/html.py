@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from html import escape
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from ..telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
-from .tables import Table, run_table, status_rows
+from ..telemetry.units import fmt_bytes, fmt_bytes_rate, fmt_rate, fmt_seconds
+from .tables import Table, comparison_table, memory_table, run_table, status_rows
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
     from ..telemetry.aggregate import RankSnapshot, RunSnapshot, StepPoint
+    from ..telemetry.compare import RunFigures
 
 #: chart series: compute time, exposed all-reduce time, all-reduce bandwidth; the axis line
 COMPUTE, EXPOSED, BANDWIDTH, AXIS = "#4c78a8", "#f58518", "#54a24b", "#888"
@@ -161,6 +162,8 @@ def rank_stats(r: RankSnapshot) -> str:
             parts.append(f"step {fmt_seconds(r.step_s)}{share}")
         if r.bandwidth is not None:
             parts.append(fmt_bytes_rate(r.bandwidth))
+    if r.memory is not None:
+        parts.append(f"holds {fmt_bytes(r.memory.training)}")
     text = " · ".join(parts)
     if r.straggler:
         text += " · " + warning_text("straggler")
@@ -183,5 +186,40 @@ def run_summary(snap: RunSnapshot) -> str:
                                      + ", ".join(str(r) for r in snap.stragglers))
     if snap.scalars:
         head += " · " + scalars_line(snap.scalars)
-    return (f"<div class='nbdist-summary'><p>{head}</p>{table(run_table(snap))}"
+    memory = memory_table(snap)
+    held = table(memory) if memory is not None else ""
+    return (f"<div class='nbdist-summary'><p>{head}</p>{table(run_table(snap))}{held}"
             f"<div>{charts(snap.series)}</div></div>")
+
+
+def _bars_svg(title: str, items: Sequence[tuple[str, float]], fmt: Callable[[float], str],
+              color: str, width: int = 420) -> str:
+    """Horizontal bars, one per run, labelled with the run's name and its value."""
+    if not items or max(v for _, v in items) <= 0:
+        return ""
+    top = max(v for _, v in items)
+    pad_l, bar_h = 110, 16
+    height = 18 + bar_h * len(items)
+    w = width - pad_l - 70
+    rows = []
+    for i, (name, v) in enumerate(items):
+        y = 16 + i * bar_h
+        rows.append(f"<text x='{pad_l - 4}' y='{y + 11}' text-anchor='end'>{escape(name)}</text>"
+                    f"<rect x='{pad_l}' y='{y + 2}' width='{w * v / top:.1f}' height='{bar_h - 4}'"
+                    f" fill='{color}'/><text x='{pad_l + w * v / top + 4:.1f}' y='{y + 11}'>"
+                    f"{escape(fmt(v))}</text>")
+    return (f"<svg class='nbdist-compare-chart' xmlns='http://www.w3.org/2000/svg' "
+            f"width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+            f"font-family='sans-serif' font-size='10'><text x='{pad_l}' y='10'>{escape(title)}"
+            f"</text>{''.join(rows)}</svg>")
+
+
+def comparison(runs: Sequence[RunFigures]) -> str:
+    """Named runs side by side: the table, then throughput and memory per rank as bars."""
+    speed = [(r.name, r.samples_per_s) for r in runs if r.samples_per_s]
+    held = [(r.name, float((r.params or 0) + (r.grads or 0) + (r.optimizer or 0)))
+            for r in runs if r.params is not None]
+    chart = (_bars_svg("samples/s (all ranks)", speed, lambda v: fmt_rate(v), COMPUTE)
+             + _bars_svg("params + grads + optimizer state per rank", held, fmt_bytes, EXPOSED))
+    return (f"<div class='nbdist-compare'>{table(comparison_table(runs))}<div>{chart}</div>"
+            "</div>")

@@ -7,13 +7,15 @@ annotations only (``records`` and ``aggregate`` import the views back for their 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, Optional
 
-from ..telemetry.units import fmt_bytes_rate, fmt_fraction, fmt_rate, fmt_seconds
+from ..telemetry.units import fmt_bytes, fmt_bytes_rate, fmt_fraction, fmt_rate, fmt_seconds
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
     from ..telemetry.aggregate import RankSnapshot, RunSnapshot
+    from ..telemetry.compare import RunFigures
 
 
 class Row(NamedTuple):
@@ -32,6 +34,8 @@ class Table(NamedTuple):
 STATUS_HEADER = ("rank", "host", "pid", "device", "alive", "mem MiB", "state")
 RUN_HEADER = ("rank", "state", "steps", "steps/s", "samples/s", "step time", "exposed comm",
               "all-reduce bw")
+MEMORY_HEADER = ("rank", "params", "grads", "optimizer", "comm/step", "RSS", "peak RSS",
+                 "GPU peak")
 
 
 def _or_dash(value: Optional[object]) -> str:
@@ -65,3 +69,34 @@ def run_table(snap: RunSnapshot) -> Table:
             broken=r.state.broken)
         for r in snap.ranks)
     return Table(RUN_HEADER, rows)
+
+
+def memory_table(snap: RunSnapshot) -> Optional[Table]:
+    """What each rank holds (local shards of sharded tensors) and sends per step; None when no
+    rank reported memory (no optimizer stepped)."""
+    if not any(r.memory for r in snap.ranks):
+        return None
+    rows = []
+    for r in snap.ranks:
+        m = r.memory
+        if m is None:
+            rows.append(Row((str(r.rank), *("-",) * (len(MEMORY_HEADER) - 1)), r.state.broken))
+            continue
+        rows.append(Row((str(r.rank), fmt_bytes(m.params), fmt_bytes(m.grads),
+                         fmt_bytes(m.optimizer), fmt_bytes(r.bytes_per_step), fmt_bytes(m.rss),
+                         fmt_bytes(m.peak), fmt_bytes(m.device_peak)), r.state.broken))
+    return Table(MEMORY_HEADER, tuple(rows))
+
+
+def comparison_table(runs: Sequence[RunFigures]) -> Table:
+    """One row per named run: what each strategy costs and gives."""
+    scalar_keys = sorted({k for r in runs for k in r.scalars})
+    header = ("run", "ranks", "samples/s", "step time", "exposed comm", "comm/step",
+              "params/rank", "grads/rank", "optimizer/rank", "peak RSS", *scalar_keys)
+    rows = tuple(Row((r.name, str(r.ranks), fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
+                      fmt_fraction(r.exposed_fraction), fmt_bytes(r.bytes_per_step),
+                      fmt_bytes(r.params), fmt_bytes(r.grads), fmt_bytes(r.optimizer),
+                      fmt_bytes(r.peak_rss),
+                      *(f"{r.scalars[k]:.4g}" if k in r.scalars else "-" for k in scalar_keys)))
+                 for r in runs)
+    return Table(header, rows)

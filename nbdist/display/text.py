@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Optional, TextIO
 
 from ..telemetry.events import STREAM, Batch
@@ -11,11 +11,12 @@ from ..telemetry.states import RankState
 from ..telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
 from .html import run_summary
 from .refresh import Throttle
-from .tables import Table, run_table, status_rows
+from .tables import Table, comparison_table, memory_table, run_table, status_rows
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
     from ..telemetry.aggregate import RunSnapshot
+    from ..telemetry.compare import RunFigures
 
 
 class StreamView:
@@ -126,7 +127,16 @@ def format_summary(snap: RunSnapshot) -> str:
     head = (f"nbdist run: {snap.steps} steps in {fmt_seconds(snap.elapsed_s)}"
             + (f", straggler: rank {','.join(map(str, snap.stragglers))}"
                if snap.stragglers else ""))
-    return "\n".join([head, *_lay_out(run_table(snap))])
+    memory = memory_table(snap)
+    held = ["", *_lay_out(memory)] if memory is not None else []
+    return "\n".join([head, *_lay_out(run_table(snap)), *held])
+
+
+def format_comparison(runs: Sequence[RunFigures]) -> str:
+    """Named runs side by side, as a plain table."""
+    if not runs:
+        return "no named runs"
+    return "\n".join(_lay_out(comparison_table(runs)))
 
 
 class TextDashboard:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .events import COMM, END, PROGRESS, SCALARS, STEP, TELEMETRY, Batch, Event
+from .events import COMM, END, MEMORY, PROGRESS, SCALARS, STEP, TELEMETRY, Batch, Event
 from .intervals import bandwidth, rate
 from .states import RankState
 from .units import fmt_rate
@@ -81,6 +81,23 @@ class BarState:
 
 
 @dataclass(frozen=True)
+class MemoryPoint:
+    """Bytes one rank held at its latest sample (see ``runtime/measure.py``)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    rss: Optional[int]  # resident memory of the process now
+    peak: Optional[int]  # its peak resident memory
+    device_peak: Optional[int] = None  # torch.cuda.max_memory_allocated on a GPU
+
+    @property
+    def training(self) -> int:
+        """Parameters + gradients + optimizer state."""
+        return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
 class RankSnapshot:
     rank: int
     state: RankState
@@ -94,6 +111,8 @@ class RankSnapshot:
     bar: Optional[BarState] = None
     scalars: dict[str, float] = field(default_factory=dict)
     straggler: bool = False
+    memory: Optional[MemoryPoint] = None
+    bytes_per_step: Optional[float] = None  # median payload of a step's collectives
 
     @property
     def exposed_fraction(self) -> Optional[float]:
@@ -165,6 +184,8 @@ class _Rank:
         self.bar: Optional[Event] = None
         self.bar_points: deque[tuple[float, float]] = deque(maxlen=WINDOW)
         self.scalars: dict[str, float] = {}
+        self.memory: Optional[Event] = None
+        self.step_bytes: deque[int] = deque(maxlen=WINDOW)
 
 
 class RunState:
@@ -234,6 +255,8 @@ class RunState:
             st.bar_points.append((e["t"], e["n"]))
         elif kind == SCALARS:
             st.scalars.update(e["values"])
+        elif kind == MEMORY:
+            st.memory = e
         elif kind == END:
             st.state = RankState.DONE if e["ok"] else RankState.FAILED
             st.error = e.get("error")
@@ -243,6 +266,7 @@ class RunState:
         st.recent.append(e)
         comms = st.comm.pop(e["step"], [])
         nbytes = sum(c["bytes"] for c in comms)
+        st.step_bytes.append(nbytes)
         bw = bandwidth(nbytes, [(c["t0"], c["t1"]) for c in comms])
         if bw is not None:
             st.bw.append(bw)
@@ -300,9 +324,15 @@ class RunState:
             eta = ((b["total"] - b["n"]) / rt if rt and b["total"] is not None
                    and not b["done"] else None)
             bar = BarState(b["desc"], b["n"], b["total"], rt, eta, b["done"])
+        mem = None
+        if st.memory is not None:
+            m = st.memory
+            mem = MemoryPoint(m["params"], m["grads"], m["optimizer"], m.get("rss"),
+                              m.get("peak"), m.get("device_peak"))
         return RankSnapshot(r, st.state, st.error, st.steps, sps, smp, step_s, exposed,
                             statistics.median(st.bw) if st.bw else None, bar,
-                            dict(st.scalars), straggler)
+                            dict(st.scalars), straggler, mem,
+                            statistics.median(st.step_bytes) if st.step_bytes else None)
 
     def events(self) -> dict[int, list[Event]]:
         """The recorded telemetry events per rank (for a trace file)."""
