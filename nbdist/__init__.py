@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 __all__ = [
     "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
-    "progress", "log", "export", "save_profile", "load_profile", "dask_client",
+    "progress", "log", "export", "save_profile", "load_profile", "dask_client", "mesh",
+    "compare",
 ]
 
 
@@ -40,6 +41,10 @@ def __getattr__(name: str) -> Any:
         from .runtime import progress as user_api
 
         return getattr(user_api, name)
+    if name == "mesh":
+        from .runtime.mesh import mesh
+
+        return mesh
     raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
 
 
@@ -129,3 +134,15 @@ def load_profile(path: str) -> Profile:
 def dask_client() -> Any:
     """A ``distributed.Client`` on the session's workers, for Dask-ML, XGBoost or LightGBM."""
     return current_session().dask_client()
+
+
+def compare(*names: str) -> Any:
+    """Named runs side by side (``%%distributed --name LABEL``): a pandas DataFrame of
+    samples/s, step time, exposed communication, bytes per step, memory per rank and the last
+    logged values, one row per run (all named runs, or ``names``). Without pandas, a
+    :class:`~nbdist.records.Comparison`, which shows itself as an HTML table and chart."""
+    comparison = current_session().compare(*names)
+    try:
+        return comparison.to_pandas()
+    except ImportError:
+        return comparison

@@ -104,6 +104,9 @@ def _build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPar
     p.add_argument("--force", action="store_true",
                    help="overwrite FILE even if it is not an earlier nbdist export")
 
+    p = verb("compare", "_compare", "named runs side by side: speed, traffic, memory per rank")
+    p.add_argument("names", nargs="*", metavar="NAME", help="runs to show (default: all named)")
+
     p = verb("run", "_run_script", "run a torchrun-style script on every worker")
     p.add_argument("--timeout", type=float, default=None, metavar="S")
     p.add_argument("--all-output", action="store_true", help="show output of every rank")
@@ -205,6 +208,9 @@ class NbdistMagics(Magics):
         value = session.pull(args.name, rank=args.rank)
         self.shell.user_ns[args.as_name or args.name.split(".")[-1]] = value
 
+    def _compare(self, session: Session, args: argparse.Namespace) -> Any:
+        return session.compare(*args.names)
+
     def _run_script(self, session: Session, args: argparse.Namespace) -> None:
         session.run_script(args.script, args.args, timeout=args.timeout,
                            output="all" if args.all_output else "rank0")
@@ -221,6 +227,8 @@ class NbdistMagics(Magics):
               help="do not time steps, all-reduces and collectives in this cell")
     @argument("--no-collective-timing", action="store_true",
               help="time DDP steps and buckets, but not torch.distributed calls in the cell")
+    @argument("--name", default=None, metavar="LABEL",
+              help="label this run; %%nbdist compare shows named runs side by side")
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
         """Run this cell on every worker as one torch.distributed data-parallel job.
@@ -246,7 +254,7 @@ class NbdistMagics(Magics):
         # Flags not given are None: the session's defaults (a profile's training section) apply.
         output = "quiet" if args.quiet else ("all" if args.all_output else None)
         try:
-            options = CellOptions(ranks=args.ranks, timeout=args.timeout)
+            options = CellOptions(ranks=args.ranks, timeout=args.timeout, name=args.name)
             parse_ranks(options.ranks, session.world_size)
         except OptionError as exc:  # bad --ranks / --timeout values
             raise UsageError(f"%%distributed: {exc}") from None
@@ -255,7 +263,8 @@ class NbdistMagics(Magics):
                                 output=output, telemetry=False if args.no_telemetry else None,
                                 time_collectives=False if args.no_collective_timing else None,
                                 first_line=2,
-                                execution_count=getattr(self.shell, "execution_count", None))
+                                execution_count=getattr(self.shell, "execution_count", None),
+                                name=options.name)
 
 
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -307,6 +316,7 @@ NbdistMagics.nbdist.__doc__ = (
     "    %nbdist timeline run.json          # last run as a Chrome/Perfetto trace\n"
     "    %nbdist export train.py            # the cells so far as a torchrun script\n"
     "    %nbdist profile save my.yaml       # this session's options as a profile\n"
+    "    %nbdist compare                    # runs named with %%distributed --name, side by side\n"
     "    %nbdist stop\n\n"
     + _PARSER.format_help()
     + "".join(f"\n%nbdist {name}:\n{sub.format_help()}" for name, sub in _VERBS.items())

@@ -180,10 +180,13 @@ class CellOptions:
     ranks: Optional[str] = None
     timeout: Optional[float] = None
     output: str = "rank0"
+    name: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_choice(self.output, OUTPUT_MODES, "output mode")
         check_positive(self.timeout, "--timeout")
+        if self.name is not None and not self.name.strip():
+            raise OptionError("--name needs a label, e.g. --name zero1")
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,12 @@ from .errors import (
 )
 from .history import History
 from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
-from .records import ClusterStatus, RemoteValue, WorkerRow
+from .records import ClusterStatus, Comparison, RemoteValue, WorkerRow
 from .runtime import results
 from .runtime import worker as rt
 from .runtime.env import RankPlan, plan_ranks, shared_gpus
 from .telemetry.aggregate import RunSnapshot
+from .telemetry.compare import compare
 from .telemetry.run import Run
 
 # After an interrupt, how long workers get to return before we call them unresponsive.
@@ -101,6 +102,8 @@ class Session:
         self.profile_path: Optional[str] = None
         #: the cells and pushes since the process group formed, for :meth:`export`
         self.history = History()
+        #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
+        self.named: dict[str, Run] = {}
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, n: Optional[int] = None, *, profile: Any = None,
@@ -289,8 +292,8 @@ class Session:
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
                  timeout: Optional[float] = None, output: Optional[str] = None,
                  telemetry: Optional[bool] = None, time_collectives: Optional[bool] = None,
-                 first_line: int = 1, execution_count: Optional[int] = None
-                 ) -> Optional[RemoteValue]:
+                 first_line: int = 1, execution_count: Optional[int] = None,
+                 name: Optional[str] = None) -> Optional[RemoteValue]:
         """Run ``code`` on every rank (or ``ranks``, e.g. ``"0,2-3"``) as one job.
 
         Returns the value of the last expression on the lowest selected rank, for display.
@@ -298,7 +301,9 @@ class Session:
         ``telemetry`` (default), steps and gradient all-reduces are timed and shown live, and
         so are ``torch.distributed`` collectives called in the cell unless
         ``time_collectives=False``; see ``docs/telemetry.md``. Options left at None take the
-        session's :attr:`defaults` (a profile's ``training`` section).
+        session's :attr:`defaults` (a profile's ``training`` section). A ``name`` labels the
+        run: named runs are all kept (a name used again is replaced) and :meth:`compare` shows
+        them.
 
         Tracebacks number lines from ``first_line`` (``%%distributed`` passes 2: its own line
         is the editor's line 1) and name the cell ``In [execution_count]`` when given.
@@ -308,25 +313,26 @@ class Session:
         telemetry = d.telemetry if telemetry is None else telemetry
         time_collectives = d.collective_timing if time_collectives is None else time_collectives
         timeout = d.timeout if timeout is None else timeout
-        opts = CellOptions(ranks=ranks, timeout=timeout, output=output)
+        opts = CellOptions(ranks=ranks, timeout=timeout, output=output, name=name)
         self._require()
         selected = parse_ranks(opts.ranks, self.world_size)
         with self._lock:
             self._cells += 1
             number = self._cells
-            name = cell_name(number, execution_count)
+            cell = cell_name(number, execution_count)
         # Blank lines in place of the lines before the code (the magic's own line): every line
         # number Python reports, in tracebacks and syntax errors alike, is then the editor's.
         shipped = "\n" * max(0, first_line - 1) + code
-        ast.parse(shipped, name.filename, "exec")  # a syntax error is raised here, before shipping
+        ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
         cell_id = uuid.uuid4().hex
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
-                      (shipped, name.filename, cell_id, self.generation, list(selected),
+                      (shipped, cell.filename, cell_id, self.generation, list(selected),
                        r == selected[0]),
                       {"telemetry": telemetry, "collectives": time_collectives})
                  for r in selected]
-        run = Run("cell", selected, world_size=self.world_size, generation=self.generation)
-        run.label = name.label
+        run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
+                  name=opts.name)
+        run.label = cell.label
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
         hint = ""
         if len(selected) < self.world_size:
@@ -336,6 +342,9 @@ class Session:
         finally:
             if run.recorded:
                 self.runs.append(run)
+            if opts.name is not None:
+                self.named.pop(opts.name, None)  # a re-run goes to the end, in run order
+                self.named[opts.name] = run
         self.history.cell(number, code, None if len(selected) == self.world_size else selected)
         first = outcomes[0]
         if first.get("value"):
@@ -382,6 +391,18 @@ class Session:
             raise NbdistError("no telemetry recorded yet: run a %%distributed cell (without "
                               "--no-telemetry) first, then %nbdist timeline FILE.json")
         return self.runs[run].write_trace(path)
+
+    def compare(self, *names: str) -> Comparison:
+        """Named runs side by side (all of them, or ``names`` in that order)."""
+        if not self.named:
+            raise NbdistError("no named runs yet: label runs with %%distributed --name LABEL "
+                              "(Python: run_cell(code, name=...)), then compare them")
+        unknown = [n for n in names if n not in self.named]
+        if unknown:
+            raise OptionError(f"no run named {', '.join(map(repr, unknown))}; named runs: "
+                              f"{', '.join(self.named)}")
+        chosen = {n: self.named[n].snapshot() for n in (names or self.named)}
+        return Comparison(compare(chosen))
 
     def _run(self, calls: list[Call], run: Run, view: RunView, timeout: Optional[float],
              hint: str = "") -> list[results.CellResult]:

@@ -12,15 +12,17 @@ import re
 import statistics
 from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from ..telemetry.units import fmt_bytes_rate, fmt_ranks, fmt_seconds
+from ..telemetry.units import fmt_bytes, fmt_bytes_rate, fmt_ranks, fmt_rate, fmt_seconds
 from .tables import (
     DEFINITIONS,
     Row,
     Table,
+    comparison_table,
     diagnosis_phrases,
     failure_lines,
+    memory_table,
     progress_phrases,
     run_table,
     status_rows,
@@ -29,6 +31,7 @@ from .tables import (
 if TYPE_CHECKING:
     from ..records import ClusterStatus
     from ..telemetry.aggregate import RunSnapshot, StepPoint
+    from ..telemetry.compare import RunFigures
 
 #: step time split: compute, waiting for the last rank (idle grey), transfer (on the wire)
 COMPUTE, WAITING, TRANSFER = "#4c78a8", "#a0a0a0", "#f58518"
@@ -353,6 +356,47 @@ def charts(snap: RunSnapshot) -> str:
 
 
 def run_summary(snap: RunSnapshot) -> str:
-    """A static summary of a run (header, table, legend, charts) that renders without widgets."""
+    """A static summary of a run (header, table, memory per rank, legend, charts) that renders
+    without widgets."""
     return (f"<div class='nbdist-summary'>{run_header(snap, final=snap.finished)}"
-            f"{run_table_html(snap)}{failures(snap)}{legend()}{charts(snap)}</div>")
+            f"{run_table_html(snap)}{memory_html(snap)}{failures(snap)}{legend()}"
+            f"{charts(snap)}</div>")
+
+
+def memory_html(snap: RunSnapshot) -> str:
+    """What each rank holds and sends per step (empty when no optimizer stepped)."""
+    memory = memory_table(snap)
+    return table(memory) if memory is not None else ""
+
+
+def _bars_svg(title: str, items: Sequence[tuple[str, float]], fmt: Callable[[float], str],
+              color: str, width: int = 420) -> str:
+    """Horizontal bars, one per run, labelled with the run's name and its value."""
+    if not items or max(v for _, v in items) <= 0:
+        return ""
+    top = max(v for _, v in items)
+    pad_l, bar_h = 110, 16
+    height = 18 + bar_h * len(items)
+    w = width - pad_l - 70
+    rows = []
+    for i, (name, v) in enumerate(items):
+        y = 16 + i * bar_h
+        rows.append(f"<text x='{pad_l - 4}' y='{y + 11}' text-anchor='end'>{escape(name)}</text>"
+                    f"<rect x='{pad_l}' y='{y + 2}' width='{w * v / top:.1f}' height='{bar_h - 4}'"
+                    f" fill='{color}'/><text x='{pad_l + w * v / top + 4:.1f}' y='{y + 11}'>"
+                    f"{escape(fmt(v))}</text>")
+    return (f"<svg class='nbdist-compare-chart' xmlns='http://www.w3.org/2000/svg' "
+            f"width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+            f"font-family='sans-serif' font-size='10'><text x='{pad_l}' y='10'>{escape(title)}"
+            f"</text>{''.join(rows)}</svg>")
+
+
+def comparison(runs: Sequence[RunFigures]) -> str:
+    """Named runs side by side: the table, then throughput and memory per rank as bars."""
+    speed = [(r.name, r.samples_per_s) for r in runs if r.samples_per_s]
+    held = [(r.name, float((r.params or 0) + (r.grads or 0) + (r.optimizer or 0)))
+            for r in runs if r.params is not None]
+    chart = (_bars_svg("samples/s (all ranks)", speed, lambda v: fmt_rate(v), COMPUTE)
+             + _bars_svg("params + grads + optimizer state per rank", held, fmt_bytes, TRANSFER))
+    return (f"<div class='nbdist-compare'>{table(comparison_table(runs))}<div>{chart}</div>"
+            "</div>")

@@ -13,11 +13,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from ..telemetry.states import RankState
-from ..telemetry.units import fmt_bytes_rate, fmt_fraction, fmt_ranks, fmt_rate, fmt_seconds
+from ..telemetry.units import (
+    fmt_bytes,
+    fmt_bytes_rate,
+    fmt_fraction,
+    fmt_ranks,
+    fmt_rate,
+    fmt_seconds,
+)
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
     from ..telemetry.aggregate import RankSnapshot, RunSnapshot
+    from ..telemetry.compare import RunFigures
 
 
 class Row(NamedTuple):
@@ -60,6 +68,8 @@ DEFINITIONS = (
                   "that waited least spent in them); median of the last 20 steps"),
     ("Σ", "collectives outside training steps: total over the run"),
 )
+MEMORY_HEADER = ("rank", "params", "grads", "optimizer", "comm/step", "RSS", "peak RSS",
+                 "GPU peak")
 
 
 def _or_dash(value: Optional[object]) -> str:
@@ -247,3 +257,35 @@ def failure_lines(snap: RunSnapshot) -> list[str]:
     """``rank 1 failed: ValueError: ...`` for every rank that failed or stopped."""
     return [f"rank {r.rank} {r.state}: {' '.join((r.error or str(r.state)).split())}"
             for r in snap.ranks if r.state.broken]
+
+
+def memory_table(snap: RunSnapshot) -> Optional[Table]:
+    """What each rank holds (local shards of sharded tensors) and sends per step; None when no
+    rank reported memory (no optimizer stepped)."""
+    if not any(r.memory for r in snap.ranks):
+        return None
+    rows = []
+    for r in snap.ranks:
+        m = r.memory
+        if m is None:
+            rows.append(Row((str(r.rank), *("-",) * (len(MEMORY_HEADER) - 1)), r.state.broken))
+            continue
+        rows.append(Row((str(r.rank), fmt_bytes(m.params), fmt_bytes(m.grads),
+                         fmt_bytes(m.optimizer), fmt_bytes(r.bytes_per_step), fmt_bytes(m.rss),
+                         fmt_bytes(m.peak), fmt_bytes(m.device_peak)), r.state.broken))
+    return Table(MEMORY_HEADER, tuple(rows))
+
+
+def comparison_table(runs: Sequence[RunFigures]) -> Table:
+    """One row per named run: what each strategy costs and gives."""
+    scalar_keys = sorted({k for r in runs for k in r.scalars})
+    header = ("run", "ranks", "samples/s", "step time", "exposed comm", "comm/step",
+              "params/rank", "grads/rank", "optimizer/rank", "peak RSS", *scalar_keys)
+    rows = tuple(Row((r.name, str(r.ranks), fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
+                      fmt_fraction(r.exposed_fraction), fmt_bytes(r.bytes_per_step),
+                      fmt_bytes(r.params), fmt_bytes(r.grads), fmt_bytes(r.optimizer),
+                      fmt_bytes(r.peak_rss),
+                      *(f"{r.scalars[k]:.4g}" if k in r.scalars else "-" for k in scalar_keys)))
+                 for r in runs)
+    return Table(header, rows)
+

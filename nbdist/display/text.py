@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Optional, TextIO
 
 from ..telemetry.events import STREAM, Batch
@@ -11,8 +11,10 @@ from .html import run_summary
 from .refresh import Throttle
 from .tables import (
     Table,
+    comparison_table,
     diagnosis_phrases,
     failure_lines,
+    memory_table,
     progress_phrases,
     run_table,
     status_rows,
@@ -21,6 +23,7 @@ from .tables import (
 if TYPE_CHECKING:
     from ..records import ClusterStatus
     from ..telemetry.aggregate import RunSnapshot
+    from ..telemetry.compare import RunFigures
 
 
 class StreamView:
@@ -103,10 +106,20 @@ def format_line(snap: RunSnapshot, prefix: str = "nbdist: ", final: bool = False
 
 
 def format_summary(snap: RunSnapshot) -> str:
-    """A plain table of a finished run, one row per rank (or min/median/max and outliers)."""
+    """A plain table of a finished run, one row per rank (or min/median/max and outliers),
+    then what each rank holds when an optimizer stepped."""
     head = "nbdist run: " + " | ".join(progress_phrases(snap, final=snap.finished)
                                        + diagnosis_phrases(snap))
-    return "\n".join([head, *_lay_out(run_table(snap))])
+    memory = memory_table(snap)
+    held = ["", *_lay_out(memory)] if memory is not None else []
+    return "\n".join([head, *_lay_out(run_table(snap)), *held])
+
+
+def format_comparison(runs: Sequence[RunFigures]) -> str:
+    """Named runs side by side, as a plain table."""
+    if not runs:
+        return "no named runs"
+    return "\n".join(_lay_out(comparison_table(runs)))
 
 
 class TextDashboard:

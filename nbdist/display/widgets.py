@@ -25,6 +25,7 @@ from .html import (
     error_text,
     failures,
     legend,
+    memory_html,
     message,
     refreshed_note,
     run_header,
@@ -66,20 +67,24 @@ class RunWidget(VBox):
         self.header = HTML("<b>nbdist</b> starting")
         self.table = HTML("")
         self.table.add_class("nbdist-rows")
+        self.memory = HTML("")  # what each rank holds, once an optimizer steps
+        self.memory.add_class("nbdist-memory")
         self.failures = HTML("")
         self.legend = HTML(legend())
         self.chart = HTML("")
         self.chart.add_class("nbdist-chart")
-        super().__init__([self.header, self.table, self.failures, self.legend, self.chart])
+        super().__init__([self.header, self.table, self.memory, self.failures, self.legend,
+                          self.chart])
         self.add_class("nbdist-dashboard")
         self.snapshot: Optional[RunSnapshot] = None
 
     def show(self, snap: RunSnapshot, final: bool = False) -> None:
         """Draw ``snap``; ``final`` when the run is over (the header then says finished)."""
         self.snapshot = snap
-        with _held(self.header, self.table, self.failures, self.chart):
+        with _held(self.header, self.table, self.memory, self.failures, self.chart):
             _set(self.header, run_header(snap, final))
             _set(self.table, run_table_html(snap))
+            _set(self.memory, memory_html(snap))
             _set(self.failures, failures(snap))
             _set(self.chart, charts(snap))
 

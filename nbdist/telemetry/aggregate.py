@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .events import COMM, END, PROGRESS, SCALARS, STEP, TELEMETRY, Batch, Event
+from .events import COMM, END, MEMORY, PROGRESS, SCALARS, STEP, TELEMETRY, Batch, Event
 from .intervals import rate, union_seconds
 from .matching import (
     STRAGGLER_MIN_S,
@@ -78,6 +78,23 @@ class BarState:
 
 
 @dataclass(frozen=True)
+class MemoryPoint:
+    """Bytes one rank held at its latest sample (see ``runtime/measure.py``)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    rss: Optional[int]  # resident memory of the process now
+    peak: Optional[int]  # its peak resident memory
+    device_peak: Optional[int] = None  # torch.cuda.max_memory_allocated on a GPU
+
+    @property
+    def training(self) -> int:
+        """Parameters + gradients + optimizer state."""
+        return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
 class RankSnapshot:
     """One rank now. Per-step times are means over its last :data:`WINDOW` steps."""
 
@@ -104,6 +121,8 @@ class RankSnapshot:
     collectives: int = 0
     collective_waiting_s: float = 0.0
     collective_transfer_s: float = 0.0
+    memory: Optional[MemoryPoint] = None
+    bytes_per_step: Optional[float] = None  # median payload of a step's collectives
 
     @property
     def exposed_fraction(self) -> Optional[float]:
@@ -236,6 +255,8 @@ class _Rank:
         self.free_waiting = 0.0
         self.free_transfer = 0.0
         self.free_bw: deque[float] = deque(maxlen=WINDOW)
+        self.memory: Optional[Event] = None
+        self.step_bytes: deque[int] = deque(maxlen=WINDOW)
 
     def log(self, values: Mapping[str, float], step: Optional[int]) -> None:
         self.scalars.update(values)
@@ -313,6 +334,8 @@ class RunState:
             st.bar_points.append((e["t"], e["n"]))
         elif kind == SCALARS:
             st.log(e["values"], e.get("step"))
+        elif kind == MEMORY:
+            st.memory = e
         elif kind == END:
             st.state = RankState.DONE if e["ok"] else RankState.FAILED
             st.error = e.get("error")
@@ -333,6 +356,7 @@ class RunState:
         st.recent.append(e)
         comms = st.comm.pop(e["step"], [])
         timed = [c for c in comms if c["t1"] > c["t0"]]
+        st.step_bytes.append(sum(c["bytes"] for c in comms))
         step_s = e["t1"] - e["t0"]
         report = RankStep(step_s, min(e["comm_exposed_s"], step_s),
                           union_seconds((c["t0"], c["t1"]) for c in timed),
@@ -460,10 +484,16 @@ class RunState:
                 if now is not None:  # count down between progress reports
                     eta = max(0.0, eta - max(0.0, now - b["t"]))
             bar = BarState(b["desc"], b["n"], b["total"], rt, eta, b["done"])
+        mem = None
+        if st.memory is not None:
+            m = st.memory
+            mem = MemoryPoint(m["params"], m["grads"], m["optimizer"], m.get("rss"),
+                              m.get("peak"), m.get("device_peak"))
         return RankSnapshot(
             r, st.state, st.error, st.steps, sps, smp, step_s, compute, exposed, waiting,
             transfer, statistics.median(bws) if bws else None, bar, dict(st.scalars),
-            straggler, score, gap, st.free, st.free_waiting, st.free_transfer)
+            straggler, score, gap, st.free, st.free_waiting, st.free_transfer, memory=mem,
+            bytes_per_step=statistics.median(st.step_bytes) if st.step_bytes else None)
 
     def events(self) -> dict[int, list[Event]]:
         """The recorded telemetry events per rank (for a trace file)."""

@@ -70,3 +70,13 @@ def fmt_ranks(ranks: Iterable[int]) -> str:
 
 def _span(run: list[int]) -> str:
     return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+
+
+def fmt_bytes(x: Optional[float]) -> str:
+    """A size with a decimal unit (``12.3 MB``), ``-`` when unknown."""
+    if x is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} B"
