@@ -94,6 +94,24 @@ class MissingPackageError(NbdistError, ImportError):
                          f"pip install {package}")
 
 
+class WorkersGone(ClusterError):
+    """Ranks whose worker process is gone (it exited, was killed, or lost the scheduler)."""
+
+    def __init__(self, ranks: Sequence[int], hosts: Sequence[str] = (),
+                 owned: bool = True, world_size: Optional[int] = None) -> None:
+        self.ranks = sorted(ranks)
+        where = f" on {', '.join(sorted(set(hosts)))}" if hosts else ""
+        n = world_size if world_size is not None else "N"
+        replace = (f"%nbdist scale {n} to start replacements and re-form the group (the "
+                   "surviving ranks keep their namespaces)" if owned else
+                   "restart the missing workers with the tool that started them, then "
+                   "%nbdist restart")
+        super().__init__(
+            f"rank(s) {fmt_ranks(self.ranks)}{where} are gone: the worker process exited, was "
+            f"killed, or lost its connection. Run %nbdist restart for fresh workers (every "
+            f"namespace starts empty), or {replace}.")
+
+
 class NoClusterError(NbdistError):
     """A command that needs workers ran before ``%nbdist start`` / ``connect``."""
 

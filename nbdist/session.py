@@ -23,7 +23,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import cloudpickle
 
 from .backends import get_backend
-from .backends.base import Backend, Call, Job, poll_until
+from .backends.base import Backend, Call, Job, WorkerGone, poll_until
 from .display import RunView, make_run_view
 from .errors import (
     PARTIAL_RANKS,
@@ -36,6 +36,7 @@ from .errors import (
     NoClusterError,
     OptionError,
     RankFailure,
+    WorkersGone,
 )
 from .history import History
 from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
@@ -94,6 +95,7 @@ class Session:
         self._target: dict[str, Any] = {}
         self._cells = 0
         self._lock = threading.Lock()
+        self._suspect: set[Any] = set()  # workers whose last call the engine failed
         #: records of the latest runs that recorded telemetry, newest last
         self.runs: deque[Run] = deque(maxlen=3)
         #: what a cell does when its own flags say nothing (a profile's training section)
@@ -180,6 +182,7 @@ class Session:
 
     def _form(self) -> None:
         """Describe workers, plan ranks by host, open the store on rank 0, join everyone."""
+        self._suspect.clear()  # the plan is made anew from the workers the engine has
         backend = self._require()
         ids = backend.worker_ids()
         if not ids:
@@ -408,9 +411,8 @@ class Session:
              hint: str = "") -> list[results.CellResult]:
         """Submit per-rank calls, stream their events into ``run`` and ``view``, and turn
         failures into one error. Returns each call's result, in call order."""
-        backend = self._require()
         rank_of = {p.worker_id: p.rank for p in self.plans}
-        job = backend.submit(calls)
+        job = self._submit(calls)
         start = time.monotonic()
         try:
             while not job.wait(_POLL):
@@ -429,6 +431,8 @@ class Session:
         outcomes = job.outcomes()
         out = [o.value if o.engine_error is None else results.engine_failure(o.engine_error)
                for o in outcomes]
+        # The engine failed these calls: their worker may be gone; check before the next job.
+        self._suspect.update(o.worker for o in outcomes if o.engine_error is not None)
         if any(not r.get("group_alive", True) for r in out):
             self._invalidate_group()
         failures = [RankFailure.from_result(rank_of[o.worker],
@@ -548,10 +552,32 @@ class Session:
             raise NoClusterError()
         return self.backend
 
+    def _submit(self, calls: list[Call]) -> Job:
+        """``backend.submit``, refusing at once when a planned worker is known to be gone.
+
+        After the engine failed a call, the next job first asks the engine which workers it
+        still has (one round trip, only then): a call to a dead worker would otherwise fail
+        with the engine's own error, or, on Dask, wait for the process group's timeout.
+        """
+        backend = self._require()
+        if self._suspect:
+            live = set(backend.worker_ids())
+            gone = [p for p in self.plans if p.worker_id not in live]
+            if gone:
+                raise WorkersGone([p.rank for p in gone], [p.hostname for p in gone],
+                                  owned=backend.owns_cluster, world_size=self.world_size)
+            self._suspect.clear()
+        try:
+            return backend.submit(calls)
+        except WorkerGone as exc:
+            lost = [p for p in self.plans if p.worker_id in set(exc.workers)]
+            raise WorkersGone([p.rank for p in lost], [p.hostname for p in lost],
+                              owned=backend.owns_cluster, world_size=self.world_size) from exc
+
     def _call(self, calls: list[Call], timeout: float, what: str) -> list[Any]:
         """Run nbdist's own calls (not user code) and return their values, or raise."""
         backend = self._require()
-        job = backend.submit(calls)
+        job = self._submit(calls)
         try:
             ok = job.wait(timeout)
         except KeyboardInterrupt:

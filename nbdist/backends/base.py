@@ -58,6 +58,14 @@ class Job(abc.ABC):
         """Event batches received since the last drain."""
 
 
+class WorkerGone(LookupError):
+    """A call was addressed to a worker the engine no longer has."""
+
+    def __init__(self, workers: Sequence[WorkerId]):
+        self.workers = list(workers)
+        super().__init__(f"no such worker(s): {self.workers}")
+
+
 class Backend(abc.ABC, Generic[ClientT]):
     """An engine: a set of warm worker processes that run functions and send events back.
 
@@ -121,7 +129,8 @@ class Backend(abc.ABC, Generic[ClientT]):
 
     @abc.abstractmethod
     def submit(self, calls: Sequence[Call]) -> Job:
-        """Start ``calls`` without waiting."""
+        """Start ``calls`` without waiting; raise :class:`WorkerGone` for a worker the engine
+        no longer has."""
 
     @abc.abstractmethod
     def interrupt(self, workers: Sequence[WorkerId]) -> None:

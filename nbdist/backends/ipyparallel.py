@@ -15,7 +15,7 @@ from traitlets.config import Config
 from ..errors import ClusterError, MissingPackageError
 from ..options import LaunchOptions
 from ..telemetry.events import Batch
-from .base import Backend, Call, Job, Outcome, WorkerId
+from .base import Backend, Call, Job, Outcome, WorkerGone, WorkerId
 
 _KEY = "nbdist:"
 # The controller confirms new engines at its next heart beat; ipyparallel's default period
@@ -121,6 +121,9 @@ class IpyparallelBackend(Backend[ipp.Client]):
 
     def submit(self, calls: Sequence[Call]) -> Job:
         client = self._require()
+        gone = sorted({c.worker for c in calls} - set(client.ids))
+        if gone:  # ipyparallel itself would raise a bare IndexError ("No such engine")
+            raise WorkerGone(gone)
         results = []
         for c in calls:
             view = client[c.worker]

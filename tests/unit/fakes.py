@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from nbdist.backends.base import Backend, Call, Job, Outcome, WorkerId
+from nbdist.backends.base import Backend, Call, Job, Outcome, WorkerGone, WorkerId
 from nbdist.runtime import results
 from nbdist.telemetry.events import Batch
 
@@ -122,6 +122,9 @@ class ScriptedBackend(Backend):
         return list(self.ids)
 
     def submit(self, calls: Sequence[Call]) -> ScriptedJob:
+        gone = [c.worker for c in calls if c.worker not in self.ids]
+        if gone:
+            raise WorkerGone(gone)
         plan = []
         for c in calls:
             name = getattr(c.fn, "__name__", "?")

@@ -14,6 +14,7 @@ from nbdist.errors import (
     InterruptTimeoutError,
     NoClusterError,
     OptionError,
+    WorkersGone,
 )
 from nbdist.session import Session
 from nbdist.telemetry import events as ev
@@ -190,3 +191,21 @@ def test_restart_of_a_connected_cluster_connects_again(backend):
     gen = s.generation
     s.restart()
     assert backend.owns_cluster is False and s.generation == gen + 1
+
+
+def test_a_dead_worker_is_refused_at_once_with_the_remedy(session, backend):
+    backend.script(r1=Scripted(engine_error="EngineError: Engine 101 died"))
+    with pytest.raises(DistributedError):
+        session.run_cell("import os; os._exit(0)")
+    backend.ids.remove(backend.ids[1])  # the engine no longer has it
+    jobs = len(backend.jobs)
+    with pytest.raises(WorkersGone, match=r"rank\(s\) 1 on hostA are gone.*scale 2") as info:
+        session.run_cell("x = 1")
+    assert info.value.ranks == [1]
+    assert len(backend.jobs) == jobs  # refused before anything was sent
+
+
+def test_a_worker_the_engine_dropped_is_named_by_rank(session, backend):
+    backend.ids.remove(backend.ids[0])  # gone without a failed call first
+    with pytest.raises(WorkersGone, match=r"rank\(s\) 0 "):
+        session.run_cell("x = 1")
