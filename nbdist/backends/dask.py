@@ -13,8 +13,10 @@ import functools
 import importlib
 import importlib.util
 import ipaddress
+import json
 import logging
 import pickle
+import socket
 import time
 import traceback
 import uuid
@@ -33,6 +35,8 @@ from ..runtime.interrupt import forget_call, interrupt_calls, register_call
 from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, WorkerId
 
+# How long a connect may take to find whether anything listens at the scheduler's address.
+_PROBE_TIMEOUT = 5.0
 # How often a running job asks the scheduler which workers are still alive.
 _LIVENESS_INTERVAL = 1.0
 
@@ -210,6 +214,7 @@ class DaskBackend(Backend[distributed.Client]):
         if security is not None:
             kwargs["security"] = security
         target = address if address is not None else f"scheduler file {scheduler_file}"
+        _check_reachable(address, scheduler_file)
         try:
             if address is not None:
                 self.client = _new_client(address, **kwargs)
@@ -383,6 +388,33 @@ def _import_cluster_class(module: str, name: str, package: str, launcher: str) -
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:
         raise MissingPackageError(what, package) from exc
+
+
+def _check_reachable(address: Any, scheduler_file: Optional[str]) -> None:
+    """Fail in seconds, with a hint, where nothing listens at the scheduler's address.
+
+    Dask's client retries a refused connection until its timeout (300 s by default) before
+    saying anything; a plain TCP connect tells at once.
+    """
+    if address is None and scheduler_file is not None:
+        try:
+            with open(scheduler_file, encoding="utf-8") as f:
+                address = json.load(f)["address"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ClusterError(f"cannot read the Dask scheduler file {scheduler_file}: {exc}. "
+                               "The scheduler writes it when started with "
+                               "--scheduler-file") from exc
+    if not isinstance(address, str) or not address.startswith(("tcp://", "tls://")):
+        return  # a cluster object, or a transport a socket cannot probe (inproc, ucx)
+    host, port = get_address_host_port(address)
+    try:
+        socket.create_connection((host, port), timeout=_PROBE_TIMEOUT).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ClusterError(
+            f"nothing answers at {address} ({reason}). Check that the Dask scheduler is "
+            "running there (it prints 'Scheduler at: tcp://HOST:PORT' when it starts) and "
+            "that this machine can reach that host and port.") from exc
 
 
 def _worker_order(addr: str, name: Any) -> tuple:
