@@ -15,6 +15,7 @@ import importlib.util
 import ipaddress
 import json
 import logging
+import os
 import pickle
 import socket
 import time
@@ -442,7 +443,14 @@ def _worker_process_config() -> dask.config.set:
     Non-daemonic, so user code may start its own child processes
     (``DataLoader(num_workers=...)``); Python forbids that in daemonic ones. Without Dask's
     statistical profiler, which walks the running cell's stack from the event loop every
-    10 ms: a training step would hand the GIL to it a hundred times a second.
+    10 ms: a training step would hand the GIL to it a hundred times a second. Nannies and
+    workers preload nbdist's lifeline: they stop when this kernel is gone, even after a
+    SIGKILL (the kernel is named in their environment, which they inherit).
     """
+    from ..runtime import lifeline
+
+    os.environ.setdefault(lifeline.ENV, lifeline.this_process())
     return dask.config.set({"distributed.worker.daemon": False,
-                            "distributed.worker.profile.enabled": False})
+                            "distributed.worker.profile.enabled": False,
+                            "distributed.worker.preload": [lifeline.__name__],
+                            "distributed.nanny.preload": [lifeline.__name__]})
