@@ -13,8 +13,11 @@ import functools
 import importlib
 import importlib.util
 import ipaddress
+import json
 import logging
+import os
 import pickle
+import socket
 import time
 import traceback
 import uuid
@@ -33,6 +36,8 @@ from ..runtime.interrupt import forget_call, interrupt_calls, register_call
 from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, WorkerId
 
+# How long a connect may take to find whether anything listens at the scheduler's address.
+_PROBE_TIMEOUT = 5.0
 # How often a running job asks the scheduler which workers are still alive.
 _LIVENESS_INTERVAL = 1.0
 
@@ -210,6 +215,7 @@ class DaskBackend(Backend[distributed.Client]):
         if security is not None:
             kwargs["security"] = security
         target = address if address is not None else f"scheduler file {scheduler_file}"
+        _check_reachable(address, scheduler_file)
         try:
             if address is not None:
                 self.client = _new_client(address, **kwargs)
@@ -385,6 +391,33 @@ def _import_cluster_class(module: str, name: str, package: str, launcher: str) -
         raise MissingPackageError(what, package) from exc
 
 
+def _check_reachable(address: Any, scheduler_file: Optional[str]) -> None:
+    """Fail in seconds, with a hint, where nothing listens at the scheduler's address.
+
+    Dask's client retries a refused connection until its timeout (300 s by default) before
+    saying anything; a plain TCP connect tells at once.
+    """
+    if address is None and scheduler_file is not None:
+        try:
+            with open(scheduler_file, encoding="utf-8") as f:
+                address = json.load(f)["address"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ClusterError(f"cannot read the Dask scheduler file {scheduler_file}: {exc}. "
+                               "The scheduler writes it when started with "
+                               "--scheduler-file") from exc
+    if not isinstance(address, str) or not address.startswith(("tcp://", "tls://")):
+        return  # a cluster object, or a transport a socket cannot probe (inproc, ucx)
+    host, port = get_address_host_port(address)
+    try:
+        socket.create_connection((host, port), timeout=_PROBE_TIMEOUT).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ClusterError(
+            f"nothing answers at {address} ({reason}). Check that the Dask scheduler is "
+            "running there (it prints 'Scheduler at: tcp://HOST:PORT' when it starts) and "
+            "that this machine can reach that host and port.") from exc
+
+
 def _worker_order(addr: str, name: Any) -> tuple:
     """Sort key: host (numerically when an IP), then the worker's numeric name, then port.
 
@@ -410,7 +443,14 @@ def _worker_process_config() -> dask.config.set:
     Non-daemonic, so user code may start its own child processes
     (``DataLoader(num_workers=...)``); Python forbids that in daemonic ones. Without Dask's
     statistical profiler, which walks the running cell's stack from the event loop every
-    10 ms: a training step would hand the GIL to it a hundred times a second.
+    10 ms: a training step would hand the GIL to it a hundred times a second. Nannies and
+    workers preload nbdist's lifeline: they stop when this kernel is gone, even after a
+    SIGKILL (the kernel is named in their environment, which they inherit).
     """
+    from ..runtime import lifeline
+
+    os.environ.setdefault(lifeline.ENV, lifeline.this_process())
     return dask.config.set({"distributed.worker.daemon": False,
-                            "distributed.worker.profile.enabled": False})
+                            "distributed.worker.profile.enabled": False,
+                            "distributed.worker.preload": [lifeline.__name__],
+                            "distributed.nanny.preload": [lifeline.__name__]})

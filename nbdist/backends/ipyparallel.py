@@ -221,7 +221,13 @@ def launcher_settings(launch: LaunchOptions) -> tuple[dict[str, Any], dict[str, 
     what nbdist derives (e.g. ``ssh_args``, ``mpi_args``, ``batch_template``).
     """
     if launch.local:
-        return {}, {}
+        # Controller and engines run under a lifeline: they exit when this kernel is gone,
+        # even after a SIGKILL that leaves no chance to stop them.
+        from ..runtime.lifeline import command
+
+        return {"config": Config({
+            "LocalControllerLauncher": {"controller_cmd": command("ipyparallel.controller")},
+            "LocalEngineSetLauncher": {"engine_cmd": command("ipyparallel.engine")}})}, {}
     from ipyparallel.cluster.launcher import BatchSystemLauncher, find_launcher_class
 
     cls = find_launcher_class(launch.launcher, "engine")

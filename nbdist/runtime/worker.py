@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 import cloudpickle
 
+from ..telemetry.units import fmt_bytes
 from . import env as envmod
 from . import results
 from .capture import EventSink, Transport, captured_output
@@ -261,7 +262,46 @@ def pull(name: str) -> results.PullResult:
         except AttributeError:
             return results.not_pulled(f"{'.'.join(parts[:parts.index(attr)])} has no "
                                       f"attribute {attr!r}")
-    return results.pulled(cloudpickle.dumps(_to_cpu(obj)))
+    size = _size_hint(obj)
+    if size > MAX_PULL_BYTES:
+        return results.not_pulled(_too_big(name, size))
+    try:
+        blob = cloudpickle.dumps(_to_cpu(obj))
+    except Exception as exc:  # the user's object, not nbdist: say what cannot travel
+        return results.not_pulled(
+            f"{name} ({type(obj).__name__}) cannot be sent to the notebook: "
+            f"{type(exc).__name__}: {exc}. Pull the parts that can be pickled, e.g. a "
+            "state_dict() or a tensor")
+    if len(blob) > MAX_PULL_BYTES:
+        return results.not_pulled(_too_big(name, len(blob)))
+    return results.pulled(blob)
+
+
+#: the largest object ``pull`` sends (pickled); bigger ones are refused with their size
+MAX_PULL_BYTES = 2 << 30
+
+
+def _too_big(name: str, size: int) -> str:
+    return (f"{name} is {fmt_bytes(size)}, over the {fmt_bytes(MAX_PULL_BYTES)} that pull "
+            "sends: pull a part of it (a slice, one tensor), or save it to a file on the "
+            "worker (torch.save) and read that")
+
+
+def _size_hint(obj: Any) -> int:
+    """Bytes of the tensors in ``obj`` (a tensor, a module, or a dict/list of them), known
+    without pickling it."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, torch.nn.Module):
+        return sum(t.numel() * t.element_size()
+                   for t in (*obj.parameters(), *obj.buffers()))
+    if isinstance(obj, dict):
+        return sum(_size_hint(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_size_hint(v) for v in obj)
+    return 0
 
 
 def _to_cpu(obj: Any) -> Any:
