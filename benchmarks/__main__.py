@@ -1,4 +1,4 @@
-"""Run the three benchmarks one after another and repeat their ratio lines at the end.
+"""Run the benchmarks one after another and repeat their ratio lines at the end.
 
     python -m benchmarks [--quick] [--engine dask] [--log FILE]
 
@@ -21,6 +21,7 @@ BENCHMARKS = [
     ("dispatch", "bench_dispatch.py", [], ["--repeats", "30", "--warmup", "5"]),
     ("training", "bench_training.py", [], ["--steps", "50", "--warmup", "5", "--repeats", "1"]),
     ("startup", "bench_startup.py", [], ["--repeats", "1", "--no-prime"]),
+    ("strategies", "bench_strategies.py", [], ["--steps", "20", "--rounds", "1", "--pairs", "1"]),
 ]
 
 

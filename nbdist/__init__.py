@@ -20,16 +20,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from ._extension import load_ipython_extension, unload_ipython_extension
+from ._version import __version__
 
 if TYPE_CHECKING:
+    from .export import Export
+    from .profiles import Profile
     from .records import ClusterStatus, RemoteValue
     from .session import Session
 
-__version__ = "0.1.0"
 __all__ = [
     "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
-    "progress", "log", "auto",
+    "progress", "log", "export", "save_profile", "load_profile", "dask_client", "mesh",
+    "compare", "auto",
 ]
 
 
@@ -39,6 +42,10 @@ def __getattr__(name: str) -> Any:
         from .runtime import progress as user_api
 
         return getattr(user_api, name)
+    if name == "mesh":
+        from .runtime.mesh import mesh
+
+        return mesh
     raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
 
 
@@ -49,9 +56,10 @@ def current_session() -> Session:
     return default_session()
 
 
-def start(n: Optional[int] = None, **options: Any) -> Session:
-    """Start a local cluster of ``n`` workers; see :meth:`Session.start` for ``options``."""
-    return current_session().start(n, **options)
+def start(n: Optional[int] = None, *, profile: Any = None, **options: Any) -> Session:
+    """Start ``n`` workers, on this machine or as the ``profile`` file describes (the other
+    ``options`` override it); see :meth:`Session.start`."""
+    return current_session().start(n, profile=profile, **options)
 
 
 def connect(**options: Any) -> Session:
@@ -59,9 +67,9 @@ def connect(**options: Any) -> Session:
     return current_session().connect(**options)
 
 
-def stop() -> None:
-    """Stop the workers nbdist started (or disconnect)."""
-    current_session().stop()
+def stop() -> Optional[str]:
+    """Stop the workers nbdist started (or disconnect); returns what was stopped, in words."""
+    return current_session().stop()
 
 
 def restart() -> Session:
@@ -101,6 +109,44 @@ def push(*args: dict[str, Any], **values: Any) -> None:
 def pull(name: str, rank: int = 0) -> Any:
     """Bring a worker variable into the notebook, tensors and modules moved to CPU."""
     return current_session().pull(name, rank=rank)
+
+
+def export(path: str, force: bool = False) -> Export:
+    """Write the cells since the process group formed as a torchrun script (``%nbdist export``).
+
+    >>> nbdist.export("train.py").command       # doctest: +SKIP
+    'torchrun --nproc_per_node=2 train.py'
+    """
+    return current_session().export(path, force=force)
+
+
+def save_profile(path: str) -> str:
+    """Write the running session's options as a profile (``%nbdist profile save``)."""
+    return current_session().save_profile(path)
+
+
+def load_profile(path: str) -> Profile:
+    """Read and validate a profile file; errors name the line and key (``profile check``)."""
+    from .profiles import load_profile as load
+
+    return load(path)
+
+
+def dask_client() -> Any:
+    """A ``distributed.Client`` on the session's workers, for Dask-ML, XGBoost or LightGBM."""
+    return current_session().dask_client()
+
+
+def compare(*names: str) -> Any:
+    """Named runs side by side (``%%distributed --name LABEL``): a pandas DataFrame of
+    samples/s, step time, exposed communication, bytes per step, memory per rank and the last
+    logged values, one row per run (all named runs, or ``names``). Without pandas, a
+    :class:`~nbdist.records.Comparison`, which shows itself as an HTML table and chart."""
+    comparison = current_session().compare(*names)
+    try:
+        return comparison.to_pandas()
+    except ImportError:
+        return comparison
 
 
 def auto(on: bool = True) -> None:

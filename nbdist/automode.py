@@ -46,8 +46,11 @@ class AutoMode:
 
     def __init__(self) -> None:
         self.enabled = False
+        #: the last cell this transformer sent to the ranks, until ``%%distributed`` runs it
+        self.sent: Optional[str] = None
 
     def __call__(self, lines: list[str]) -> list[str]:
+        self.sent = None
         first = _first_code_line(lines)
         if first is None:
             return lines
@@ -61,6 +64,7 @@ class AutoMode:
             return [*lines[:first], "\n", *rest]
         if not self.enabled or _stays_in_kernel(lines, first):
             return lines
+        self.sent = "".join(lines)
         return ["%%distributed\n", *lines]
 
     def __repr__(self) -> str:
@@ -98,6 +102,16 @@ def is_on(shell: Any) -> bool:
     """True while auto mode is on in ``shell``."""
     t = transformer(shell, install=False)
     return t is not None and t.enabled
+
+
+def sent_by_auto_mode(shell: Any, cell: str) -> bool:
+    """True if ``cell`` is the cell auto mode just sent to ``%%distributed`` (whose first line
+    is then the editor's first line, not the line after ``%%distributed``)."""
+    t = transformer(shell, install=False)
+    if t is None or t.sent is None:
+        return False
+    sent, t.sent = t.sent, None
+    return sent == cell
 
 
 def set_auto(shell: Any, on: bool) -> bool:

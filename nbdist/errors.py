@@ -46,7 +46,37 @@ class NbdistError(Exception):
 
 
 class OptionError(NbdistError, ValueError):
-    """A bad option value (``-n 0``, ``--ranks 5`` on 2 ranks); magics show it as usage."""
+    """A bad option value (``-n 0``, ``--ranks 5`` on 2 ranks); magics show it as usage.
+
+    ``key`` names the option as a profile spells it (``workers``, ``dist_backend``), so a
+    profile's error can point at the line that set it.
+    """
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ProfileError(OptionError):
+    """A profile file that cannot be used: missing, not YAML, or not valid. Nothing started.
+
+    ``problems`` holds one ``(line, dotted key, message)`` per problem found.
+    """
+
+    def __init__(self, path: str, problems: Sequence[tuple[Optional[int], str, str]]) -> None:
+        self.path = path
+        self.problems = list(problems)
+        lines = [f"{path}{f', line {line}' if line else ''}: {key + ': ' if key else ''}{msg}"
+                 for line, key, msg in self.problems]
+        if len(lines) == 1:
+            text = f"bad profile {lines[0]}"
+        else:
+            text = f"bad profile {path} ({len(lines)} problems):\n  " + "\n  ".join(lines)
+        super().__init__(text + "\nNothing was started.")
+
+
+class ExportError(NbdistError):
+    """``%nbdist export`` has nothing to write, or would overwrite a file it did not write."""
 
 
 class ClusterError(NbdistError):
@@ -63,6 +93,33 @@ class WorkersDidNotStart(ClusterError):
         super().__init__(
             f"only {ready} of {wanted} {engine} workers started within {timeout:g} s{why}. "
             "Try a longer --timeout, or fewer workers with -n.")
+
+
+class MissingPackageError(NbdistError, ImportError):
+    """A launcher needs a package that is not installed here; nothing was started."""
+
+    def __init__(self, what: str, package: str) -> None:
+        self.package = package
+        super().__init__(f"{what} needs the `{package}` package, which is not installed: "
+                         f"pip install {package}")
+
+
+class WorkersGone(ClusterError):
+    """Ranks whose worker process is gone (it exited, was killed, or lost the scheduler)."""
+
+    def __init__(self, ranks: Sequence[int], hosts: Sequence[str] = (),
+                 owned: bool = True, world_size: Optional[int] = None) -> None:
+        self.ranks = sorted(ranks)
+        where = f" on {', '.join(sorted(set(hosts)))}" if hosts else ""
+        n = world_size if world_size is not None else "N"
+        replace = (f"%nbdist scale {n} to start replacements and re-form the group (the "
+                   "surviving ranks keep their namespaces)" if owned else
+                   "restart the missing workers with the tool that started them, then "
+                   "%nbdist restart")
+        super().__init__(
+            f"rank(s) {fmt_ranks(self.ranks)}{where} are gone: the worker process exited, was "
+            f"killed, or lost its connection. Run %nbdist restart for fresh workers (every "
+            f"namespace starts empty), or {replace}.")
 
 
 class NoClusterError(NbdistError):
@@ -86,9 +143,14 @@ class RankFailure:
     communication: bool = False
     #: failed only because a peer died or closed the group under it
     caused_by_peer: bool = False
+    #: when the rank recorded its error (a script's ``@record`` error file), seconds since epoch
+    timestamp: Optional[float] = None
+    #: the cell as the notebook numbers it (``In [12]``), when it does
+    cell: Optional[str] = None
 
     @classmethod
-    def from_result(cls, rank: int, hostname: str, result: CellResult) -> RankFailure:
+    def from_result(cls, rank: int, hostname: str, result: CellResult,
+                    cell: Optional[str] = None) -> RankFailure:
         """The failure a worker's result describes (a cell's error, or a script's exit)."""
         err = result.get("error")
         if err is None:  # a script's non-zero exit
@@ -96,11 +158,17 @@ class RankFailure:
                    else f"exited with status {result.get('returncode')}")
             return cls(rank, hostname, "ScriptError", msg)
         return cls(rank, hostname, err["ename"], err["evalue"], err["traceback"], err["line"],
-                   err["communication"], err["caused_by_peer"])
+                   err["communication"], err["caused_by_peer"], err.get("timestamp"), cell)
+
+    @property
+    def where(self) -> str:
+        """`` (In [12], line 6)`` or `` (cell line 6)``: the line as the editor numbers it."""
+        if not self.line:
+            return ""
+        return f" ({self.cell}, line {self.line})" if self.cell else f" (cell line {self.line})"
 
     def headline(self) -> str:
-        where = f" (cell line {self.line})" if self.line else ""
-        return f"rank {self.rank} on {self.hostname}: {self.ename}: {self.evalue}{where}"
+        return f"rank {self.rank} on {self.hostname}: {self.ename}: {self.evalue}{self.where}"
 
 
 class DistributedError(NbdistError):
@@ -122,15 +190,19 @@ class DistributedError(NbdistError):
 
     @property
     def causes(self) -> list[RankFailure]:
-        primary = [f for f in self.failures if not f.caused_by_peer]
-        return primary or list(self.failures)
+        """Failures that did not merely lose a peer; the first recorded one first (as torchrun
+        reports a job's first failure as its root cause), else by rank."""
+        primary = [f for f in self.failures if not f.caused_by_peer] or list(self.failures)
+        return sorted(primary, key=lambda f: (f.timestamp is None, f.timestamp or 0, f.rank))
 
     def _summary(self) -> str:
         causes = self.causes
         plural = "s" if len(causes) > 1 else ""
         head = causes[0]
+        first = (f"first on rank {head.rank}: " if len(causes) > 1 and head.timestamp is not None
+                 else "")
         msg = (f"{self.what} failed on rank{plural} {fmt_ranks(f.rank for f in causes)}: "
-               f"{head.ename}: {head.evalue}")
+               f"{first}{head.ename}: {head.evalue}")
         others = [f.rank for f in self.failures if f not in causes]
         if others:
             msg += f" (rank{'s' if len(others) > 1 else ''} {fmt_ranks(others)} stopped " \
@@ -159,7 +231,7 @@ class DistributedError(NbdistError):
                 hosts = sorted({f.hostname for f in same})
                 lines.append(f"\x1b[1m--- ranks {fmt_ranks(f.rank for f in same)} on "
                              f"{', '.join(hosts)}: {first.ename}: {first.evalue}"
-                             + (f" (cell line {first.line})" if first.line else "")
+                             + first.where
                              + " (same traceback)\x1b[0m")
             else:
                 lines.append(f"\x1b[1m--- {first.headline()}\x1b[0m")

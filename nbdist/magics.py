@@ -24,14 +24,15 @@ from .telemetry.units import fmt_ranks
 
 
 def _cluster_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by ``start`` and ``connect``: defined once."""
-    p.add_argument("--engine", choices=ENGINES, default="ipyparallel",
+    """Options shared by ``start`` and ``connect``: defined once. Their defaults are None, so
+    that only the options given override a profile."""
+    p.add_argument("--engine", choices=ENGINES, default=None,
                    help="engine that runs the workers (default: ipyparallel)")
-    p.add_argument("--device", choices=DEVICES, default="auto",
-                   help="auto: one GPU per worker where GPUs exist, else CPU")
-    p.add_argument("--dist-backend", choices=DIST_BACKENDS, default="auto",
-                   help="torch.distributed backend; auto: nccl on GPU, gloo on CPU")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+    p.add_argument("--device", choices=DEVICES, default=None,
+                   help="auto (default): one GPU per worker where GPUs exist, else CPU")
+    p.add_argument("--dist-backend", choices=DIST_BACKENDS, default=None,
+                   help="torch.distributed backend; auto (default): nccl on GPU, gloo on CPU")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds allowed for start-up and for any collective (default 300)")
     p.add_argument("--threads", type=int, default=None, metavar="T",
                    help="torch threads per worker (default: host cores / workers on host)")
@@ -48,9 +49,12 @@ def _build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPar
         p.set_defaults(handler=handler)
         return p
 
-    p = verb("start", "_start", "start a local cluster (controller + N workers, loopback)")
+    p = verb("start", "_start", "start a local cluster (controller + N workers, loopback), "
+                                "or the one a profile describes")
     p.add_argument("-n", type=int, default=None, metavar="N",
                    help="workers (default: visible GPUs, else 2)")
+    p.add_argument("--profile", default=None, metavar="FILE.yaml",
+                   help="a cluster profile (docs/profiles.md); the options given here win")
     _cluster_options(p)
 
     p = verb("connect", "_connect", "attach to a running cluster")
@@ -98,6 +102,19 @@ def _build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPar
                         "starting with a magic or %%%%local; off: back to normal; "
                         "none: say which")
 
+    p = verb("profile", "_profile", "save this session's options as a profile, or check one")
+    p.add_argument("action", choices=("save", "check"),
+                   help="save: write the running session's options; check: validate FILE")
+    p.add_argument("file", metavar="FILE.yaml")
+
+    p = verb("export", "_export", "write the cells since the group formed as a torchrun script")
+    p.add_argument("file", metavar="FILE.py")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite FILE even if it is not an earlier nbdist export")
+
+    p = verb("compare", "_compare", "named runs side by side: speed, traffic, memory per rank")
+    p.add_argument("names", nargs="*", metavar="NAME", help="runs to show (default: all named)")
+
     p = verb("run", "_run_script", "run a torchrun-style script on every worker")
     p.add_argument("--timeout", type=float, default=None, metavar="S")
     p.add_argument("--all-output", action="store_true", help="show output of every rank")
@@ -130,11 +147,15 @@ class NbdistMagics(Magics):
     # One handler per verb: parse results in, one Session call, something to show out.
     def _start(self, session: Session, args: argparse.Namespace) -> Any:
         opts = _cluster_kwargs(args)
-        ClusterOptions(n=args.n, **opts)  # a bad -n is a usage error before anything starts
-        how_many = args.n or "one per GPU (else 2)"
-        _say(f"starting {args.engine} workers on this machine ({how_many}) and forming "
-             "the process group ...")
-        return session.start(args.n, **opts).status()
+        ClusterOptions().override(n=args.n)  # a bad -n is a usage error before anything starts
+        if args.profile:
+            _say(f"starting the workers profile {args.profile} describes and forming the "
+                 "process group ...")
+        else:
+            how_many = args.n or "one per GPU (else 2)"
+            _say(f"starting {args.engine or 'ipyparallel'} workers on this machine ({how_many})"
+                 " and forming the process group ...")
+        return session.start(args.n, profile=args.profile, **opts).status()
 
     def _connect(self, session: Session, args: argparse.Namespace) -> Any:
         opts = _cluster_kwargs(args)
@@ -144,7 +165,8 @@ class NbdistMagics(Magics):
         security = _dask_security(args)
         if security is not None:
             target["security"] = security
-        _say(f"connecting to the {args.engine} cluster and forming the process group ...")
+        _say(f"connecting to the {args.engine or 'ipyparallel'} cluster and forming the "
+             "process group ...")
         return session.connect(**opts, **target).status()
 
     def _status(self, session: Session, args: argparse.Namespace) -> Any:
@@ -155,12 +177,23 @@ class NbdistMagics(Magics):
 
         return make_cluster_view(session.status, session.scale)
 
+    def _profile(self, session: Session, args: argparse.Namespace) -> None:
+        if args.action == "save":
+            print(f"wrote {session.save_profile(args.file)}")
+            return
+        from .profiles import dump_profile, load_profile
+
+        print(dump_profile(load_profile(args.file), f"{args.file}: valid. With defaults:"))
+
+    def _export(self, session: Session, args: argparse.Namespace) -> None:
+        print(session.export(args.file, force=args.force).summary())
+
     def _timeline(self, session: Session, args: argparse.Namespace) -> None:
         count = session.timeline(args.file)
         print(f"wrote {count} trace events to {args.file} (open in https://ui.perfetto.dev)")
 
     def _stop(self, session: Session, args: argparse.Namespace) -> None:
-        session.stop()
+        _say(session.stop() or "no cluster was running; nothing to stop")
         if auto.set_auto(self.shell, False):  # with no ranks, auto cells could only fail
             _say("auto mode off: cells run in the kernel again")
 
@@ -199,6 +232,9 @@ class NbdistMagics(Magics):
         value = session.pull(args.name, rank=args.rank)
         self.shell.user_ns[args.as_name or args.name.split(".")[-1]] = value
 
+    def _compare(self, session: Session, args: argparse.Namespace) -> Any:
+        return session.compare(*args.names)
+
     def _run_script(self, session: Session, args: argparse.Namespace) -> None:
         session.run_script(args.script, args.args, timeout=args.timeout,
                            output="all" if args.all_output else "rank0")
@@ -215,6 +251,8 @@ class NbdistMagics(Magics):
               help="do not time steps, all-reduces and collectives in this cell")
     @argument("--no-collective-timing", action="store_true",
               help="time DDP steps and buckets, but not torch.distributed calls in the cell")
+    @argument("--name", default=None, metavar="LABEL",
+              help="label this run; %%nbdist compare shows named runs side by side")
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
         """Run this cell on every worker as one torch.distributed data-parallel job.
@@ -238,17 +276,26 @@ class NbdistMagics(Magics):
         auto_on = auto.is_on(self.shell)
         if not session.running:
             raise UsageError(NO_CLUSTER + (" " + AUTO_NO_CLUSTER if auto_on else ""))
-        output = "quiet" if args.quiet else ("all" if args.all_output else "rank0")
+        # Flags not given are None: the session's defaults (a profile's training section) apply.
+        output = "quiet" if args.quiet else ("all" if args.all_output else None)
         try:
-            options = CellOptions(ranks=args.ranks, timeout=args.timeout, output=output)
+            options = CellOptions(ranks=args.ranks, timeout=args.timeout, name=args.name)
             selected = parse_ranks(options.ranks, session.world_size)
         except OptionError as exc:  # bad --ranks / --timeout values
             raise UsageError(f"%%distributed: {exc}") from None
+        # The %%distributed line is the editor's line 1: the cell's code starts on line 2,
+        # unless auto mode put that line there, above the editor's line 1.
+        first_line = 2
         if auto_on:  # the indicator: no cell leaves the kernel unannounced
             print(AUTO_ON.format(ranks=fmt_ranks(selected)), flush=True)
+            if auto.sent_by_auto_mode(self.shell, cell):
+                first_line = 1
         return session.run_cell(cell, ranks=options.ranks, timeout=options.timeout,
-                                output=options.output, telemetry=not args.no_telemetry,
-                                time_collectives=not args.no_collective_timing)
+                                output=output, telemetry=False if args.no_telemetry else None,
+                                time_collectives=False if args.no_collective_timing else None,
+                                first_line=first_line,
+                                execution_count=getattr(self.shell, "execution_count", None),
+                                name=options.name)
 
     @cell_magic
     def local(self, line: str, cell: str) -> None:
@@ -271,11 +318,11 @@ class NbdistMagics(Magics):
 
 
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The options ``start`` and ``connect`` share, validated as one :class:`ClusterOptions`."""
+    """The options ``start`` and ``connect`` share that were given, validated together."""
     opts = dict(engine=args.engine, device=args.device, dist_backend=args.dist_backend,
                 timeout=args.timeout, threads=args.threads)
-    ClusterOptions(**opts)
-    return opts
+    ClusterOptions().override(**opts)
+    return {k: v for k, v in opts.items() if v is not None}
 
 
 def _dask_security(args: argparse.Namespace) -> Any:
@@ -307,6 +354,7 @@ NbdistMagics.nbdist.__doc__ = (
     "Manage nbdist's cluster of warm workers.\n\n"
     "Examples::\n\n"
     "    %nbdist start -n 2                 # local cluster, gloo on CPU / nccl on GPUs\n"
+    "    %nbdist start --profile gpu.yaml   # the cluster a profile describes (-n etc. win)\n"
     "    %nbdist connect --profile mpi      # an ipcluster started by SSH/MPI/Slurm launchers\n"
     "    %nbdist connect --engine dask tls://sched:8786 --tls-ca-file ca.pem --tls-cert me.pem\n"
     "    %nbdist status\n"
@@ -317,6 +365,9 @@ NbdistMagics.nbdist.__doc__ = (
     "    %nbdist cluster                    # worker table with a Scale control\n"
     "    %nbdist timeline run.json          # last run as a Chrome/Perfetto trace\n"
     "    %nbdist auto on                    # every cell runs on the ranks (%%local: here)\n"
+    "    %nbdist export train.py            # the cells so far as a torchrun script\n"
+    "    %nbdist profile save my.yaml       # this session's options as a profile\n"
+    "    %nbdist compare                    # runs named with %%distributed --name, side by side\n"
     "    %nbdist stop\n\n"
     + _PARSER.format_help()
     + "".join(f"\n%nbdist {name}:\n{sub.format_help()}" for name, sub in _VERBS.items())

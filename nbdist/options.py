@@ -6,8 +6,9 @@ Nothing here touches processes, IPython or torch: it is unit-tested on its own. 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Optional
 
 from .errors import OptionError
 
@@ -15,6 +16,13 @@ ENGINES = ("ipyparallel", "dask")
 DEVICES = ("auto", "cpu", "cuda")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
 OUTPUT_MODES = ("rank0", "all", "quiet")
+#: how workers are started: on this machine, or through a launcher of the engine
+LAUNCHERS = ("local", "ssh", "mpi", "slurm", "pbs", "sge", "lsf", "kubernetes")
+#: launchers each engine has (ipyparallel's own; Dask's SSHCluster, dask-jobqueue, dask-kubernetes)
+ENGINE_LAUNCHERS = {
+    "ipyparallel": ("local", "ssh", "mpi", "slurm", "pbs", "sge", "lsf"),
+    "dask": ("local", "ssh", "slurm", "pbs", "sge", "lsf", "kubernetes"),
+}
 
 
 def parse_ranks(spec: Optional[str], world_size: int) -> tuple[int, ...]:
@@ -60,17 +68,50 @@ def parse_ranks(spec: Optional[str], world_size: int) -> tuple[int, ...]:
     return tuple(sorted(ranks))
 
 
-def check_choice(value: str, choices: tuple[str, ...], what: str) -> str:
+def check_choice(value: str, choices: tuple[str, ...], what: str, key: str = "") -> str:
     """Return ``value`` if it is one of ``choices``, else raise :class:`OptionError`."""
     if value not in choices:
-        raise OptionError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}")
+        raise OptionError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}",
+                          key=key)
     return value
 
 
-def check_positive(value: Optional[float], what: str) -> Optional[float]:
+def check_positive(value: Optional[float], what: str, key: str = "") -> Optional[float]:
     if value is not None and value <= 0:
-        raise OptionError(f"{what} must be positive, got {value}")
+        raise OptionError(f"{what} must be positive, got {value}", key=key)
     return value
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Where nbdist starts workers: this machine (``local``), or a launcher of the engine.
+
+    ``hosts`` maps host names to workers on each (ipyparallel's SSH launcher, Dask's
+    SSHCluster). The resource fields are translated for each launcher (a batch queue, an
+    account, a wall time, cores, memory and GPUs per worker, a container image); ``options``
+    go unchanged to the launcher class as keyword arguments or configuration. ``listen`` is
+    the address the controller or scheduler binds when workers run on other machines: nbdist
+    never leaves loopback unless told.
+    """
+
+    launcher: str = "local"
+    listen: Optional[str] = None
+    hosts: Mapping[str, int] = field(default_factory=dict)
+    cpus: Optional[int] = None
+    memory: Optional[str] = None
+    gpus: Optional[int] = None
+    queue: Optional[str] = None
+    account: Optional[str] = None
+    walltime: Optional[str] = None
+    image: Optional[str] = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice(self.launcher, LAUNCHERS, "launcher", key="launcher")
+
+    @property
+    def local(self) -> bool:
+        return self.launcher == "local"
 
 
 @dataclass(frozen=True)
@@ -83,18 +124,53 @@ class ClusterOptions:
     dist_backend: str = "auto"
     timeout: float = 300.0
     threads: Optional[int] = None
+    launch: LaunchOptions = field(default_factory=LaunchOptions)
+    #: environment variables every rank gets (with torchrun's), restored when it leaves
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: the directory cells run in on every worker (default: where the worker started)
+    working_dir: Optional[str] = None
 
     def __post_init__(self) -> None:
-        check_choice(self.engine, ENGINES, "engine")
-        check_choice(self.device, DEVICES, "device")
-        check_choice(self.dist_backend, DIST_BACKENDS, "dist backend")
-        check_positive(self.timeout, "--timeout")
+        check_choice(self.engine, ENGINES, "engine", key="engine")
+        check_choice(self.device, DEVICES, "device", key="device")
+        check_choice(self.dist_backend, DIST_BACKENDS, "dist backend", key="dist_backend")
+        check_positive(self.timeout, "--timeout", key="timeout")
         if self.n is not None and self.n < 1:
-            raise OptionError(f"-n must be at least 1, got {self.n}")
+            raise OptionError(f"-n must be at least 1, got {self.n}", key="workers")
         if self.threads is not None and self.threads < 1:
-            raise OptionError(f"--threads must be at least 1, got {self.threads}")
+            raise OptionError(f"--threads must be at least 1, got {self.threads}",
+                              key="threads")
         if self.dist_backend == "nccl" and self.device == "cpu":
-            raise OptionError("--dist-backend nccl needs --device cuda (or auto on a GPU host)")
+            raise OptionError("--dist-backend nccl needs --device cuda (or auto on a GPU host)",
+                              key="dist_backend")
+        launcher = self.launch.launcher
+        if launcher not in ENGINE_LAUNCHERS[self.engine]:
+            raise OptionError(
+                f"the {self.engine} engine has no {launcher!r} launcher: choose one of "
+                f"{', '.join(ENGINE_LAUNCHERS[self.engine])}", key="launcher")
+        if self.launch.local and self.launch.listen:
+            raise OptionError("`listen` is for launchers that start workers on other machines; "
+                              "a local cluster listens on loopback only", key="listen")
+        if self.launch.hosts and launcher != "ssh":
+            raise OptionError(f"`hosts` is for the ssh launcher; the {launcher!r} launcher "
+                              "places workers itself (pass its own options in "
+                              "resources.options)", key="hosts")
+        remote_listener = self.engine == "ipyparallel" or launcher in ("slurm", "pbs", "sge",
+                                                                        "lsf")
+        if not self.launch.local and remote_listener and not self.launch.listen:
+            raise OptionError(
+                f"the {launcher!r} launcher starts workers on other machines, which must reach "
+                "this one: set `listen` to this machine's address on the cluster network (or "
+                "'*' for every interface); nbdist binds loopback only unless told",
+                key="launcher")
+
+    def override(self, **given: Any) -> ClusterOptions:
+        """These options with every ``given`` value that is not None put in (validated)."""
+        names = {f.name for f in fields(self)}
+        unknown = set(given) - names
+        if unknown:
+            raise OptionError(f"unknown option(s): {', '.join(sorted(unknown))}")
+        return replace(self, **{k: v for k, v in given.items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -104,7 +180,27 @@ class CellOptions:
     ranks: Optional[str] = None
     timeout: Optional[float] = None
     output: str = "rank0"
+    name: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_choice(self.output, OUTPUT_MODES, "output mode")
         check_positive(self.timeout, "--timeout")
+        if self.name is not None and not self.name.strip():
+            raise OptionError("--name needs a label, e.g. --name zero1")
+
+
+@dataclass(frozen=True)
+class CellDefaults:
+    """What a ``%%distributed`` cell does when its own flags say nothing (a profile's
+    ``training`` section). ``elastic_*`` is the budget elastic training reads."""
+
+    output: str = "rank0"
+    telemetry: bool = True
+    collective_timing: bool = True
+    timeout: Optional[float] = None
+    elastic_max_failures: Optional[int] = None
+    elastic_min_workers: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        check_choice(self.output, OUTPUT_MODES, "output mode", key="output")
+        check_positive(self.timeout, "cell timeout", key="cell_timeout")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from .telemetry.compare import RunFigures
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,38 @@ class RemoteValue:
 
     def _repr_html_(self) -> Optional[str]:
         return self.data.get("text/html") or f"<pre>{html.escape(repr(self))}</pre>"
+
+
+class Comparison:
+    """Named runs side by side (``nbdist.compare()``, ``%nbdist compare``).
+
+    ``runs`` holds one :class:`~nbdist.telemetry.compare.RunFigures` per run. It shows itself
+    as an HTML table with a chart, and :meth:`to_pandas` gives the numbers as a DataFrame.
+    """
+
+    def __init__(self, runs: list[RunFigures]):
+        self.runs = list(runs)
+
+    def to_pandas(self) -> Any:
+        """A DataFrame indexed by run name: numeric columns with units in their labels, then
+        the last logged values. Raises ImportError without pandas."""
+        import pandas as pd
+
+        from .telemetry.compare import COLUMNS
+
+        scalar_keys = sorted({k for r in self.runs for k in r.scalars})
+        rows = [[*r.values(), *(r.scalars.get(k) for k in scalar_keys)] for r in self.runs]
+        labels = [label for _attr, label, _scale in COLUMNS] + scalar_keys
+        frame = pd.DataFrame(rows, columns=labels, index=[r.name for r in self.runs])
+        frame.index.name = "run"
+        return frame
+
+    def __repr__(self) -> str:
+        from .display.text import format_comparison
+
+        return format_comparison(self.runs)
+
+    def _repr_html_(self) -> str:
+        from .display.html import comparison
+
+        return comparison(self.runs)

@@ -18,12 +18,12 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from html import escape
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import cloudpickle
 
 from .backends import get_backend
-from .backends.base import Backend, Call, Job, poll_until
+from .backends.base import Backend, Call, Job, WorkerGone, poll_until
 from .display import RunView, make_run_view
 from .errors import (
     PARTIAL_RANKS,
@@ -36,13 +36,16 @@ from .errors import (
     NoClusterError,
     OptionError,
     RankFailure,
+    WorkersGone,
 )
-from .options import CellOptions, ClusterOptions, parse_ranks
-from .records import ClusterStatus, RemoteValue, WorkerRow
+from .history import History
+from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
+from .records import ClusterStatus, Comparison, RemoteValue, WorkerRow
 from .runtime import results
 from .runtime import worker as rt
 from .runtime.env import RankPlan, plan_ranks, shared_gpus
 from .telemetry.aggregate import RunSnapshot
+from .telemetry.compare import compare
 from .telemetry.run import Run
 
 # After an interrupt, how long workers get to return before we call them unresponsive.
@@ -92,31 +95,64 @@ class Session:
         self._target: dict[str, Any] = {}
         self._cells = 0
         self._lock = threading.Lock()
+        self._suspect: set[Any] = set()  # workers whose last call the engine failed
         #: records of the latest runs that recorded telemetry, newest last
         self.runs: deque[Run] = deque(maxlen=3)
+        #: what a cell does when its own flags say nothing (a profile's training section)
+        self.defaults = CellDefaults()
+        #: the profile file the session started from, if any
+        self.profile_path: Optional[str] = None
+        #: the cells and pushes since the process group formed, for :meth:`export`
+        self.history = History()
+        #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
+        self.named: dict[str, Run] = {}
 
     # ----------------------------------------------------------------- lifecycle
-    def start(self, n: Optional[int] = None, *, engine: str = "ipyparallel",
-              device: str = "auto", dist_backend: str = "auto", timeout: float = 300.0,
+    def start(self, n: Optional[int] = None, *, profile: Any = None,
+              engine: Optional[str] = None, device: Optional[str] = None,
+              dist_backend: Optional[str] = None, timeout: Optional[float] = None,
               threads: Optional[int] = None) -> Session:
-        """Start a local cluster of ``n`` workers (default: one per GPU, else 2); form the job."""
-        if n is None:
-            n = count_local_gpus() or 2
-        options = ClusterOptions(engine=engine, n=n, device=device, dist_backend=dist_backend,
-                                 timeout=timeout, threads=threads)
-        return self._launch(options, None)
+        """Start ``n`` workers (default: one per GPU, else 2) and form the job.
 
-    def connect(self, *, engine: str = "ipyparallel", device: str = "auto",
-                dist_backend: str = "auto", timeout: float = 300.0,
+        ``profile`` is a YAML file (or a :class:`~nbdist.profiles.Profile`) saying where and
+        how (see ``docs/profiles.md``); the other arguments override it. Without one, the
+        workers start on this machine, on loopback. A bad profile raises
+        :class:`~nbdist.errors.ProfileError` before anything starts.
+        """
+        base, defaults, path = ClusterOptions(), CellDefaults(), None
+        if profile is not None:
+            from .profiles import Profile, load_profile, to_options
+
+            if not isinstance(profile, Profile):
+                path = os.fspath(profile)
+                profile = load_profile(path)
+            base, defaults = to_options(profile)
+        options = base.override(n=n, engine=engine, device=device, dist_backend=dist_backend,
+                                timeout=timeout, threads=threads)
+        if options.n is None and not options.launch.local:
+            raise OptionError(f"the {options.launch.launcher!r} launcher needs a number of "
+                              "workers: set `workers` in the profile's cluster section, or -n",
+                              key="workers")
+        if options.n is None:
+            options = replace(options, n=count_local_gpus() or 2)
+        self._launch(options, None)
+        self.defaults, self.profile_path = defaults, path
+        return self
+
+    def connect(self, *, engine: Optional[str] = None, device: Optional[str] = None,
+                dist_backend: Optional[str] = None, timeout: Optional[float] = None,
                 threads: Optional[int] = None, **target: Any) -> Session:
         """Attach to a running cluster.
 
         ``target`` names it: ipyparallel ``cluster_id``, ``profile``, ``url_file``; Dask
         ``address`` or ``scheduler_file``, and ``security`` for TLS.
         """
-        options = ClusterOptions(engine=engine, device=device, dist_backend=dist_backend,
-                                 timeout=timeout, threads=threads)
-        return self._launch(options, target)
+        options = ClusterOptions().override(engine=engine, device=device,
+                                            dist_backend=dist_backend, timeout=timeout,
+                                            threads=threads)
+        self._launch(options, target)
+        self.defaults, self.profile_path = CellDefaults(), None
+        return self
 
     def restart(self) -> Session:
         """Stop and start again with the same options (fresh processes, empty namespaces)."""
@@ -130,6 +166,7 @@ class Session:
         self.stop()
         backend = self._backends(options.engine)
         if target is None:
+            backend.launch = options.launch
             backend.start(options.n or 2, options.timeout)
         else:
             backend.connect(options.timeout, **target)
@@ -145,6 +182,7 @@ class Session:
 
     def _form(self) -> None:
         """Describe workers, plan ranks by host, open the store on rank 0, join everyone."""
+        self._suspect.clear()  # the plan is made anew from the workers the engine has
         backend = self._require()
         ids = backend.worker_ids()
         if not ids:
@@ -156,6 +194,9 @@ class Session:
             info["worker_id"] = w
         self.plans = plan_ranks(infos, threads=self.options.threads,
                                 use_gpus=self.options.device != "cpu")
+        if self.options.env:  # the profile's variables, set and restored with torchrun's
+            self.plans = [replace(p, extra={**self.options.env, **p.extra})
+                          for p in self.plans]
         if self.options.device == "cuda" and any(p.gpu is None for p in self.plans):
             bad = sorted({p.hostname for p in self.plans if p.gpu is None})
             raise ClusterError(f"--device cuda, but no GPU is visible on {', '.join(bad)}")
@@ -175,21 +216,32 @@ class Session:
         self.generation += 1
         joined = self._call(
             [Call(p.worker_id, rt.join, (p, self.port, self.options.device,
-                                         self.options.dist_backend, timeout, self.generation))
+                                         self.options.dist_backend, timeout, self.generation),
+                  {"working_dir": self.options.working_dir})
              for p in self.plans], timeout + 30, "form the process group")
         self._joined = {j["rank"]: j for j in joined}
+        self.history.reset()  # a new group: what ran before is not this job's script
 
     def _invalidate_group(self) -> None:
         """Some rank's group is gone or suspect: every rank forms a new one at the next full
         cell (workers compare this generation with the one their group was formed at)."""
         self.generation += 1
 
-    def stop(self) -> None:
-        """Stop workers nbdist started (or disconnect from a cluster it attached to)."""
+    def stop(self) -> Optional[str]:
+        """Stop workers nbdist started (or disconnect from a cluster it attached to).
+
+        Returns what was stopped, in words (None when nothing was running).
+        """
         backend, self.backend = self.backend, None
+        n = len(self.plans)
         self.plans, self._joined, self.port = [], {}, None
-        if backend is not None:
-            backend.stop()
+        if backend is None:
+            return None
+        what, owned = backend.describe(), backend.owns_cluster
+        backend.stop()
+        if owned:
+            return f"stopped {n} worker{'s' if n != 1 else ''} of {what}"
+        return f"disconnected from {what}; its {n} worker{'s' if n != 1 else ''} keep running"
 
     def scale(self, n: int) -> Session:
         """Make the cluster ``n`` workers and re-form the process group at the new size.
@@ -241,29 +293,49 @@ class Session:
 
     # ----------------------------------------------------------------- cells
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
-                 timeout: Optional[float] = None, output: str = "rank0",
-                 telemetry: bool = True, time_collectives: bool = True) -> Optional[RemoteValue]:
+                 timeout: Optional[float] = None, output: Optional[str] = None,
+                 telemetry: Optional[bool] = None, time_collectives: Optional[bool] = None,
+                 first_line: int = 1, execution_count: Optional[int] = None,
+                 name: Optional[str] = None) -> Optional[RemoteValue]:
         """Run ``code`` on every rank (or ``ranks``, e.g. ``"0,2-3"``) as one job.
 
         Returns the value of the last expression on the lowest selected rank, for display.
         Raises :class:`~nbdist.errors.DistributedError` naming the failing ranks. With
         ``telemetry`` (default), steps and gradient all-reduces are timed and shown live, and
         so are ``torch.distributed`` collectives called in the cell unless
-        ``time_collectives=False``; see ``docs/telemetry.md``.
+        ``time_collectives=False``; see ``docs/telemetry.md``. Options left at None take the
+        session's :attr:`defaults` (a profile's ``training`` section). A ``name`` labels the
+        run: named runs are all kept (a name used again is replaced) and :meth:`compare` shows
+        them.
+
+        Tracebacks number lines from ``first_line`` (``%%distributed`` passes 2: its own line
+        is the editor's line 1) and name the cell ``In [execution_count]`` when given.
         """
-        opts = CellOptions(ranks=ranks, timeout=timeout, output=output)
+        d = self.defaults
+        output = d.output if output is None else output
+        telemetry = d.telemetry if telemetry is None else telemetry
+        time_collectives = d.collective_timing if time_collectives is None else time_collectives
+        timeout = d.timeout if timeout is None else timeout
+        opts = CellOptions(ranks=ranks, timeout=timeout, output=output, name=name)
         self._require()
         selected = parse_ranks(opts.ranks, self.world_size)
-        ast.parse(code, "<cell>", "exec")  # a syntax error is raised here, before shipping
         with self._lock:
             self._cells += 1
-            filename = f"<distributed cell {self._cells}>"
+            number = self._cells
+            cell = cell_name(number, execution_count)
+        # Blank lines in place of the lines before the code (the magic's own line): every line
+        # number Python reports, in tracebacks and syntax errors alike, is then the editor's.
+        shipped = "\n" * max(0, first_line - 1) + code
+        ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
         cell_id = uuid.uuid4().hex
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
-                      (code, filename, cell_id, self.generation, list(selected), r == selected[0]),
+                      (shipped, cell.filename, cell_id, self.generation, list(selected),
+                       r == selected[0]),
                       {"telemetry": telemetry, "collectives": time_collectives})
                  for r in selected]
-        run = Run("cell", selected, world_size=self.world_size, generation=self.generation)
+        run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
+                  name=opts.name)
+        run.label = cell.label
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
         hint = ""
         if len(selected) < self.world_size:
@@ -273,6 +345,10 @@ class Session:
         finally:
             if run.recorded:
                 self.runs.append(run)
+            if opts.name is not None:
+                self.named.pop(opts.name, None)  # a re-run goes to the end, in run order
+                self.named[opts.name] = run
+        self.history.cell(number, code, None if len(selected) == self.world_size else selected)
         first = outcomes[0]
         if first.get("value"):
             return RemoteValue(selected[0], first["value"])
@@ -292,8 +368,10 @@ class Session:
                                   (rank0.master_addr, "run", self.options.timeout))],
                             self.options.timeout, "open the script's rendezvous store")
         try:
+            run_id = uuid.uuid4().hex[:12]  # fresh per launch, as torchrun --standalone does
             calls = [Call(p.worker_id, rt.run_script,
-                          (os.path.abspath(path), source, list(argv), port, os.getcwd()))
+                          (os.path.abspath(path), source, list(argv), port, os.getcwd(),
+                           run_id))
                      for p in self.plans]
             run = Run(f"script {os.path.basename(path)}", range(self.world_size),
                       world_size=self.world_size, generation=self.generation)
@@ -317,13 +395,24 @@ class Session:
                               "--no-telemetry) first, then %nbdist timeline FILE.json")
         return self.runs[run].write_trace(path)
 
+    def compare(self, *names: str) -> Comparison:
+        """Named runs side by side (all of them, or ``names`` in that order)."""
+        if not self.named:
+            raise NbdistError("no named runs yet: label runs with %%distributed --name LABEL "
+                              "(Python: run_cell(code, name=...)), then compare them")
+        unknown = [n for n in names if n not in self.named]
+        if unknown:
+            raise OptionError(f"no run named {', '.join(map(repr, unknown))}; named runs: "
+                              f"{', '.join(self.named)}")
+        chosen = {n: self.named[n].snapshot() for n in (names or self.named)}
+        return Comparison(compare(chosen))
+
     def _run(self, calls: list[Call], run: Run, view: RunView, timeout: Optional[float],
              hint: str = "") -> list[results.CellResult]:
         """Submit per-rank calls, stream their events into ``run`` and ``view``, and turn
         failures into one error. Returns each call's result, in call order."""
-        backend = self._require()
         rank_of = {p.worker_id: p.rank for p in self.plans}
-        job = backend.submit(calls)
+        job = self._submit(calls)
         start = time.monotonic()
         try:
             while not job.wait(_POLL):
@@ -342,10 +431,13 @@ class Session:
         outcomes = job.outcomes()
         out = [o.value if o.engine_error is None else results.engine_failure(o.engine_error)
                for o in outcomes]
+        # The engine failed these calls: their worker may be gone; check before the next job.
+        self._suspect.update(o.worker for o in outcomes if o.engine_error is not None)
         if any(not r.get("group_alive", True) for r in out):
             self._invalidate_group()
         failures = [RankFailure.from_result(rank_of[o.worker],
-                                            self.plans[rank_of[o.worker]].hostname, r)
+                                            self.plans[rank_of[o.worker]].hostname, r,
+                                            cell=run.label)
                     for o, r in zip(outcomes, out) if not r["ok"]]
         if failures:
             remedy = REBUILD_DDP if any(not r.get("group_alive", True) for r in out) else ""
@@ -403,6 +495,7 @@ class Session:
         selected = parse_ranks(ranks, self.world_size)
         self._call([Call(self.plans[r].worker_id, rt.push, (blob,)) for r in selected],
                    self.options.timeout, "push values")
+        self.history.push(values, blob, None if len(selected) == self.world_size else selected)
 
     def pull(self, name: str, *, rank: int = 0) -> Any:
         """Bring ``name`` from rank ``rank`` into the notebook (tensors and modules on CPU)."""
@@ -415,16 +508,76 @@ class Session:
             raise NameError(f"rank {rank}: {res['evalue']}")
         return cloudpickle.loads(res["blob"])
 
+    # ----------------------------------------------------------------- notebook to job
+    def export(self, path: str, *, force: bool = False) -> Any:
+        """Write the cells that ran successfully since the group formed as a torchrun script.
+
+        Pushed values the cells read go in as code (literals) or in ``<stem>.data.pkl`` next
+        to the script. Returns an :class:`~nbdist.export.Export` (its ``command`` is the
+        launch line). A file nbdist did not write is not overwritten unless ``force``.
+        See ``docs/export.md``.
+        """
+        from ._version import __version__
+        from .export import write
+
+        self._require()
+        return write(path, self.history.entries, self.plans, self.options, self.profile_path,
+                     version=__version__, force=force)
+
+    def save_profile(self, path: str) -> str:
+        """Write this session's options as a profile that ``start(profile=path)`` reads."""
+        from .profiles import dump_profile, from_options
+
+        backend = self._require()
+        header = f"nbdist profile saved from a session on {backend.describe()}.\n"
+        if not backend.owns_cluster:
+            header += "That session was connected to its cluster; this starts one like it.\n"
+        header += f"Start it with: %nbdist start --profile {os.path.basename(path)}"
+        text = dump_profile(from_options(self.options, self.defaults), header)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+    def dask_client(self) -> Any:
+        """A ``distributed.Client`` on these same workers, for Dask-ML, XGBoost, LightGBM.
+
+        The Dask engine's own client; on ipyparallel, the engines become Dask workers too
+        (ipyparallel's ``become_dask``). Do not close it: ``nbdist.stop()`` does.
+        """
+        return self._require().dask_client()
+
     # ----------------------------------------------------------------- plumbing
     def _require(self) -> Backend:
         if self.backend is None:
             raise NoClusterError()
         return self.backend
 
+    def _submit(self, calls: list[Call]) -> Job:
+        """``backend.submit``, refusing at once when a planned worker is known to be gone.
+
+        After the engine failed a call, the next job first asks the engine which workers it
+        still has (one round trip, only then): a call to a dead worker would otherwise fail
+        with the engine's own error, or, on Dask, wait for the process group's timeout.
+        """
+        backend = self._require()
+        if self._suspect:
+            live = set(backend.worker_ids())
+            gone = [p for p in self.plans if p.worker_id not in live]
+            if gone:
+                raise WorkersGone([p.rank for p in gone], [p.hostname for p in gone],
+                                  owned=backend.owns_cluster, world_size=self.world_size)
+            self._suspect.clear()
+        try:
+            return backend.submit(calls)
+        except WorkerGone as exc:
+            lost = [p for p in self.plans if p.worker_id in set(exc.workers)]
+            raise WorkersGone([p.rank for p in lost], [p.hostname for p in lost],
+                              owned=backend.owns_cluster, world_size=self.world_size) from exc
+
     def _call(self, calls: list[Call], timeout: float, what: str) -> list[Any]:
         """Run nbdist's own calls (not user code) and return their values, or raise."""
         backend = self._require()
-        job = backend.submit(calls)
+        job = self._submit(calls)
         try:
             ok = job.wait(timeout)
         except KeyboardInterrupt:
@@ -453,6 +606,21 @@ class Session:
             return self.status()._repr_html_()
         except NbdistError as exc:  # a repr must not raise; say what is wrong instead
             return f"<p><b>nbdist</b>: {escape(str(exc))}</p>"
+
+
+class CellName(NamedTuple):
+    """How a cell is named: the file in its tracebacks, and ``In [12]`` in error headlines."""
+
+    filename: str
+    label: Optional[str]
+
+
+def cell_name(n: int, execution_count: Optional[int] = None) -> CellName:
+    """``<distributed cell [12]>`` / ``In [12]`` where the kernel numbers the cell, else the
+    session's own count ``<distributed cell 3>`` and no label."""
+    if execution_count is not None:
+        return CellName(f"<distributed cell [{execution_count}]>", f"In [{execution_count}]")
+    return CellName(f"<distributed cell {n}>", None)
 
 
 _default: Optional[Session] = None

@@ -9,7 +9,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, TypeVar
 
-from ..errors import ClusterError, WorkersDidNotStart
+from ..errors import ClusterError, MissingPackageError, WorkersDidNotStart
+from ..options import LaunchOptions
 from ..telemetry.events import Batch
 
 WorkerId = Hashable
@@ -57,6 +58,14 @@ class Job(abc.ABC):
         """Event batches received since the last drain."""
 
 
+class WorkerGone(LookupError):
+    """A call was addressed to a worker the engine no longer has."""
+
+    def __init__(self, workers: Sequence[WorkerId]):
+        self.workers = list(workers)
+        super().__init__(f"no such worker(s): {self.workers}")
+
+
 class Backend(abc.ABC, Generic[ClientT]):
     """An engine: a set of warm worker processes that run functions and send events back.
 
@@ -64,7 +73,8 @@ class Backend(abc.ABC, Generic[ClientT]):
 
     1.  ``name``, the engine's short name, and ``_launchers``, the tools that start its
         clusters (named in the remedy when a cluster nbdist did not start is scaled);
-    2.  ``_start(n, timeout)``: start a local cluster of ``n`` workers, set :attr:`cluster`,
+    2.  ``_start(n, timeout)``: start a cluster of ``n`` workers (on this machine, or through
+        the engine's launcher that :attr:`launch` names), set :attr:`cluster`,
         :attr:`client` (whatever object talks to the engine; ``None`` means "not connected")
         and :attr:`controller_ip`, and wait for the workers;
     3.  ``connect(timeout, **target)``: attach to a running cluster, set :attr:`client`,
@@ -72,7 +82,8 @@ class Backend(abc.ABC, Generic[ClientT]):
     4.  ``worker_ids``, ``submit`` (returning your :class:`Job`), ``interrupt`` and
         ``transport``;
     5.  optionally ``_close_client`` / ``_close_cluster`` when ``.close()`` is not how the
-        engine lets go of them, and ``describe``;
+        engine lets go of them, ``describe``, and ``dask_client`` where the workers can also
+        be Dask workers;
     6.  optionally, only for engines that can scale, ``_grow(k, timeout)`` (add ``k``
         workers and wait for them) and ``_retire(ids, timeout)`` (stop those workers).
 
@@ -99,6 +110,9 @@ class Backend(abc.ABC, Generic[ClientT]):
     client: Optional[ClientT] = None
     #: the cluster nbdist started, if it did
     cluster: Any = None
+    #: where :meth:`start` starts workers: this machine, or a launcher of the engine (set by
+    #: the session before it calls :meth:`start`; adapters read it in ``_start``)
+    launch: LaunchOptions = LaunchOptions()
 
     # ------------------------------------------------------------------ what adapters provide
     @abc.abstractmethod
@@ -115,7 +129,8 @@ class Backend(abc.ABC, Generic[ClientT]):
 
     @abc.abstractmethod
     def submit(self, calls: Sequence[Call]) -> Job:
-        """Start ``calls`` without waiting."""
+        """Start ``calls`` without waiting; raise :class:`WorkerGone` for a worker the engine
+        no longer has."""
 
     @abc.abstractmethod
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
@@ -127,6 +142,10 @@ class Backend(abc.ABC, Generic[ClientT]):
 
     def describe(self) -> str:
         return self.name
+
+    def dask_client(self) -> Any:
+        """A ``distributed.Client`` whose workers are these workers (engines that can)."""
+        raise ClusterError(f"the {self.name} engine cannot serve Dask work")
 
     def _grow(self, k: int, timeout: float) -> None:
         """Add ``k`` workers and wait until they are up (engines that can scale)."""
@@ -148,6 +167,9 @@ class Backend(abc.ABC, Generic[ClientT]):
         self.owns_cluster = True
         try:
             self._start(n, timeout)
+        except MissingPackageError:
+            self.stop()  # the launcher's package is missing: nothing to report but that
+            raise
         except Exception as exc:
             ready = self._count_started()
             try:

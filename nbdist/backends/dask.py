@@ -10,9 +10,14 @@ client is subscribed to that topic.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import ipaddress
+import json
 import logging
+import os
 import pickle
+import socket
 import time
 import traceback
 import uuid
@@ -25,11 +30,14 @@ import dask
 import distributed
 from distributed.comm.addressing import get_address_host_port
 
-from ..errors import ClusterError
+from ..errors import ClusterError, MissingPackageError
+from ..options import LaunchOptions
 from ..runtime.interrupt import forget_call, interrupt_calls, register_call
 from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, WorkerId
 
+# How long a connect may take to find whether anything listens at the scheduler's address.
+_PROBE_TIMEOUT = 5.0
 # How often a running job asks the scheduler which workers are still alive.
 _LIVENESS_INTERVAL = 1.0
 
@@ -170,6 +178,15 @@ class DaskBackend(Backend[distributed.Client]):
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self, n: int, timeout: float) -> None:
+        if not self.launch.local:
+            module, name, package, kwargs, scale = cluster_spec(self.launch, n, self._tag)
+            cls = _import_cluster_class(module, name, package, self.launch.launcher)
+            self.cluster = cls(**kwargs)
+            if scale:
+                self.cluster.scale(n)
+            self.client = _new_client(self.cluster, timeout=timeout)
+            self.client.wait_for_workers(n, timeout=timeout)
+            return
         with _worker_process_config():
             # Loopback only, dashboard included; workers are spawned, never forked from a
             # kernel that may hold CUDA state. No memory limit: Dask's nanny must not kill
@@ -198,6 +215,7 @@ class DaskBackend(Backend[distributed.Client]):
         if security is not None:
             kwargs["security"] = security
         target = address if address is not None else f"scheduler file {scheduler_file}"
+        _check_reachable(address, scheduler_file)
         try:
             if address is not None:
                 self.client = _new_client(address, **kwargs)
@@ -285,6 +303,9 @@ class DaskBackend(Backend[distributed.Client]):
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
         cluster = self.cluster
         assert cluster is not None  # scale() checked
+        if not hasattr(cluster, "scale_down"):  # e.g. KubeCluster: it picks the workers to go
+            cluster.scale(len(self.worker_ids()) - len(ids))
+            return
         info = self._workers_info()
         # Dask's own verb: it drops the workers from the cluster's spec (so they are not
         # started again) and returns once their nannies have closed. Its graceful retire
@@ -297,11 +318,104 @@ class DaskBackend(Backend[distributed.Client]):
     def transport(self) -> Callable[[Batch], None]:
         return functools.partial(_publish, self._topic)
 
+    def dask_client(self) -> distributed.Client:
+        # nbdist's own client: its calls and the user's Dask work share the workers' pools.
+        return self._require()
+
     def describe(self) -> str:
         if self.client is None:
             return "dask (not connected)"
         where = self.client.scheduler.address
-        return f"dask (LocalCluster {where})" if self.cluster is not None else f"dask ({where})"
+        if self.cluster is None:
+            return f"dask ({where})"
+        return f"dask ({type(self.cluster).__name__} {where})"
+
+
+_JOBQUEUE = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster",
+             "lsf": "LSFCluster"}
+
+
+def cluster_spec(launch: LaunchOptions, n: int, tag: str = "nbdist"
+                 ) -> tuple[str, str, str, dict[str, Any], bool]:
+    """The Dask cluster class for ``launch`` and its arguments.
+
+    Returns ``(module, class name, package that provides it, keyword arguments, whether the
+    cluster must then be scaled to n)``: Dask's ``SSHCluster`` for ``ssh`` (scheduler on the
+    first host), dask-jobqueue's ``SLURMCluster``/``PBSCluster``/``SGECluster``/``LSFCluster``
+    (one worker process per job), dask-kubernetes' ``KubeCluster``. The profile's
+    ``resources.options`` are the class's own keyword arguments and win.
+    """
+    kwargs: dict[str, Any]
+    if launch.launcher == "ssh":
+        hosts = [h for host, count in launch.hosts.items() for h in [host] * count]
+        kwargs = {"hosts": [next(iter(launch.hosts), "localhost"), *hosts],
+                  "worker_options": {"nthreads": 1}}
+        spec = ("distributed.deploy.ssh", "SSHCluster", "asyncssh", kwargs, False)
+    elif launch.launcher in _JOBQUEUE:
+        kwargs = {"processes": 1}
+        for key, arg in (("cpus", "cores"), ("memory", "memory"), ("queue", "queue"),
+                         ("account", "account"), ("walltime", "walltime")):
+            if getattr(launch, key):
+                kwargs[arg] = getattr(launch, key)
+        if launch.gpus and launch.launcher == "slurm":
+            kwargs["job_extra_directives"] = [f"--gres=gpu:{launch.gpus}"]
+        if launch.listen:
+            host = "0.0.0.0" if launch.listen == "*" else launch.listen
+            kwargs["scheduler_options"] = {"host": host}
+        spec = ("dask_jobqueue", _JOBQUEUE[launch.launcher], "dask-jobqueue", kwargs, True)
+    elif launch.launcher == "kubernetes":
+        kwargs = {"name": tag, "n_workers": n}
+        if launch.image:
+            kwargs["image"] = launch.image
+        limits = {k: str(v) for k, v in (("cpu", launch.cpus), ("memory", launch.memory),
+                                         ("nvidia.com/gpu", launch.gpus)) if v}
+        if limits:
+            kwargs["resources"] = {"limits": limits, "requests": dict(limits)}
+        spec = ("dask_kubernetes.operator", "KubeCluster", "dask-kubernetes", kwargs, False)
+    else:
+        raise ClusterError(f"the dask engine has no {launch.launcher!r} launcher")
+    spec[3].update(launch.options)
+    return spec
+
+
+def _import_cluster_class(module: str, name: str, package: str, launcher: str) -> Any:
+    """The cluster class, imported now; a missing package is named with how to install it."""
+    what = f"the dask engine's {launcher!r} launcher"
+    # SSHCluster imports without asyncssh and fails only once it connects.
+    needed = "asyncssh" if package == "asyncssh" else module.split(".")[0]
+    if importlib.util.find_spec(needed) is None:
+        raise MissingPackageError(what, package)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise MissingPackageError(what, package) from exc
+
+
+def _check_reachable(address: Any, scheduler_file: Optional[str]) -> None:
+    """Fail in seconds, with a hint, where nothing listens at the scheduler's address.
+
+    Dask's client retries a refused connection until its timeout (300 s by default) before
+    saying anything; a plain TCP connect tells at once.
+    """
+    if address is None and scheduler_file is not None:
+        try:
+            with open(scheduler_file, encoding="utf-8") as f:
+                address = json.load(f)["address"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ClusterError(f"cannot read the Dask scheduler file {scheduler_file}: {exc}. "
+                               "The scheduler writes it when started with "
+                               "--scheduler-file") from exc
+    if not isinstance(address, str) or not address.startswith(("tcp://", "tls://")):
+        return  # a cluster object, or a transport a socket cannot probe (inproc, ucx)
+    host, port = get_address_host_port(address)
+    try:
+        socket.create_connection((host, port), timeout=_PROBE_TIMEOUT).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ClusterError(
+            f"nothing answers at {address} ({reason}). Check that the Dask scheduler is "
+            "running there (it prints 'Scheduler at: tcp://HOST:PORT' when it starts) and "
+            "that this machine can reach that host and port.") from exc
 
 
 def _worker_order(addr: str, name: Any) -> tuple:
@@ -329,7 +443,14 @@ def _worker_process_config() -> dask.config.set:
     Non-daemonic, so user code may start its own child processes
     (``DataLoader(num_workers=...)``); Python forbids that in daemonic ones. Without Dask's
     statistical profiler, which walks the running cell's stack from the event loop every
-    10 ms: a training step would hand the GIL to it a hundred times a second.
+    10 ms: a training step would hand the GIL to it a hundred times a second. Nannies and
+    workers preload nbdist's lifeline: they stop when this kernel is gone, even after a
+    SIGKILL (the kernel is named in their environment, which they inherit).
     """
+    from ..runtime import lifeline
+
+    os.environ.setdefault(lifeline.ENV, lifeline.this_process())
     return dask.config.set({"distributed.worker.daemon": False,
-                            "distributed.worker.profile.enabled": False})
+                            "distributed.worker.profile.enabled": False,
+                            "distributed.worker.preload": [lifeline.__name__],
+                            "distributed.nanny.preload": [lifeline.__name__]})

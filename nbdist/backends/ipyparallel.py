@@ -10,10 +10,12 @@ from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
 import ipyparallel as ipp
+from traitlets.config import Config
 
-from ..errors import ClusterError
+from ..errors import ClusterError, MissingPackageError
+from ..options import LaunchOptions
 from ..telemetry.events import Batch
-from .base import Backend, Call, Job, Outcome, WorkerId
+from .base import Backend, Call, Job, Outcome, WorkerGone, WorkerId
 
 _KEY = "nbdist:"
 # The controller confirms new engines at its next heart beat; ipyparallel's default period
@@ -75,18 +77,30 @@ class IpyparallelBackend(Backend[ipp.Client]):
     _launchers = "ipcluster, Slurm, ..."
     cluster: Optional[ipp.Cluster]
 
+    _engine_kwargs: dict[str, Any] = {}
+    _timeout: float = 300.0
+    _dask: Any = None  # the distributed.Client of become_dask, once asked for
+    _dask_engines: frozenset = frozenset()
+
     def _start(self, n: int, timeout: float) -> None:
-        # Controller and engines listen on loopback only; the connection files carry the key.
-        self.cluster = ipp.Cluster(n=n, controller_ip="127.0.0.1", log_level=logging.WARNING,
-                                   controller_args=_HEARTBEAT_ARGS)
+        self._timeout = timeout
+        # A local controller and engines listen on loopback only (the connection files carry
+        # the key); with a launcher that starts engines elsewhere, on the address the profile
+        # names.
+        ip = "127.0.0.1" if self.launch.local else self.launch.listen
+        cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch)
+        self.cluster = ipp.Cluster(n=n, controller_ip=ip, log_level=logging.WARNING,
+                                   controller_args=_HEARTBEAT_ARGS, **cluster_kwargs)
         self.cluster.start_controller_sync()
-        self.cluster.start_engines_sync(n)
+        self.cluster.start_engines_sync(n, **self._engine_kwargs)
         self.client = self.cluster.connect_client_sync()
         # No progress bar: the session shows its own status when the job is formed.
         self.client.wait_for_engines(n, timeout=timeout, interactive=False)
-        self.controller_ip = "127.0.0.1"
+        self.controller_ip = "127.0.0.1" if self.launch.local else _registration_host(
+            self.client)
 
     def connect(self, timeout: float, **target: Any) -> None:
+        self._timeout = timeout
         kwargs = {k: v for k, v in target.items() if v is not None}
         # ipyparallel 9 takes the connection file positionally; its url_file= is ignored.
         connection_info = kwargs.pop("url_file", None)
@@ -100,14 +114,16 @@ class IpyparallelBackend(Backend[ipp.Client]):
                 "readable here."
             ) from exc
         self.owns_cluster = False
-        url = getattr(self.client, "_config", {}).get("registration") or ""
-        self.controller_ip = urlparse(url).hostname
+        self.controller_ip = _registration_host(self.client)
 
     def worker_ids(self) -> list[WorkerId]:
         return sorted(self._require().ids)
 
     def submit(self, calls: Sequence[Call]) -> Job:
         client = self._require()
+        gone = sorted({c.worker for c in calls} - set(client.ids))
+        if gone:  # ipyparallel itself would raise a bare IndexError ("No such engine")
+            raise WorkerGone(gone)
         results = []
         for c in calls:
             view = client[c.worker]
@@ -122,7 +138,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
         client, cluster = self._require(), self.cluster
         assert cluster is not None  # scale() checked
         want = len(client.ids) + k
-        cluster.start_engines_sync(k)
+        cluster.start_engines_sync(k, **self._engine_kwargs)
         client.wait_for_engines(want, timeout=timeout, interactive=False)
 
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
@@ -137,7 +153,110 @@ class IpyparallelBackend(Backend[ipp.Client]):
     def transport(self) -> Callable[[Batch], None]:
         return publish
 
+    def dask_client(self) -> Any:
+        """The engines as Dask workers too, through ipyparallel's ``become_dask``.
+
+        The scheduler runs in the controller and binds the controller's address (loopback for
+        a local cluster); each engine hosts one worker thread. Engines added by a scale get
+        theirs at the next call.
+        """
+        client = self._require()
+        engines = frozenset(client.ids)
+        if self._dask is not None and engines == self._dask_engines:
+            return self._dask
+        try:
+            import distributed  # noqa: F401  (become_dask needs it on both ends)
+        except ImportError:
+            raise MissingPackageError("nbdist.dask_client() on ipyparallel", "distributed") \
+                from None
+        host = self.controller_ip or "127.0.0.1"
+        worker_args: dict[str, Any] = {"memory_limit": 0}  # no pausing by Dask's heuristics
+        if self.owns_cluster and self.launch.local:
+            worker_args["host"] = "127.0.0.1"
+        old, self._dask = self._dask, client.become_dask(
+            scheduler_args={"host": host, "dashboard_address": f"{host}:0"}, **worker_args)
+        self._dask_engines = engines
+        # The engines start their workers asynchronously: hand over the client once they are in.
+        self._dask.wait_for_workers(len(engines), timeout=self._timeout)
+        if old is not None:
+            old.close()
+        return self._dask
+
+    def _close_client(self, client: ipp.Client) -> None:
+        dask, self._dask = self._dask, None
+        if dask is not None:
+            dask.close()
+            if not self.owns_cluster:  # someone else's engines stay: stop their Dask workers
+                client.stop_dask()
+        client.close()
+
     def describe(self) -> str:
         if self.cluster is not None:
-            return f"ipyparallel (local cluster {self.cluster.cluster_id})"
+            where = "local" if self.launch.local else self.launch.launcher
+            return f"ipyparallel ({where} cluster {self.cluster.cluster_id})"
         return "ipyparallel (connected)"
+
+
+def _registration_host(client: ipp.Client) -> Optional[str]:
+    """The controller's address as the client reached it (workers reach it there too)."""
+    url = getattr(client, "_config", {}).get("registration") or ""
+    return urlparse(url).hostname
+
+
+# Lines each batch launcher's engine job gets for the profile's resources, per worker.
+_BATCH_LINES = {
+    "slurm": (("cpus", "#SBATCH --cpus-per-task={}"), ("gpus", "#SBATCH --gpus-per-task={}")),
+    "pbs": (("account", "#PBS -A {}"), ("walltime", "#PBS -l walltime={}")),
+    "sge": (("walltime", "#$ -l h_rt={}"),),
+    "lsf": (("walltime", "#BSUB -W {}"), ("cpus", "#BSUB -n {}")),
+}
+
+
+def launcher_settings(launch: LaunchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """ipyparallel's own launcher for ``launch``: keyword arguments of ``ipp.Cluster`` (the
+    engine launcher class and its configuration) and of ``start_engines`` (a batch template
+    with the resource lines, where the launcher has no setting for them).
+
+    The profile's ``resources.options`` are the launcher's configuration traits and win over
+    what nbdist derives (e.g. ``ssh_args``, ``mpi_args``, ``batch_template``).
+    """
+    if launch.local:
+        # Controller and engines run under a lifeline: they exit when this kernel is gone,
+        # even after a SIGKILL that leaves no chance to stop them.
+        from ..runtime.lifeline import command
+
+        return {"config": Config({
+            "LocalControllerLauncher": {"controller_cmd": command("ipyparallel.controller")},
+            "LocalEngineSetLauncher": {"engine_cmd": command("ipyparallel.engine")}})}, {}
+    from ipyparallel.cluster.launcher import BatchSystemLauncher, find_launcher_class
+
+    cls = find_launcher_class(launch.launcher, "engine")
+    traits: dict[str, Any] = {}
+    engine_kwargs: dict[str, Any] = {}
+    if launch.launcher == "ssh":
+        traits["engines"] = dict(launch.hosts)
+    if issubclass(cls, BatchSystemLauncher):
+        if launch.queue:
+            traits["queue"] = launch.queue
+        if launch.launcher == "slurm":
+            if launch.account:
+                traits["account"] = launch.account
+            if launch.walltime:
+                traits["timelimit"] = launch.walltime
+        if launch.launcher == "pbs" and (launch.cpus or launch.gpus or launch.memory):
+            chunk = "".join(f":{k}={v}" for k, v in (("ncpus", launch.cpus),
+                                                     ("ngpus", launch.gpus),
+                                                     ("mem", launch.memory)) if v)
+            extra = [f"#PBS -l select=1{chunk}"]
+        else:
+            extra = []
+        extra += [line.format(getattr(launch, key))
+                  for key, line in _BATCH_LINES.get(launch.launcher, ()) if getattr(launch, key)]
+        if extra:
+            # ipyparallel adds its queue, account, time and array lines to its default
+            # template; a template of our own would lose them, so extend the default instead.
+            first, rest = cls.class_traits()["default_template"].default_value.split("\n", 1)
+            engine_kwargs["default_template"] = "\n".join([first, *extra, rest])
+    traits.update(launch.options)
+    return {"engine_launcher_class": cls, "config": Config({cls.__name__: traits})}, \
+        engine_kwargs

@@ -81,7 +81,9 @@ def make_run_view(output: str, shown_rank: int, world_size: int, *,
 
 def make_cluster_view(status: Callable[[], Any], scale: Optional[Callable[[int], Any]] = None,
                       mode: Optional[str] = None) -> Any:
-    """A cluster panel widget with a Scale control, or the plain status where no widgets."""
+    """A cluster panel widget with a Scale control that refreshes itself while shown (and
+    says "stopped" once ``status`` raises NoClusterError), or the plain status where no
+    widgets."""
     if display_medium(mode) == "widget":
         from .widgets import ClusterPanel
 

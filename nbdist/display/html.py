@@ -1,28 +1,63 @@
-"""Static HTML: what stays readable in a saved notebook (GitHub, nbviewer).
+"""Static HTML: what stays readable in a saved notebook (GitHub, nbviewer), and what the
+widgets show.
 
 All of nbdist's markup and colours live here; the widgets set their values from these
-functions. Remote text (host names, error messages, progress labels) is always escaped.
+functions. Remote text (host names, error messages, progress labels) is always escaped. Styles
+are inline, so a table looks the same in an output, inside a widget and in a saved notebook.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+import statistics
+from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from ..telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
-from .tables import Table, run_table, status_rows
+from ..telemetry.units import fmt_bytes, fmt_bytes_rate, fmt_ranks, fmt_rate, fmt_seconds
+from .tables import (
+    DEFINITIONS,
+    Row,
+    Table,
+    comparison_table,
+    diagnosis_phrases,
+    failure_lines,
+    memory_table,
+    progress_phrases,
+    run_table,
+    status_rows,
+)
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
-    from ..telemetry.aggregate import RankSnapshot, RunSnapshot, StepPoint
+    from ..telemetry.aggregate import RunSnapshot, StepPoint
+    from ..telemetry.compare import RunFigures
 
-#: chart series: compute time, exposed all-reduce time, all-reduce bandwidth; the axis line
-COMPUTE, EXPOSED, BANDWIDTH, AXIS = "#4c78a8", "#f58518", "#54a24b", "#888"
+#: step time split: compute, waiting for the last rank (idle grey), transfer (on the wire)
+COMPUTE, WAITING, TRANSFER = "#4c78a8", "#a0a0a0", "#f58518"
+#: bandwidth line; the axes
+BANDWIDTH, AXIS = "#54a24b", "#888"
+#: the rank everyone waits for: a colour no chart series uses
+STRAGGLER = "#a4168f"
 #: a failed rank, a dead worker, an action that did not work
 FAIL = "#c00"
-#: a straggler: slower than the others, not broken
-WARN = "#b60"
+#: progress bars by rank state
+BAR = {"waiting": "#d0d0d0", "running": "#4a90d9", "done": "#59a14f", "failed": FAIL,
+       "stopped": FAIL}
+#: one colour per rank in the scalar charts
+RANK_COLOURS = ("#4c78a8", "#e45756", "#72b7b2", "#b8860b", "#9d755d", "#ff9da6", "#17becf",
+                "#7f7f7f")
+#: ranks drawn one line each in a scalar chart; above, median with a min-max band
+MAX_LINES = 8
+
+_TABLE = ("border-collapse:collapse;font-size:12px;line-height:18px;"
+          "font-variant-numeric:tabular-nums")
+_CELL = "padding:1px 6px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+_NUMERIC = {"count", "rate", "ETA", "compute", "waiting", "transfer", "bandwidth", "pid",
+            "mem MiB"}
+#: the run table's column widths (px): at 1400 px JupyterLab's default cell is wider
+RUN_WIDTHS = (56, 100, 84, 88, 52, 72, 68, 72, 84, 120, 130)
+RUN_TABLE_WIDTH = sum(RUN_WIDTHS)
 
 
 def bold(text: str) -> str:
@@ -30,33 +65,100 @@ def bold(text: str) -> str:
     return f"<b>{escape(text)}</b>"
 
 
-def error_text(message: str) -> str:
-    """``message``, escaped, in the failure colour."""
-    return f"<span style='color:{FAIL}'>{escape(message)}</span>"
+def message(text: str) -> str:
+    """``text`` escaped, with ```code``` spans (as nbdist's messages write them) as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text, quote=False))
 
 
-def warning_text(message: str) -> str:
-    """``message``, escaped, in bold in the straggler colour."""
-    return f"<b style='color:{WARN}'>{escape(message)}</b>"
+def error_text(text: str) -> str:
+    """``text`` (a message) in the failure colour."""
+    return f"<span style='color:{FAIL}'>{message(text)}</span>"
 
 
-def table(t: Table) -> str:
-    """A :class:`~nbdist.display.tables.Table` as an HTML table; broken rows in red."""
-    head = "".join(f"<th>{escape(c)}</th>" for c in t.header)
-    body = "".join((f"<tr style='color:{FAIL}'>" if row.broken else "<tr>")
-                   + "".join(f"<td>{escape(c)}</td>" for c in row.cells) + "</tr>"
-                   for row in t.rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def warning_text(text: str) -> str:
+    """``text``, escaped, in bold in the straggler colour."""
+    return f"<b style='color:{STRAGGLER}'>{escape(text)}</b>"
+
+
+def _phrases(parts: Sequence[str]) -> str:
+    """Phrases joined by `` · ``, each kept on one line (a wrap never splits a number)."""
+    return " · ".join(f"<span style='white-space:nowrap'>{p}</span>" for p in parts)
+
+
+def _bar(fraction: Optional[float], colour: str, label: str) -> str:
+    fill = f"{100 * max(0.0, min(1.0, fraction or 0.0)):.1f}%"
+    return (f"<div style='display:flex;align-items:center;gap:4px'>"
+            f"<div class='nbdist-bar' style='width:56px;height:10px;background:#e8e8e8;"
+            f"border-radius:2px;overflow:hidden;flex:none'><div class='nbdist-bar-fill' "
+            f"style='width:{fill};height:100%;background:{colour}'></div></div>"
+            f"{escape(label)}</div>")
+
+
+def _row_html(header: Sequence[str], row: Row, bars: bool) -> str:
+    classes = ["nbdist-rank-row", f"nbdist-rank-{row.rank}"] if row.rank is not None \
+        else ["nbdist-aggregate-row"]
+    style = ""
+    if row.broken:
+        classes.append("nbdist-broken")
+        style = f" style='color:{FAIL}'"
+    if row.straggler:
+        classes.append("nbdist-straggler")
+    tds = []
+    for name, cell in zip(header, row.cells):
+        css = _CELL + (";text-align:right" if name in _NUMERIC else "")
+        body = escape(cell)
+        if name == "rank" and row.straggler:
+            css += f";color:{STRAGGLER};font-weight:bold;box-shadow:inset 3px 0 {STRAGGLER}"
+        if bars and name == "progress" and row.fraction is not None:
+            colour = FAIL if row.broken else STRAGGLER if row.straggler else \
+                BAR.get(row.state, BAR["running"])
+            body = _bar(row.fraction, colour, cell)
+        title = f" title='{escape(cell)}'" if len(cell) > 14 else ""
+        tds.append(f"<td style='{css}'{title}>{body}</td>")
+    return f"<tr class='{' '.join(classes)}'{style}>{''.join(tds)}</tr>"
+
+
+def table(t: Table, widths: Optional[Sequence[int]] = None, bars: bool = False) -> str:
+    """A :class:`~nbdist.display.tables.Table` as an HTML table; broken rows in red.
+
+    With ``widths`` (px per column) the layout is fixed and cells never wrap: a long value is
+    cut with an ellipsis and shown whole on hover. ``bars`` draws the ``progress`` column.
+    """
+    style = _TABLE
+    cols = ""
+    if widths:
+        style += f";table-layout:fixed;width:{sum(widths)}px"
+        cols = "<colgroup>" + "".join(f"<col style='width:{w}px'>" for w in widths) + \
+            "</colgroup>"
+    head = "".join(f"<th style='{_CELL};text-align:{'right' if c in _NUMERIC else 'left'};"
+                   f"border-bottom:1px solid {AXIS}'>{escape(c)}</th>" for c in t.header)
+    body = "".join(_row_html(t.header, row, bars) for row in t.rows)
+    return (f"<table class='nbdist-table' style='{style}'>{cols}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>")
 
 
 # ----------------------------------------------------------------- cluster
 def status_table(status: ClusterStatus) -> str:
-    """An HTML table of a :class:`~nbdist.records.ClusterStatus`."""
+    """A :class:`~nbdist.records.ClusterStatus`: a line, then one row per worker."""
     head = (f"<b>nbdist</b> {escape(status.engine)}: {status.alive}/{status.wanted} workers alive"
             + (f", backend <code>{escape(status.dist_backend)}</code>" if status.dist_backend
                else "")
             + (f", MASTER_ADDR <code>{escape(status.master)}</code>" if status.master else ""))
-    return f"<div class='nbdist-status'><p>{head}</p>{table(status_rows(status))}</div>"
+    return (f"<div class='nbdist-status'><div style='margin-bottom:4px'>{head}</div>"
+            f"{table(status_rows(status))}</div>")
+
+
+def cluster_stopped(reason: str) -> str:
+    """What the cluster panel shows once no cluster is running."""
+    return (f"<div class='nbdist-status nbdist-stopped'><b>nbdist</b> "
+            f"<b style='color:{FAIL}'>stopped</b>: {message(reason)}</div>")
+
+
+def refreshed_note(interval: Optional[float], clock: str, error: str = "") -> str:
+    """Under the cluster panel: how fresh it is, and why the last refresh failed."""
+    every = f"refreshes every {interval:g} s while shown · " if interval else ""
+    note = f"<small style='color:{AXIS}'>{every}updated {escape(clock)}</small>"
+    return note + (f"<br>{error_text('refresh failed: ' + error)}" if error else "")
 
 
 #: shown under the cluster panel's Scale control
@@ -68,126 +170,243 @@ SCALE_NOTE = ("<small>Scaling re-forms the process group at the new size before 
 
 
 # ----------------------------------------------------------------- run telemetry
-def run_header(state: str, line: Optional[str] = None) -> str:
-    """The live dashboard's first line: the run's state, then its one-line summary."""
-    return f"<b>nbdist</b> {escape(state)}" + (f" · {escape(line)}" if line is not None else "")
+def run_header(snap: RunSnapshot, final: bool = False) -> str:
+    """Two lines: the run's state, elapsed time and pace; then where its step time goes."""
+    first = _phrases([escape(p) for p in progress_phrases(snap, final)])
+    diag = diagnosis_phrases(snap)
+    if snap.stragglers and diag:
+        diag_html = [warning_text(diag[0])] + [escape(p) for p in diag[1:]]
+    else:
+        diag_html = [escape(p) for p in diag]
+    second = f"<div>{_phrases(diag_html)}</div>" if diag_html else ""
+    return (f"<div class='nbdist-header' style='font-size:13px;line-height:20px'>"
+            f"<div><b>nbdist</b> {first}</div>{second}</div>")
+
+
+def run_table_html(snap: RunSnapshot) -> str:
+    """The run's table with progress bars, in fixed columns that do not wrap."""
+    return (f"<div style='overflow-x:auto'>"
+            f"{table(run_table(snap), RUN_WIDTHS, bars=True)}</div>")
+
+
+def _swatch(colour: str, label: str, hover: str) -> str:
+    return (f"<span title='{escape(hover)}' style='white-space:nowrap'>"
+            f"<span style='display:inline-block;width:10px;height:10px;background:{colour};"
+            f"margin:0 3px 0 8px'></span>{escape(label)}</span>")
+
+
+def legend() -> str:
+    """Colour keys (hover one for its definition) and how every column is measured."""
+    defs = dict(DEFINITIONS)
+    keys = (_swatch(COMPUTE, "compute", defs["compute"])
+            + _swatch(WAITING, "waiting", defs["waiting"])
+            + _swatch(TRANSFER, "transfer", defs["transfer"])
+            + _swatch(STRAGGLER, "straggler: the rank the others wait for",
+                      "flagged when the others spend at least 5% of their step (and 1 ms) "
+                      "waiting for it, over the last 20 steps")
+            + _swatch(FAIL, "failed", "the rank failed or stopped; the reason is below"))
+    items = "".join(f"<li><b>{escape(k)}</b>: {escape(v)}</li>" for k, v in DEFINITIONS)
+    return (f"<div class='nbdist-legend' style='font-size:11px;color:#555'>{keys}"
+            f"<details style='display:inline;margin-left:8px'><summary style='display:inline;"
+            f"cursor:pointer'>how these are measured</summary>"
+            f"<ul style='margin:2px 0'>{items}</ul></details></div>")
+
+
+def failures(snap: RunSnapshot) -> str:
+    """Each failed or stopped rank's reason in full, in red."""
+    lines = failure_lines(snap)
+    if not lines:
+        return ""
+    return ("<div class='nbdist-failures' style='font-size:12px'>"
+            + "<br>".join(error_text(line) for line in lines) + "</div>")
+
+
+def _svg(cls: str, width: int, height: int, title: str, hover: str, body: str) -> str:
+    return (f"<svg class='{cls}' xmlns='http://www.w3.org/2000/svg' width='{width}' "
+            f"height='{height}' viewBox='0 0 {width} {height}' font-family='sans-serif' "
+            f"font-size='10'><title>{escape(hover)}</title>"
+            f"<text x='4' y='10'>{title}</text>{body}</svg>")
+
+
+_PAD_L, _PAD_T, _PAD_B = 56, 16, 14
+
+
+def _axes(width: int, height: int, top: str, bottom: str, lo: str, hi: str) -> str:
+    """A y-axis labelled at its top and bottom (``bottom`` is 0 for times and bandwidth)."""
+    y0 = height - _PAD_B
+    return (f"<text x='{_PAD_L - 4}' y='{_PAD_T + 8}' text-anchor='end'>{escape(top)}</text>"
+            f"<text x='{_PAD_L - 4}' y='{y0}' text-anchor='end'>{escape(bottom)}</text>"
+            f"<line x1='{_PAD_L}' y1='{_PAD_T}' x2='{_PAD_L}' y2='{y0}' stroke='{AXIS}'/>"
+            f"<line x1='{_PAD_L}' y1='{y0}' x2='{width - 4}' y2='{y0}' stroke='{AXIS}'/>"
+            f"<text x='{_PAD_L}' y='{height - 2}'>{escape(lo)}</text>"
+            f"<text x='{width - 4}' y='{height - 2}' text-anchor='end'>{escape(hi)}</text>")
 
 
 def step_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 120) -> str:
-    """Stacked bars per step: compute time under exposed all-reduce time (seconds)."""
+    """Stacked bars per step, mean over ranks: compute, then transfer, then waiting."""
     pts = list(series)[-120:]
     top = max((p.step_s for p in pts), default=0.0)
     if not pts or top <= 0:
         return ""
-    pad_l, pad_b = 60, 16
-    w, h = width - pad_l - 4, height - pad_b - 14
+    w, h = width - _PAD_L - 4, height - _PAD_T - _PAD_B
     bw = w / len(pts)
     bars = []
     for i, p in enumerate(pts):
-        x = pad_l + i * bw
-        hc = h * max(0.0, p.compute_s) / top
-        he = h * max(0.0, p.exposed_s) / top
-        y_c = 14 + h - hc
-        tip = (f"step {p.step}: {fmt_seconds(p.step_s)}, exposed all-reduce "
-               f"{fmt_seconds(p.exposed_s)}")
-        bars.append(f"<g><title>{escape(tip)}</title>"
-                    f"<rect x='{x:.1f}' y='{y_c:.1f}' width='{max(bw - 1, 0.5):.1f}' "
-                    f"height='{hc:.1f}' fill='{COMPUTE}'/>"
-                    f"<rect x='{x:.1f}' y='{y_c - he:.1f}' width='{max(bw - 1, 0.5):.1f}' "
-                    f"height='{he:.1f}' fill='{EXPOSED}'/></g>")
-    return (f"<svg class='nbdist-step-chart' xmlns='http://www.w3.org/2000/svg' "
-            f"width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-            f"font-family='sans-serif' font-size='10'>"
-            f"<text x='{pad_l}' y='10'>step time: <tspan fill='{COMPUTE}'>compute</tspan> + "
-            f"<tspan fill='{EXPOSED}'>exposed all-reduce</tspan></text>"
-            f"<text x='{pad_l - 4}' y='{14 + 8}' text-anchor='end'>{fmt_seconds(top)}</text>"
-            f"<text x='{pad_l - 4}' y='{14 + h}' text-anchor='end'>0</text>"
-            f"<line x1='{pad_l}' y1='{14 + h}' x2='{width - 4}' y2='{14 + h}' stroke='{AXIS}'/>"
-            + "".join(bars)
-            + f"<text x='{pad_l}' y='{height - 3}'>step {pts[0].step}</text>"
-            f"<text x='{width - 4}' y='{height - 3}' text-anchor='end'>step {pts[-1].step}"
-            f"</text></svg>")
+        x, y = _PAD_L + 1 + i * bw, float(height - _PAD_B)
+        rects = ""
+        for value, colour in ((p.compute_s, COMPUTE), (p.transfer_s, TRANSFER),
+                              (p.waiting_s, WAITING)):
+            hh = h * max(0.0, value) / top
+            y -= hh
+            rects += (f"<rect x='{x:.1f}' y='{y:.1f}' width='{max(bw - 1, 0.5):.1f}' "
+                      f"height='{hh:.1f}' fill='{colour}'/>")
+        tip = (f"step {p.step}: {fmt_seconds(p.step_s)} = compute {fmt_seconds(p.compute_s)}"
+               f" + transfer {fmt_seconds(p.transfer_s)} + waiting {fmt_seconds(p.waiting_s)}"
+               + (f" (for rank {p.waited_for})" if p.waited_for is not None else "")
+               + f", mean of {p.ranks} ranks")
+        bars.append(f"<g><title>{escape(tip)}</title>{rects}</g>")
+    ranks = max(p.ranks for p in pts)
+    title = (f"time per step, mean of {ranks} rank{'s' if ranks > 1 else ''}: "
+             f"<tspan fill='{COMPUTE}'>compute</tspan> + <tspan fill='{TRANSFER}'>transfer"
+             f"</tspan> + <tspan fill='{WAITING}'>waiting</tspan>")
+    return _svg("nbdist-step-chart", width, height, title,
+                "compute: step time less exposed communication; transfer and waiting: the "
+                "exposed communication, split at the last rank to arrive",
+                _axes(width, height, fmt_seconds(top), "0", f"step {pts[0].step}",
+                      f"step {pts[-1].step}") + "".join(bars))
 
 
 def bandwidth_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 90) -> str:
-    """All-reduce algorithm bandwidth per step, as a line."""
+    """Bandwidth per step (bytes over transfer time, median of ranks), from zero."""
     pts = [p for p in list(series)[-120:] if p.bandwidth]
     if not pts:
         return ""
     top = max(p.bandwidth or 0.0 for p in pts)
     lo, hi = pts[0].step, max(pts[-1].step, pts[0].step + 1)
-    pad_l, pad_b = 60, 16
-    w, h = width - pad_l - 4, height - pad_b - 14
-    xy = " ".join(f"{pad_l + w * (p.step - lo) / (hi - lo):.1f},"
-                  f"{14 + h - h * (p.bandwidth or 0.0) / top:.1f}" for p in pts)
-    return (f"<svg class='nbdist-allreduce-chart' xmlns='http://www.w3.org/2000/svg' "
-            f"width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-            f"font-family='sans-serif' font-size='10'>"
-            f"<text x='{pad_l}' y='10'>all-reduce bandwidth per step</text>"
-            f"<text x='{pad_l - 4}' y='{14 + 8}' text-anchor='end'>"
-            f"{escape(fmt_bytes_rate(top))}</text>"
-            f"<line x1='{pad_l}' y1='{14 + h}' x2='{width - 4}' y2='{14 + h}' stroke='{AXIS}'/>"
-            f"<polyline fill='none' stroke='{BANDWIDTH}' stroke-width='1.5' points='{xy}'/>"
-            f"<text x='{pad_l}' y='{height - 3}'>step {lo}</text>"
-            f"<text x='{width - 4}' y='{height - 3}' text-anchor='end'>step {pts[-1].step}"
-            f"</text></svg>")
+    w, h = width - _PAD_L - 4, height - _PAD_T - _PAD_B
+    xy = " ".join(f"{_PAD_L + w * (p.step - lo) / (hi - lo):.1f},"
+                  f"{_PAD_T + h - h * (p.bandwidth or 0.0) / top:.1f}" for p in pts)
+    return _svg("nbdist-bandwidth-chart", width, height,
+                f"<tspan fill='{BANDWIDTH}'>bandwidth</tspan> per step = bytes ÷ transfer time",
+                dict(DEFINITIONS)["bandwidth"],
+                _axes(width, height, fmt_bytes_rate(top), "0", f"step {lo}",
+                      f"step {pts[-1].step}")
+                + f"<polyline fill='none' stroke='{BANDWIDTH}' stroke-width='1.5' "
+                  f"points='{xy}'/>")
 
 
-def charts(series: Sequence[StepPoint]) -> str:
-    """The step-time chart, then the bandwidth chart (either empty when there is no data)."""
-    return step_chart_svg(series) + bandwidth_chart_svg(series)
+def _line(points: Sequence[tuple[float, float]], box: tuple[float, float, float, float],
+          colour: str, width: int, height: int) -> str:
+    x0, x1, y0, y1 = box
+    w, h = width - _PAD_L - 4, height - _PAD_T - _PAD_B
+    xy = " ".join(f"{_PAD_L + w * (x - x0) / ((x1 - x0) or 1):.1f},"
+                  f"{_PAD_T + h - h * (y - y0) / ((y1 - y0) or 1):.1f}" for x, y in points)
+    return f"<polyline fill='none' stroke='{colour}' stroke-width='1.3' points='{xy}'/>"
 
 
-def rank_stats(r: RankSnapshot) -> str:
-    """One rank's numbers as HTML (escaped): progress, rates, comm share, failure reason."""
-    parts = []
-    if r.bar is not None:
-        b = r.bar
-        label = f"{escape(b.desc)} " if b.desc else ""
-        parts.append(f"{label}{b.n}/{b.total}" if b.total is not None else f"{label}{b.n}")
-        if b.rate is not None:
-            parts.append(fmt_rate(b.rate, "it/s"))
-        if b.eta_s is not None:
-            parts.append(f"ETA {fmt_seconds(b.eta_s)}")
-    if r.steps:
-        parts.append(f"{r.steps} steps")
-        if r.steps_per_s is not None:
-            parts.append(fmt_rate(r.steps_per_s, "steps/s"))
-        if r.samples_per_s:
-            parts.append(fmt_rate(r.samples_per_s, "samples/s"))
-        if r.step_s is not None:
-            frac = r.exposed_fraction
-            share = f" ({frac:.0%} exposed comm)" if frac is not None else ""
-            parts.append(f"step {fmt_seconds(r.step_s)}{share}")
-        if r.bandwidth is not None:
-            parts.append(fmt_bytes_rate(r.bandwidth))
-    text = " · ".join(parts)
-    if r.straggler:
-        text += " · " + warning_text("straggler")
-    if r.state.broken:
-        text += " · " + error_text(f"{r.state}: {r.error or r.state}")
-    return f"<span class='nbdist-rank-stats'>{text}</span>"
+def scalar_chart_svg(name: str, by_rank: dict[int, tuple[tuple[float, float], ...]],
+                     width: int = 280, height: int = 100) -> str:
+    """One logged value over steps: a line per rank where ranks differ, one line labelled
+    with every rank where they agree, median and min-max band above :data:`MAX_LINES` ranks."""
+    series = {r: pts for r, pts in by_rank.items() if pts}
+    if not series:
+        return ""
+    ranks = sorted(series)
+    xs = [x for pts in series.values() for x, _ in pts]
+    ys = [y for pts in series.values() for _, y in pts]
+    box = (min(xs), max(xs), min(ys), max(ys))
+    body = _axes(width, height, f"{box[3]:.4g}", f"{box[2]:.4g}", f"step {box[0]:g}",
+                 f"step {box[1]:g}")
+    same = all(series[r] == series[ranks[0]] for r in ranks)
+    if same:
+        label = f"rank{'s' if len(ranks) > 1 else ''} {fmt_ranks(ranks)}" + \
+            (" (equal)" if len(ranks) > 1 else "")
+        body += _line(series[ranks[0]], box, RANK_COLOURS[0], width, height)
+        title = f"{escape(name)} · {label}"
+    elif len(ranks) <= MAX_LINES:
+        title = escape(name) + " · " + ", ".join(
+            f"<tspan fill='{RANK_COLOURS[i % len(RANK_COLOURS)]}'>rank {r}</tspan>"
+            for i, r in enumerate(ranks))
+        body += "".join(_line(series[r], box, RANK_COLOURS[i % len(RANK_COLOURS)], width,
+                              height) for i, r in enumerate(ranks))
+    else:
+        steps = sorted({x for x in xs})
+        at = {r: dict(series[r]) for r in ranks}
+        cols = [[at[r][x] for r in ranks if x in at[r]] for x in steps]
+        body += "".join(_line([(x, f(c)) for x, c in zip(steps, cols)], box, colour, width,
+                              height)
+                        for f, colour in ((min, "#bbb"), (max, "#bbb"),
+                                          (statistics.median, RANK_COLOURS[0])))
+        title = (f"{escape(name)} · median of ranks {fmt_ranks(ranks)} "
+                 f"(<tspan fill='#999'>min, max</tspan>)")
+    last = {r: series[r][-1][1] for r in ranks}
+    hover = f"{name}, latest: " + ", ".join(f"rank {r} {v:.4g}" for r, v in last.items())
+    return _svg("nbdist-scalar-chart", width, height, title, hover, body)
 
 
-def scalars_line(values: Mapping[str, float]) -> str:
-    """The latest logged values, ``name value`` with the value in bold."""
-    return " · ".join(f"{escape(str(k))} {bold(f'{v:.4g}')}" for k, v in values.items())
+def charts(snap: RunSnapshot) -> str:
+    """Step time, bandwidth and every logged value, side by side where the cell is wide."""
+    svgs = [step_chart_svg(snap.series), bandwidth_chart_svg(snap.series)]
+    svgs += [scalar_chart_svg(k, v) for k, v in snap.scalar_series.items()]
+    svgs = [s for s in svgs if s]
+    if not svgs:
+        return ""
+    return ("<div style='display:flex;flex-wrap:wrap;gap:4px 12px;align-items:flex-start'>"
+            + "".join(svgs) + "</div>")
 
 
 def run_summary(snap: RunSnapshot) -> str:
-    """A static summary of a run (table + SVG charts) that renders without widgets."""
-    head = (f"<b>nbdist run</b>: {len(snap.ranks)} ranks, {snap.steps} steps, "
-            f"{fmt_seconds(snap.elapsed_s)}")
-    if snap.stragglers:
-        head += " · " + warning_text("straggler: rank "
-                                     + ", ".join(str(r) for r in snap.stragglers))
-    if snap.scalars:
-        head += " · " + scalars_line(snap.scalars)
-    return (f"<div class='nbdist-summary'><p>{head}</p>{table(run_table(snap))}"
-            f"<div>{charts(snap.series)}</div></div>")
+    """A static summary of a run (header, table, memory per rank, legend, charts) that renders
+    without widgets."""
+    return (f"<div class='nbdist-summary'>{run_header(snap, final=snap.finished)}"
+            f"{run_table_html(snap)}{memory_html(snap)}{failures(snap)}{legend()}"
+            f"{charts(snap)}</div>")
+
+
+def memory_html(snap: RunSnapshot) -> str:
+    """What each rank holds and sends per step (empty when no optimizer stepped)."""
+    memory = memory_table(snap)
+    return table(memory) if memory is not None else ""
+
+
+def _bars_svg(title: str, items: Sequence[tuple[str, float]], fmt: Callable[[float], str],
+              color: str, width: int = 420) -> str:
+    """Horizontal bars, one per run, labelled with the run's name and its value."""
+    if not items or max(v for _, v in items) <= 0:
+        return ""
+    top = max(v for _, v in items)
+    pad_l, bar_h = 110, 16
+    height = 18 + bar_h * len(items)
+    w = width - pad_l - 70
+    rows = []
+    for i, (name, v) in enumerate(items):
+        y = 16 + i * bar_h
+        rows.append(f"<text x='{pad_l - 4}' y='{y + 11}' text-anchor='end'>{escape(name)}</text>"
+                    f"<rect x='{pad_l}' y='{y + 2}' width='{w * v / top:.1f}' height='{bar_h - 4}'"
+                    f" fill='{color}'/><text x='{pad_l + w * v / top + 4:.1f}' y='{y + 11}'>"
+                    f"{escape(fmt(v))}</text>")
+    return (f"<svg class='nbdist-compare-chart' xmlns='http://www.w3.org/2000/svg' "
+            f"width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+            f"font-family='sans-serif' font-size='10'><text x='{pad_l}' y='10'>{escape(title)}"
+            f"</text>{''.join(rows)}</svg>")
+
+
+def comparison(runs: Sequence[RunFigures]) -> str:
+    """Named runs side by side: the table, then throughput and memory per rank as bars."""
+    speed = [(r.name, r.samples_per_s) for r in runs if r.samples_per_s]
+    held = [(r.name, float((r.params or 0) + (r.grads or 0) + (r.optimizer or 0)))
+            for r in runs if r.params is not None]
+    chart = (_bars_svg("samples/s (all ranks)", speed, lambda v: fmt_rate(v), COMPUTE)
+             + _bars_svg("params + grads + optimizer state per rank", held, fmt_bytes, TRANSFER))
+    return (f"<div class='nbdist-compare'>{table(comparison_table(runs))}<div>{chart}</div>"
+            "</div>")
 
 
 # ----------------------------------------------------------------- workers' output
+#: warnings from the ranks: amber on cream, apart from the failure red
+WARNED, WARNED_BACKGROUND = "#8a5a00", "#fff8e6"
+
+
 def output_pre(text: str) -> str:
     """Workers' output text, escaped, as a preformatted block."""
     return f"<pre class='nbdist-output'>{escape(text)}</pre>"
@@ -204,5 +423,5 @@ def rank_output_html(merged: str, per_rank: Sequence[tuple[int, str]]) -> str:
 def warnings_html(lines: Sequence[str]) -> str:
     """Warnings from the ranks, one per line, each naming its ranks, in the warning colour."""
     body = escape("\n".join(lines))
-    return (f"<pre class='nbdist-warnings' style='color:{WARN};background:#fff8e6;"
-            f"padding:4px'>{body}</pre>")
+    return (f"<pre class='nbdist-warnings' style='color:{WARNED};"
+            f"background:{WARNED_BACKGROUND};padding:4px'>{body}</pre>")

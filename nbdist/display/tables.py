@@ -1,4 +1,5 @@
-"""The tables nbdist shows, as plain strings: text.py and html.py only lay them out.
+"""The tables and header phrases nbdist shows, as plain strings: text.py and html.py only lay
+them out.
 
 One builder per table, so the text and HTML views cannot drift apart in their headers or in
 how a number is written. Pure: no markup, no IPython; the snapshot types are imported for
@@ -7,19 +8,38 @@ annotations only (``records`` and ``aggregate`` import the views back for their 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Optional
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from ..telemetry.units import fmt_bytes_rate, fmt_fraction, fmt_rate, fmt_seconds
+from ..telemetry.states import RankState
+from ..telemetry.units import (
+    fmt_bytes,
+    fmt_bytes_rate,
+    fmt_fraction,
+    fmt_ranks,
+    fmt_rate,
+    fmt_seconds,
+)
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
     from ..telemetry.aggregate import RankSnapshot, RunSnapshot
+    from ..telemetry.compare import RunFigures
 
 
 class Row(NamedTuple):
     cells: tuple[str, ...]
     #: a dead worker, or a rank that failed or stopped: views draw it in the failure colour
     broken: bool = False
+    #: the rank the others wait for: views mark it in the straggler colour
+    straggler: bool = False
+    #: the progress bar's filled share (run tables; None: no bar with a total)
+    fraction: Optional[float] = None
+    #: the rank's state (run tables; "" for aggregate rows), for the bar's colour
+    state: str = ""
+    #: the rank this row shows (None: an aggregate over ranks)
+    rank: Optional[int] = None
 
 
 class Table(NamedTuple):
@@ -30,8 +50,26 @@ class Table(NamedTuple):
 
 
 STATUS_HEADER = ("rank", "host", "pid", "device", "alive", "mem MiB", "state")
-RUN_HEADER = ("rank", "state", "steps", "steps/s", "samples/s", "step time", "exposed comm",
-              "all-reduce bw")
+RUN_HEADER = ("rank", "progress", "count", "rate", "ETA", "compute", "waiting", "transfer",
+              "bandwidth", "last values", "state")
+#: more ranks than this are shown as min / median / max rows and the outliers, by name
+AGGREGATE_ABOVE = 16
+#: outliers (stragglers, failed ranks) named one per row in the aggregate table
+MAX_OUTLIERS = 6
+
+#: what each run column means; the legend and docs/telemetry.md say the same
+DEFINITIONS = (
+    ("count", "items of the rank's nbdist.progress bar (else its training steps)"),
+    ("rate", "items (or steps) per second over the last 20"),
+    ("compute", "step time less exposed communication, mean of the last 20 steps"),
+    ("waiting", "exposed time spent waiting for the last rank to reach the collective"),
+    ("transfer", "exposed time the last rank to arrive spends in it: the transfer itself"),
+    ("bandwidth", "bytes of the step's collectives ÷ their transfer time (the time the rank "
+                  "that waited least spent in them); median of the last 20 steps"),
+    ("Σ", "collectives outside training steps: total over the run"),
+)
+MEMORY_HEADER = ("rank", "params", "grads", "optimizer", "comm/step", "RSS", "peak RSS",
+                 "GPU peak")
 
 
 def _or_dash(value: Optional[object]) -> str:
@@ -49,19 +87,205 @@ def status_rows(status: ClusterStatus) -> Table:
     return Table(STATUS_HEADER, rows)
 
 
+# ----------------------------------------------------------------- run table
 def _state_cell(r: RankSnapshot) -> str:
+    state = str(r.state) + (", straggler" if r.straggler else "")
     if not r.error:
-        return str(r.state)
+        return state
     # Remote reasons may span lines; one line keeps the text table aligned (HTML folds them anyway).
-    return f"{r.state}: {' '.join(r.error.split())}"
+    return f"{state}: {' '.join(r.error.split())}"
 
 
-def run_table(snap: RunSnapshot) -> Table:
-    """One row per rank of a run: state (with the reason it failed), rates, step time, comm."""
-    rows = tuple(
-        Row((str(r.rank), _state_cell(r), str(r.steps), fmt_rate(r.steps_per_s),
-             fmt_rate(r.samples_per_s), fmt_seconds(r.step_s), fmt_fraction(r.exposed_fraction),
-             fmt_bytes_rate(r.bandwidth)),
-            broken=r.state.broken)
-        for r in snap.ranks)
-    return Table(RUN_HEADER, rows)
+def _count(r: RankSnapshot) -> Optional[float]:
+    return float(r.bar.n) if r.bar is not None else (float(r.steps) if r.steps else None)
+
+
+def _rate(r: RankSnapshot) -> Optional[float]:
+    return r.bar.rate if r.bar is not None else r.steps_per_s
+
+
+def _count_unit(r: RankSnapshot) -> str:
+    return "it" if r.bar is not None else "steps"
+
+
+def _comm(r: RankSnapshot, per_step: Optional[float], total: float) -> str:
+    if per_step is not None:
+        return fmt_seconds(per_step)
+    return f"Σ {fmt_seconds(total)}" if r.collectives else "-"
+
+
+def _values(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4g}" for k, v in values.items())
+
+
+def _rank_row(r: RankSnapshot) -> Row:
+    b = r.bar
+    if b is not None:
+        count = f"{b.n}/{b.total} it" if b.total is not None else f"{b.n} it"
+        rate = fmt_rate(b.rate, "it/s") if b.rate is not None else "-"
+    else:
+        count = f"{r.steps} steps" if r.steps else (f"{r.collectives} calls" if r.collectives
+                                                      else "-")
+        rate = fmt_rate(r.steps_per_s, "steps/s") if r.steps_per_s else "-"
+    frac = b.fraction if b is not None else None
+    if frac is None and not r.state.active and r.state != RankState.WAITING:
+        frac = 1.0 if r.state == RankState.DONE else None
+    cells = (str(r.rank), fmt_fraction(b.fraction) if b is not None and b.total else "",
+             count, rate, fmt_seconds(b.eta_s) if b is not None else "-",
+             fmt_seconds(r.compute_s),
+             _comm(r, r.waiting_s, r.collective_waiting_s),
+             _comm(r, r.transfer_s, r.collective_transfer_s),
+             fmt_bytes_rate(r.bandwidth), _values(r.scalars), _state_cell(r))
+    return Row(cells, broken=r.state.broken, straggler=r.straggler, fraction=frac,
+               state=str(r.state), rank=r.rank)
+
+
+def _spread(ranks: Sequence[RankSnapshot], get: Callable[[RankSnapshot], Optional[float]]
+            ) -> Optional[tuple[float, float, float]]:
+    xs = sorted(x for x in map(get, ranks) if x is not None)
+    return (xs[0], statistics.median(xs), xs[-1]) if xs else None
+
+
+def _aggregate_rows(snap: RunSnapshot) -> tuple[Row, ...]:
+    """Min, median and max over ranks for every column, then the outliers by name."""
+    rs = snap.ranks
+    unit = "it" if any(r.bar is not None for r in rs) else "steps"
+    columns: list[tuple[Callable[[RankSnapshot], Optional[float]], Callable[[float], str]]] = [
+        (lambda r: r.bar.fraction if r.bar is not None else None, fmt_fraction),
+        (_count, lambda x: f"{x:.0f} {unit}"),
+        (_rate, lambda x: fmt_rate(x, f"{unit}/s")),
+        (lambda r: r.bar.eta_s if r.bar is not None else None, fmt_seconds),
+        (lambda r: r.compute_s, fmt_seconds),
+        (lambda r: r.waiting_s, fmt_seconds),
+        (lambda r: r.transfer_s, fmt_seconds),
+        (lambda r: r.bandwidth, fmt_bytes_rate),
+    ]
+    spreads = [_spread(rs, get) for get, _ in columns]
+    names = list(dict.fromkeys(k for r in rs for k in r.scalars))
+    value_spreads = {k: _spread(rs, lambda r, k=k: r.scalars.get(k)) for k in names}
+    states: dict[str, int] = {}
+    for r in rs:
+        states[str(r.state)] = states.get(str(r.state), 0) + 1
+    counts = ", ".join(f"{n} {s}" for s, n in states.items())
+    rows = []
+    for i, label in enumerate(("min", "median", "max")):
+        cells = [label]
+        for (_, fmt), sp in zip(columns, spreads):
+            cells.append(fmt(sp[i]) if sp is not None else "-")
+        cells.append(", ".join(f"{k} {sp[i]:.4g}" for k, sp in value_spreads.items()
+                               if sp is not None))
+        cells.append(counts if label == "median" else "")
+        frac = spreads[0][i] if spreads[0] is not None else None
+        rows.append(Row(tuple(cells), fraction=frac))
+    outliers = [r for r in rs if r.straggler or r.state.broken]
+    rows += [_rank_row(r) for r in outliers[:MAX_OUTLIERS]]
+    rest = outliers[MAX_OUTLIERS:]
+    if rest:
+        cells = ["…", "", f"{len(rest)} more"] + [""] * (len(RUN_HEADER) - 4)
+        cells.append("ranks " + fmt_ranks(r.rank for r in rest))
+        rows.append(Row(tuple(cells), broken=any(r.state.broken for r in rest)))
+    return tuple(rows)
+
+
+def run_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> Table:
+    """One row per rank of a run; above ``aggregate_above`` ranks, min / median / max rows
+    over the ranks, then the stragglers and failed ranks by name."""
+    if len(snap.ranks) > aggregate_above:
+        return Table(RUN_HEADER, _aggregate_rows(snap))
+    return Table(RUN_HEADER, tuple(_rank_row(r) for r in snap.ranks))
+
+
+# ----------------------------------------------------------------- header phrases
+def progress_phrases(snap: RunSnapshot, final: bool = False) -> list[str]:
+    """The run's state, time and pace: ``finished in 12.3 s``, ``train 300/300 it``,
+    ``52.3 it/s``, ``1.67k samples/s`` (``ETA 4 s`` while it runs)."""
+    wall = snap.wall_s if snap.wall_s is not None else snap.elapsed_s
+    ended = final or snap.finished
+    if snap.failed:
+        head = "failed after"
+    elif any(r.state.broken for r in snap.ranks):
+        head = "stopped after"
+    else:
+        head = "finished in" if ended else "running for"
+    out = [f"{head} {fmt_seconds(wall)}" if wall else head.split()[0]]
+    active = [r for r in snap.ranks if r.state != RankState.WAITING]
+    bars = [r.bar for r in active if r.bar is not None]
+    if bars:  # the job moves at its slowest rank's pace
+        slow = min(bars, key=lambda b: b.n)
+        total = f"/{slow.total}" if slow.total is not None else ""
+        out.append(f"{slow.desc + ' ' if slow.desc else ''}{slow.n}{total} it")
+        rates = [b.rate for b in bars if b.rate]
+        if rates:
+            out.append(fmt_rate(min(rates), "it/s"))
+    elif any(r.steps for r in active):
+        out.append(f"{snap.steps} steps")
+        rates = [r.steps_per_s for r in active if r.steps_per_s]
+        if rates:
+            out.append(fmt_rate(min(rates), "steps/s"))
+    samples = sum(r.samples_per_s or 0 for r in active)
+    if samples:
+        out.append(fmt_rate(samples, "samples/s"))
+    etas = [b.eta_s for b in bars if b.eta_s is not None]
+    if etas and not ended:
+        out.append(f"ETA {fmt_seconds(max(etas))}")
+    return out
+
+
+def diagnosis_phrases(snap: RunSnapshot) -> list[str]:
+    """Where the step time goes, e.g. ``rank 1 is 5.1 ms/step slower (compute 15 ms)``,
+    ``others wait 26% of their step``, ``transfer 6%``, ``bandwidth 337 MB/s``."""
+    d = snap.diagnosis
+    out = []
+    if d.waited_for is not None:
+        slower = (f"rank {d.waited_for} is {fmt_seconds(d.slower_by_s)}/step slower"
+                  if d.slower_by_s is not None and d.slower_by_s > 0
+                  else f"everyone waits for rank {d.waited_for}")
+        out.append(slower + (f" (compute {fmt_seconds(d.compute_s)})"
+                             if d.compute_s is not None else ""))
+        if d.waiting is not None:
+            out.append(f"others wait {fmt_fraction(d.waiting)} of their step")
+    elif d.waiting is not None:
+        out.append(f"waiting {fmt_fraction(d.waiting)} of the step")
+    if d.transfer is not None:
+        out.append(f"transfer {fmt_fraction(d.transfer)}")
+    if d.bandwidth is not None:
+        out.append(f"bandwidth {fmt_bytes_rate(d.bandwidth)}")
+    return out
+
+
+def failure_lines(snap: RunSnapshot) -> list[str]:
+    """``rank 1 failed: ValueError: ...`` for every rank that failed or stopped."""
+    return [f"rank {r.rank} {r.state}: {' '.join((r.error or str(r.state)).split())}"
+            for r in snap.ranks if r.state.broken]
+
+
+def memory_table(snap: RunSnapshot) -> Optional[Table]:
+    """What each rank holds (local shards of sharded tensors) and sends per step; None when no
+    rank reported memory (no optimizer stepped)."""
+    if not any(r.memory for r in snap.ranks):
+        return None
+    rows = []
+    for r in snap.ranks:
+        m = r.memory
+        if m is None:
+            rows.append(Row((str(r.rank), *("-",) * (len(MEMORY_HEADER) - 1)), r.state.broken))
+            continue
+        rows.append(Row((str(r.rank), fmt_bytes(m.params), fmt_bytes(m.grads),
+                         fmt_bytes(m.optimizer), fmt_bytes(r.bytes_per_step), fmt_bytes(m.rss),
+                         fmt_bytes(m.peak), fmt_bytes(m.device_peak)), r.state.broken))
+    return Table(MEMORY_HEADER, tuple(rows))
+
+
+def comparison_table(runs: Sequence[RunFigures]) -> Table:
+    """One row per named run: what each strategy costs and gives."""
+    scalar_keys = sorted({k for r in runs for k in r.scalars})
+    header = ("run", "ranks", "samples/s", "step time", "exposed comm", "comm/step",
+              "params/rank", "grads/rank", "optimizer/rank", "peak RSS", *scalar_keys)
+    rows = tuple(Row((r.name, str(r.ranks), fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
+                      fmt_fraction(r.exposed_fraction), fmt_bytes(r.bytes_per_step),
+                      fmt_bytes(r.params), fmt_bytes(r.grads), fmt_bytes(r.optimizer),
+                      fmt_bytes(r.peak_rss),
+                      *(f"{r.scalars[k]:.4g}" if k in r.scalars else "-" for k in scalar_keys)))
+                 for r in runs)
+    return Table(header, rows)
+

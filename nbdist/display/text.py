@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Optional, TextIO
 
 from ..telemetry.events import STREAM, Batch
-from ..telemetry.states import RankState
-from ..telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
 from .html import run_summary
 from .refresh import Throttle
-from .tables import Table, run_table, status_rows
+from .tables import (
+    Table,
+    comparison_table,
+    diagnosis_phrases,
+    failure_lines,
+    memory_table,
+    progress_phrases,
+    run_table,
+    status_rows,
+)
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
     from ..telemetry.aggregate import RunSnapshot
+    from ..telemetry.compare import RunFigures
 
 
 class StreamView:
@@ -78,7 +86,8 @@ def _lay_out(table: Table) -> list[str]:
     cells = [row.cells for row in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h)
               for i, h in enumerate(header)]
-    return ["  ".join(v.ljust(w) for v, w in zip(line, widths)) for line in (header, *cells)]
+    return ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip()
+            for line in (header, *cells)]
 
 
 def format_status(status: ClusterStatus) -> str:
@@ -90,43 +99,27 @@ def format_status(status: ClusterStatus) -> str:
 
 
 # ----------------------------------------------------------------- run telemetry
-def format_line(snap: RunSnapshot, prefix: str = "nbdist: ") -> str:
-    """One line for a run in progress: steps, rates, exposed comm, bar, latest scalars."""
-    rows = [r for r in snap.ranks if r.state != RankState.WAITING]
-    parts = [f"{prefix}step {snap.steps}"] if any(r.steps for r in rows) else [prefix.strip()]
-    stepped = [r for r in rows if r.steps_per_s]
-    if stepped:
-        parts.append(fmt_rate(min(r.steps_per_s for r in stepped), "steps/s"))
-        samples = sum(r.samples_per_s or 0 for r in stepped)
-        if samples:
-            parts.append(fmt_rate(samples, "samples/s"))
-        fracs = [r.exposed_fraction for r in stepped if r.exposed_fraction is not None]
-        if fracs:
-            bws = [r.bandwidth for r in stepped if r.bandwidth]
-            parts.append(f"all-reduce {max(fracs):.0%} exposed"
-                         + (f", {fmt_bytes_rate(min(bws))}" if bws else ""))
-    bars = [r.bar for r in rows if r.bar is not None]
-    if bars:
-        slow = min(bars, key=lambda b: b.n)  # the job moves at its slowest rank's pace
-        total = f"/{slow.total}" if slow.total is not None else ""
-        eta = max((b.eta_s for b in bars if b.eta_s is not None), default=None)
-        parts.append(f"{slow.desc + ' ' if slow.desc else ''}{slow.n}{total}"
-                     + (f" ETA {fmt_seconds(eta)}" if eta is not None else ""))
-    if snap.scalars:
-        parts.append(" ".join(f"{k}={v:.4g}" for k, v in snap.scalars.items()))
-    if snap.stragglers:
-        parts.append("straggler: rank " + ",".join(str(r) for r in snap.stragglers))
-    for r in snap.failed:
-        parts.append(f"rank {r.rank} FAILED ({r.error})")
-    return " | ".join(parts)
+def format_line(snap: RunSnapshot, prefix: str = "nbdist: ", final: bool = False) -> str:
+    """One line for a run: state, pace, where the step time goes, failures."""
+    parts = progress_phrases(snap, final) + diagnosis_phrases(snap)
+    return prefix + " | ".join(parts + failure_lines(snap))
 
 
 def format_summary(snap: RunSnapshot) -> str:
-    """A plain table of a finished run, one row per rank."""
-    head = (f"nbdist run: {snap.steps} steps in {fmt_seconds(snap.elapsed_s)}"
-            + (f", straggler: rank {','.join(map(str, snap.stragglers))}"
-               if snap.stragglers else ""))
-    return "\n".join([head, *_lay_out(run_table(snap))])
+    """A plain table of a finished run, one row per rank (or min/median/max and outliers),
+    then what each rank holds when an optimizer stepped."""
+    head = "nbdist run: " + " | ".join(progress_phrases(snap, final=snap.finished)
+                                       + diagnosis_phrases(snap))
+    memory = memory_table(snap)
+    held = ["", *_lay_out(memory)] if memory is not None else []
+    return "\n".join([head, *_lay_out(run_table(snap)), *held])
+
+
+def format_comparison(runs: Sequence[RunFigures]) -> str:
+    """Named runs side by side, as a plain table."""
+    if not runs:
+        return "no named runs"
+    return "\n".join(_lay_out(comparison_table(runs)))
 
 
 class TextDashboard:
@@ -153,7 +146,7 @@ class TextDashboard:
     def close(self, snap: RunSnapshot) -> None:
         if not snap.has_telemetry:
             return
-        line = format_line(snap)
+        line = format_line(snap, final=True)
         if line != self._last:
             self._print(line)
         shown = False

@@ -1,40 +1,45 @@
 """Widget views, composed from core ipywidgets: built once, then only their values change.
 
-Nothing here runs a thread or prints: the run view is redrawn by its owner (from the kernel's
-main thread, rate-limited), and the cluster panel's Scale button calls a function it was given.
-Markup and colours come from :mod:`nbdist.display.html`.
+The run view is redrawn by its owner (from the kernel's main thread, rate-limited). The
+cluster panel refreshes itself while it is shown: a coroutine on the kernel's own event loop
+(the loop ipykernel runs on the main thread) wakes every few seconds and calls the status
+function it was given. No thread is started: the status call never runs beside a cell (the loop
+only turns while the kernel is idle), and ipyparallel's and Dask's clients are only ever used
+from the main thread. Markup and colours come from :mod:`nbdist.display.html`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ipywidgets import HTML, BoundedIntText, Button, FloatProgress, HBox, Layout, VBox, Widget
+from ipywidgets import HTML, BoundedIntText, Button, HBox, Layout, VBox, Widget
 
-from ..telemetry.states import RankState
+from ..errors import NoClusterError
 from .html import (
     SCALE_NOTE,
-    bold,
     charts,
+    cluster_stopped,
     error_text,
-    rank_stats,
+    failures,
+    legend,
+    memory_html,
+    message,
+    refreshed_note,
     run_header,
     run_summary,
-    scalars_line,
+    run_table_html,
     status_table,
 )
-from .text import format_line, format_status, format_summary
+from .text import format_status, format_summary
 
 if TYPE_CHECKING:
     from IPython.display import DisplayHandle
 
     from ..records import ClusterStatus
-    from ..telemetry.aggregate import RankSnapshot, RunSnapshot
-
-#: a rank's progress-bar style by state (a running straggler is drawn as a warning)
-_BAR_STYLE = {RankState.WAITING: "", RankState.RUNNING: "info", RankState.DONE: "success",
-              RankState.FAILED: "danger", RankState.STOPPED: "danger"}
+    from ..telemetry.aggregate import RunSnapshot
 
 
 def _held(*views: Widget) -> ExitStack:
@@ -45,43 +50,30 @@ def _held(*views: Widget) -> ExitStack:
     return stack
 
 
-class _RankRow:
-    def __init__(self, rank: int):
-        self.label = HTML(bold(f"rank {rank}"), layout=Layout(width="60px"))
-        self.bar = FloatProgress(value=0.0, min=0.0, max=1.0, bar_style="",
-                                 layout=Layout(width="220px"))
-        self.bar.add_class("nbdist-bar")
-        self.bar.add_class(f"nbdist-rank-{rank}")
-        self.stats = HTML("waiting")
-        self.box = HBox([self.label, self.bar, self.stats])
-        self.box.add_class("nbdist-rank-row")
-
-    def show(self, r: RankSnapshot) -> None:
-        with _held(self.bar, self.stats):
-            frac = r.bar.fraction if r.bar is not None else None
-            if frac is not None:
-                self.bar.value = frac
-            elif not r.state.active:
-                self.bar.value = 1.0
-            self.bar.bar_style = ("warning" if r.straggler and r.state == RankState.RUNNING
-                                  else _BAR_STYLE.get(r.state, ""))
-            self.bar.description = f"{frac:.0%}" if frac is not None else ""
-            self.stats.value = rank_stats(r)
+def _set(view: HTML, value: str) -> None:
+    if view.value != value:  # an unchanged part sends nothing to the front end
+        view.value = value
 
 
 class RunWidget(VBox):
-    """A run's dashboard: a bar per rank, latest scalars, step-time and bandwidth charts.
+    """A run's dashboard: a header, one aligned row per rank (or min / median / max rows and
+    the outliers above 16 ranks), a legend, and charts of step time, bandwidth and logged values.
 
     Update it with :meth:`show` (a :class:`~nbdist.telemetry.aggregate.RunSnapshot`).
     """
 
     def __init__(self, ranks: list[int]):
-        self.header = HTML(run_header("starting"))
-        self.rows = {r: _RankRow(r) for r in ranks}
-        self.scalars = HTML("")
+        self.ranks = list(ranks)
+        self.header = HTML("<b>nbdist</b> starting")
+        self.table = HTML("")
+        self.table.add_class("nbdist-rows")
+        self.memory = HTML("")  # what each rank holds, once an optimizer steps
+        self.memory.add_class("nbdist-memory")
+        self.failures = HTML("")
+        self.legend = HTML(legend())
         self.chart = HTML("")
         self.chart.add_class("nbdist-chart")
-        super().__init__([self.header, *(row.box for row in self.rows.values()), self.scalars,
+        super().__init__([self.header, self.table, self.memory, self.failures, self.legend,
                           self.chart])
         self.add_class("nbdist-dashboard")
         self.snapshot: Optional[RunSnapshot] = None
@@ -89,17 +81,12 @@ class RunWidget(VBox):
     def show(self, snap: RunSnapshot, final: bool = False) -> None:
         """Draw ``snap``; ``final`` when the run is over (the header then says finished)."""
         self.snapshot = snap
-        for r in snap.ranks:
-            if r.rank not in self.rows:  # a rank outside the expected set reported
-                self.rows[r.rank] = row = _RankRow(r.rank)
-                self.children = (*self.children[:-2], row.box, *self.children[-2:])
-            self.rows[r.rank].show(r)
-        with _held(self.header, self.scalars, self.chart):
-            state = "finished" if final and not snap.failed else (
-                "failed" if snap.failed else "running")
-            self.header.value = run_header(state, format_line(snap, ""))
-            self.scalars.value = scalars_line(snap.scalars)
-            self.chart.value = charts(snap.series)
+        with _held(self.header, self.table, self.memory, self.failures, self.chart):
+            _set(self.header, run_header(snap, final))
+            _set(self.table, run_table_html(snap))
+            _set(self.memory, memory_html(snap))
+            _set(self.failures, failures(snap))
+            _set(self.chart, charts(snap))
 
 
 class WidgetDashboard:
@@ -142,23 +129,40 @@ class WidgetDashboard:
 
 # ----------------------------------------------------------------- cluster panel
 class ClusterPanel(VBox):
-    """One row per worker and a control to scale to N workers.
+    """One row per worker, a control to scale to N workers, refreshed while shown.
 
     Parameters
     ----------
     status : callable
-        Returns the current :class:`~nbdist.records.ClusterStatus`.
+        Returns the current :class:`~nbdist.records.ClusterStatus`; raises
+        :class:`~nbdist.errors.NoClusterError` once the cluster is stopped.
     scale : callable, optional
         ``scale(n)`` resizes the cluster (the same method ``%nbdist scale N`` calls).
+    interval : float, optional
+        Seconds between refreshes while the panel is on screen (None: only on demand).
     """
 
+    #: a refresh may take at most this share of the kernel's idle time: a slow status (a
+    #: worker that does not answer) spaces the refreshes out instead of hogging the kernel
+    MAX_BUSY_SHARE = 0.2
+
     def __init__(self, status: Callable[[], ClusterStatus],
-                 scale: Optional[Callable[[int], object]] = None):
+                 scale: Optional[Callable[[int], object]] = None,
+                 interval: Optional[float] = 3.0, clock: Callable[[], float] = time.time):
         self._status = status
         self._scale = scale
+        self.interval = interval
+        self._clock = clock
         self.status: Optional[ClusterStatus] = None
+        self.stopped = False
+        self.refreshes = 0
+        self._task: Optional[asyncio.Task] = None
+        self._closed = False
+        self._last_cost = 0.0
         self.table = HTML("")
         self.table.add_class("nbdist-cluster-table")
+        self.note = HTML("")
+        self.note.add_class("nbdist-cluster-note")
         self.count = BoundedIntText(value=1, min=1, max=256, description="workers",
                                     layout=Layout(width="160px"))
         self.scale_button = Button(description="Scale", button_style="primary",
@@ -169,19 +173,46 @@ class ClusterPanel(VBox):
         self.message.add_class("nbdist-cluster-message")
         self.scale_button.on_click(lambda _b: self.scale(self.count.value))
         self.refresh_button.on_click(lambda _b: self.refresh())
-        super().__init__([self.table, HBox([self.count, self.scale_button, self.refresh_button]),
+        super().__init__([self.table, self.note,
+                          HBox([self.count, self.scale_button, self.refresh_button]),
                           self.message, HTML(SCALE_NOTE)])
         self.add_class("nbdist-cluster")
         self.refresh()
         self.count.value = max(1, self.workers)
+        if interval:
+            # Count the front end's views of the panel: it refreshes only while one is shown.
+            self._view_count = 0
+            self.observe(self._on_views, names="_view_count")
 
     @property
     def workers(self) -> int:
         return len(self.status.rows) if self.status is not None else 0
 
     def refresh(self) -> None:
-        self.status = self._status()
-        self.table.value = status_table(self.status)
+        """Ask for the status now; a stopped cluster or an error is shown on the panel."""
+        t0 = time.perf_counter()
+        error = ""
+        try:
+            self.status = self._status()
+            self.stopped = False
+        except NoClusterError as exc:
+            self.status, self.stopped = None, True
+            error = str(exc)
+        except Exception as exc:  # shown, not raised: a timer has no cell to raise into
+            error = f"{type(exc).__name__}: {exc}"
+        self._last_cost = time.perf_counter() - t0
+        self.refreshes += 1
+        clock = time.strftime("%H:%M:%S", time.localtime(self._clock()))
+        with _held(self.table, self.note, self.message, self.scale_button):
+            if self.stopped:
+                _set(self.table, cluster_stopped(error))
+                _set(self.note, refreshed_note(self.interval, clock))
+                _set(self.message, "")  # what the last Scale said is no longer true
+            else:
+                if self.status is not None:
+                    _set(self.table, status_table(self.status))
+                _set(self.note, refreshed_note(self.interval, clock, error))
+            self.scale_button.disabled = self._scale is None or self.stopped
 
     def scale(self, n: int) -> None:
         """Resize to ``n`` workers; errors stay on the panel in red."""
@@ -196,9 +227,42 @@ class ClusterPanel(VBox):
             self.message.value = (f"{self.workers} workers; the process group was re-formed "
                                   f"(world size {n}).")
         except Exception as exc:  # shown, not raised: a button has no cell to raise into
+            self.refresh()  # the table says what the cluster is now, the message why
             self.message.value = error_text(f"could not scale to {n}: {exc}")
         finally:
-            self.scale_button.disabled = False
+            self.scale_button.disabled = self._scale is None or self.stopped
+
+    # ------------------------------------------------------------- refreshing while shown
+    def _on_views(self, change: dict[str, Any]) -> None:
+        if change["new"] and self._task is None and not self._closed:
+            try:
+                loop = asyncio.get_running_loop()  # the kernel's, while it handles a message
+            except RuntimeError:
+                return  # no event loop on this thread (plain Python): refresh on demand
+            self._task = loop.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        """Refresh every ``interval`` seconds while a view of the panel exists."""
+        try:
+            while not self._closed and self._view_count:
+                delay = max(self.interval or 0.0, self._last_cost / self.MAX_BUSY_SHARE)
+                await asyncio.sleep(delay)
+                if self._closed or not self._view_count:
+                    break
+                self.refresh()
+        finally:
+            self._task = None
+
+    def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+        super().close()
 
     def __repr__(self) -> str:
+        if self.stopped:
+            return "nbdist cluster: stopped"
         return format_status(self.status) if self.status is not None else "<ClusterPanel>"
+
+
+__all__ = ["ClusterPanel", "RunWidget", "WidgetDashboard", "message"]

@@ -80,19 +80,51 @@ def _coalesce(events: list[Event]) -> list[Event]:
     return out
 
 
-class StreamTee(io.TextIOBase):
-    """A text stream that turns writes into ``stream`` events."""
+#: characters of stdout + stderr one rank sends per cell; past it, output is counted, not sent
+MAX_OUTPUT_CHARS = 1_000_000
 
-    def __init__(self, sink: EventSink, name: str):
+
+class OutputBudget:
+    """What a rank may still send of its output in this cell, and what it held back."""
+
+    def __init__(self, limit: int = MAX_OUTPUT_CHARS):
+        self.left = limit
+        self.limit = limit
+        self.dropped_chars = 0
+        self.dropped_lines = 0
+
+    def take(self, text: str) -> str:
+        """The part of ``text`` that may still be sent (counting the rest)."""
+        if len(text) <= self.left:
+            self.left -= len(text)
+            return text
+        sent, rest = text[:max(self.left, 0)], text[max(self.left, 0):]
+        self.left = 0
+        self.dropped_chars += len(rest)
+        self.dropped_lines += rest.count("\n")
+        return sent
+
+    def notice(self) -> str:
+        return (f"\n[nbdist: output cut after {self.limit:,} characters; "
+                f"{self.dropped_lines:,} more lines ({self.dropped_chars:,} characters) were not "
+                "sent to the notebook. Write long logs to a file.]\n")
+
+
+class StreamTee(io.TextIOBase):
+    """A text stream that turns writes into ``stream`` events, within an output budget."""
+
+    def __init__(self, sink: EventSink, name: str, budget: Optional[OutputBudget] = None):
         self._sink = sink
         self.name = name
+        self._budget = budget
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        if text:
-            self._sink.emit(stream(self.name, text))
+        sent = self._budget.take(text) if self._budget is not None and text else text
+        if sent:
+            self._sink.emit(stream(self.name, sent))
         return len(text)
 
     def isatty(self) -> bool:
@@ -124,12 +156,20 @@ def _warning_tee(sink: EventSink) -> Callable[..., None]:
 
 
 @contextmanager
-def captured_output(sink: EventSink) -> Iterator[None]:
-    """Route ``sys.stdout``/``sys.stderr`` and shown warnings to ``sink`` during a cell."""
+def captured_output(sink: EventSink, limit: int = MAX_OUTPUT_CHARS) -> Iterator[OutputBudget]:
+    """Route ``sys.stdout``/``sys.stderr`` and shown warnings to ``sink`` during a cell.
+
+    At most ``limit`` characters are sent; past them, output is counted and one notice says
+    how much was held back (a print loop of millions of lines must not flood the notebook).
+    """
+    budget = OutputBudget(limit)
     old = sys.stdout, sys.stderr, warnings.showwarning
-    sys.stdout, sys.stderr = StreamTee(sink, "stdout"), StreamTee(sink, "stderr")
+    sys.stdout = StreamTee(sink, "stdout", budget)
+    sys.stderr = StreamTee(sink, "stderr", budget)
     warnings.showwarning = _warning_tee(sink)
     try:
-        yield
+        yield budget
     finally:
         sys.stdout, sys.stderr, warnings.showwarning = old
+        if budget.dropped_chars:
+            sink.emit(stream("stderr", budget.notice()))

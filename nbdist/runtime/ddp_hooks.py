@@ -37,15 +37,24 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
+from . import memory
 from .measure import _Bucket, telemetry
 
+# The collectives a cell, FSDP2 (all_gather_single, reduce_scatter_single) or ZeRO (broadcast)
+# calls through ``torch.distributed``; timed wherever they are looked up at call time.
 _COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-                "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single", "all_to_all",
-                "barrier")
+                "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
+                "reduce_scatter_single", "all_to_all_single", "all_to_all", "gather", "scatter",
+                "send", "recv", "barrier")
 # What install() replaced, to put back on uninstall(): DDP methods by name, collectives as
 # "dist.<name>". Empty means not installed.
 _original: dict[str, Callable] = {}
+_handles: list[Any] = []  # global optimizer hooks, removed by uninstall()
 
 
 # ----------------------------------------------------------------- tensor helpers
@@ -58,15 +67,22 @@ def _dtype_name(t: Any) -> str:
 
 
 def _payload(args: tuple, kwargs: dict) -> tuple[int, str]:
-    """Bytes and dtype handed to a collective: its first tensor, else its first tensor list."""
-    values = list(args) + list(kwargs.values())
-    for v in values:
+    """Bytes and dtype of a collective: its largest buffer, a tensor or a list of tensors.
+
+    That is the whole tensor of an all-reduce or broadcast, the gathered output of an
+    all-gather and the input of a reduce-scatter, as nccl-tests counts them.
+    """
+    best, dtype = 0, ""
+    for v in (*args, *kwargs.values()):
         if isinstance(v, torch.Tensor):
-            return _nbytes(v), str(v.dtype).replace("torch.", "")
-    for v in values:
-        if isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
-            return sum(_nbytes(t) for t in v), str(v[0].dtype).replace("torch.", "")
-    return 0, ""
+            n, first = _nbytes(v), v
+        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+            n, first = sum(_nbytes(t) for t in v), v[0]
+        else:
+            continue
+        if n > best or not dtype:
+            best, dtype = max(best, n), str(first.dtype).replace("torch.", "")
+    return best, dtype
 
 
 # ----------------------------------------------------------------- DDP hook composition
@@ -253,6 +269,18 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
     return wrapper
 
 
+# ----------------------------------------------------------------- optimizer steps
+def _optimizer_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if telemetry.enabled:
+        memory.optimizers.add(optimizer)
+        telemetry.on_optimizer_step(begin=True)
+
+
+def _optimizer_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if telemetry.enabled:
+        telemetry.on_optimizer_step(begin=False)
+
+
 # ----------------------------------------------------------------- install / uninstall
 def install() -> None:
     """Patch DDP and ``torch.distributed``'s collectives in this process (idempotent)."""
@@ -270,6 +298,10 @@ def install() -> None:
     DDP.__init__ = __init__
     DDP.register_comm_hook = _register_comm_hook
     DDP._register_builtin_comm_hook = _register_builtin_comm_hook
+    # Without DDP, optimizer steps are the training steps (FSDP2, ZeRO, plain optimizers).
+    _handles.append(register_optimizer_step_pre_hook(_optimizer_pre))
+    _handles.append(register_optimizer_step_post_hook(_optimizer_post))
+    telemetry.memory_probe = memory.probe
     for name in _COLLECTIVES:
         fn = getattr(dist, name, None)
         if fn is not None:
@@ -279,6 +311,9 @@ def install() -> None:
 
 def uninstall() -> None:
     """Undo :func:`install` (models already built keep their hooks, which then pass through)."""
+    while _handles:
+        _handles.pop().remove()
+    telemetry.memory_probe = None
     for key, fn in _original.items():
         if key.startswith("dist."):
             setattr(dist, key[5:], fn)

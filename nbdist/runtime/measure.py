@@ -27,8 +27,19 @@ How each number is measured
 * **Exposed communication** is the wait that compute did not hide: from the last bucket being
   ready (the end of backward compute) to the last bucket's all-reduce finishing, plus the time
   spent in blocking collectives called in the step.
+* **Steps without DDP** (FSDP2, ZeRO, or any optimizer) are optimizer steps: a step ends when
+  the outermost ``optimizer.step()`` returns (ZeRO's inner optimizer does not count twice) and
+  starts at the first collective after the previous one. Collectives seen before a cell's first
+  optimizer step are held back and attributed to that step; in a cell that never steps an
+  optimizer they stay unattributed, as before.
 * **Collectives** called in a cell through ``torch.distributed`` are timed on the host, from
-  the call to its return (or, with ``async_op=True``, to its future completing).
+  the call to its return (or, with ``async_op=True``, to its future completing). Their bytes are
+  the largest buffer handed to them: the whole tensor for an all-reduce, the gathered output of
+  an all-gather, the input of a reduce-scatter (as nccl-tests counts them).
+* **Memory** is sampled after a step at most twice a second, and at the end of a cell: bytes of
+  the parameters, gradients and state of every optimizer stepped in this process (a sharded
+  tensor counts its local shard; a tensor shared by two optimizers counts once), the process's
+  resident memory and its peak, and on a GPU ``torch.cuda.max_memory_allocated``.
 
 On CUDA, bucket completion comes from CUDA events recorded in the hook's future callback, read
 without synchronizing when the step closes; a bucket whose events have not completed yet is
@@ -41,10 +52,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..telemetry import events as ev
 from ..telemetry.intervals import exposed_seconds
+
+# Collectives held for an optimizer step to claim; past this many, the cell is not training.
+_MAX_HELD = 512
 
 
 class _Bucket:
@@ -67,7 +81,7 @@ class _Step:
     """One open training step: its forward span, buckets and collective time so far."""
 
     __slots__ = ("n", "t0", "source", "samples", "fwd0", "fwd1", "buckets",
-                 "coll_total", "coll_exposed", "last")
+                 "coll_total", "coll_exposed", "last", "held")
 
     def __init__(self, n: int, t0: float, source: str):
         self.n = n
@@ -80,6 +94,8 @@ class _Step:
         self.coll_total = 0.0
         self.coll_exposed = 0.0
         self.last = t0  # latest activity seen, the end of a cell's last step
+        # Comm events of a step no optimizer has confirmed yet: emitted when it closes.
+        self.held: Optional[list[dict[str, Any]]] = None
 
 
 class Telemetry:
@@ -95,6 +111,13 @@ class Telemetry:
         self.bars = 0
         self.local = threading.local()  # .bucket: the bucket whose hook is running
         self.lock = threading.Lock()
+        self.optim_depth = 0  # optimizer.step() calls in progress (ZeRO nests two)
+        self.optim_seen = False  # an optimizer stepped in this cell: it defines the steps
+        self.holding = True
+        self.pending_samples = 0  # progress items counted towards the next optimizer step
+        #: returns the bytes this rank holds (installed on workers, where torch is)
+        self.memory_probe: Optional[Callable[[], dict[str, Any]]] = None
+        self._memory_at = 0.0
 
     # ------------------------------------------------------------- cell lifecycle
     def begin_cell(self, sink: Any, enabled: bool = True, collectives: bool = True) -> None:
@@ -103,11 +126,16 @@ class Telemetry:
         self.enabled = enabled and sink is not None
         self.collectives = collectives
         self.step, self.steps, self.ddp_seen = None, 0, False
+        self.optim_depth, self.optim_seen, self.pending_samples = 0, False, 0
+        self.holding = True  # collectives may open a step for an optimizer to confirm
+        self._memory_at = 0.0
 
     def end_cell(self) -> None:
-        """Report the cell's open step and stop recording."""
+        """Report the cell's open step and memory, and stop recording."""
         if self.step is not None:
             self.close_step(self.step.last, final=True)
+        if self.enabled and (self.optim_seen or self.ddp_seen):
+            self.sample_memory(time.time(), force=True)
         self.enabled = False
         self.sink = None
 
@@ -119,7 +147,8 @@ class Telemetry:
 
     # ------------------------------------------------------------- steps
     def open_step(self, t0: float, source: str) -> _Step:
-        """Open the next step at ``t0``; ``source`` is ``"ddp"`` or ``"progress"``."""
+        """Open the next step at ``t0``; ``source`` is ``"ddp"``, ``"optim"`` or
+        ``"progress"``."""
         self.step = _Step(self.steps, t0, source)
         self.steps += 1
         return self.step
@@ -129,6 +158,14 @@ class Telemetry:
         st, self.step = self.step, None
         if st is None:
             return
+        if st.held is not None and not self.optim_seen:
+            # No optimizer ever stepped: these collectives were not part of a training step.
+            self.step = st
+            self._drop_provisional()
+            return
+        for e in st.held or ():
+            e["step"] = st.n
+            self.emit(e)
         ready_last, comm_end, total, nbytes = None, None, st.coll_total, 0
         spans = []
         for b in st.buckets:
@@ -159,11 +196,23 @@ class Telemetry:
                           fwd=(st.fwd0, st.fwd1) if st.fwd0 and st.fwd1 else None, bwd=bwd,
                           source=st.source))
 
+    def _drop_provisional(self) -> None:
+        """Give up the open step no optimizer confirmed: its collectives go out unattributed."""
+        st, self.step = self.step, None
+        self.steps -= 1
+        for e in st.held or ():
+            e["step"] = None
+            self.emit(e)
+
     # called from DDP module hooks (main thread), for forwards with grad enabled only
     def on_forward(self, args: tuple) -> None:
         """A DDP forward starts: open a step unless ``no_sync()`` micro-batches fold into it."""
         now = time.time()
-        st = self.step
+        with self.lock:
+            st = self.step
+            if st is not None and st.held is not None and not self.optim_seen:
+                self._drop_provisional()  # DDP owns the steps: earlier collectives were not one
+                st = None
         if st is not None and st.source == "progress":
             st = self.step = None  # DDP found: it owns the steps from here on
             self.steps -= 1
@@ -185,10 +234,51 @@ class Telemetry:
         # gradient, but a Python hook inside autograd costs more than it tells.
         st.fwd1 = st.last = time.time()
 
+    # called from global optimizer step hooks (main thread)
+    def on_optimizer_step(self, begin: bool) -> None:
+        """``optimizer.step()`` begins or returns; the outermost return ends a step."""
+        if begin:
+            self.optim_depth += 1
+            return
+        self.optim_depth = max(0, self.optim_depth - 1)
+        if self.optim_depth or self.ddp_seen:
+            return  # an inner optimizer (ZeRO's), or DDP owns the steps
+        now = time.time()
+        self.optim_seen = self.holding = True
+        with self.lock:
+            st = self.step
+            if st is not None and st.source == "progress":
+                self.steps -= 1  # the optimizer owns the steps from here on
+                st = self.step = None
+            if st is None:
+                st = self.open_step(now, "optim")
+            st.samples += self.pending_samples
+            self.pending_samples = 0
+            self.close_step(now)
+        self.sample_memory(now)
+
+    def sample_memory(self, now: float, force: bool = False) -> None:
+        """Report the bytes this rank holds, at most every half second unless ``force``."""
+        probe = self.memory_probe
+        if probe is None or (not force and now - self._memory_at < 0.5):
+            return
+        self._memory_at = now
+        try:
+            held = probe()
+        except Exception as exc:  # a probe bug must not fail the user's training
+            sys.__stderr__.write(f"nbdist: memory probe failed: {exc!r}\n")
+            self.memory_probe = None
+            return
+        self.emit(ev.memory(now, step=self.steps - 1 if self.steps else None, **held))
+
     # called from nbdist.progress (main thread)
     def on_iteration(self, item: Any, t0: float) -> None:
-        """A progress bar fetched ``item`` at ``t0``: a step, unless a DDP model owns steps."""
+        """A progress bar fetched ``item`` at ``t0``: a step, unless a DDP model or an
+        optimizer owns steps (then the item's batch size counts towards that step)."""
         if self.ddp_seen:
+            return
+        if self.optim_seen:
+            self.pending_samples += _batch_size((item,)) or 1
             return
         if self.step is not None:
             self.close_step(t0)
@@ -197,16 +287,30 @@ class Telemetry:
     # called from the comm hook and collective wrappers (any thread)
     def on_collective(self, name: str, t0: float, t1: float, nbytes: int, dtype: str,
                       blocking: bool) -> None:
-        """Count a collective outside a DDP hook; ``blocking``: compute waited for all of it."""
+        """Count a collective outside a DDP hook; ``blocking``: compute waited for all of it.
+
+        Without DDP, a collective with no step open opens one that the next optimizer step
+        closes (FSDP's all-gathers start a step in its forward).
+        """
         with self.lock:
             st = self.step
+            if st is None and not self.ddp_seen and self.enabled and self.holding:
+                st = self.open_step(t0, "optim")
+                st.held = []
+            event = ev.comm(name, t0, t1, nbytes, step=st.n if st is not None else None,
+                            dtype=dtype)
             if st is not None:
                 st.coll_total += t1 - t0
                 if blocking:
                     st.coll_exposed += t1 - t0
                 st.last = max(st.last, t1)
-        self.emit(ev.comm(name, t0, t1, nbytes, step=st.n if st is not None else None,
-                          dtype=dtype))
+                if st.held is not None and not self.optim_seen:
+                    st.held.append(event)
+                    if len(st.held) >= _MAX_HELD:  # a collectives loop, not training
+                        self._drop_provisional()
+                        self.holding = False
+                    return
+        self.emit(event)
 
 
 telemetry = Telemetry()

@@ -39,6 +39,7 @@ class ErrorInfo(TypedDict):
     line: Optional[int]  # the cell's line of the innermost cell frame
     communication: bool  # failed in a collective or the group, not in the cell's own code
     caused_by_peer: bool  # ... because a peer died or closed the group (a consequence)
+    timestamp: Optional[float]  # when it was recorded (a script's @record error file), else None
 
 
 class CellResult(TypedDict, total=False):
@@ -108,14 +109,15 @@ def error_info(exc: BaseException, filename: str, *, communication: Optional[boo
     text = str(exc) if evalue is None else evalue
     return ErrorInfo(ename=type(exc).__name__, evalue=text, traceback="".join(lines), line=line,
                      communication=comm, caused_by_peer=comm and bool(_PEER_LOSS.search(
-                         f"{type(exc).__name__}: {exc}")))
+                         f"{type(exc).__name__}: {exc}")), timestamp=None)
 
 
 def plain_error(ename: str, evalue: str, traceback_text: str = "", *,
-                communication: bool = False) -> ErrorInfo:
-    """An error that is not a Python exception on the worker (no rank, engine failure)."""
+                communication: bool = False, timestamp: Optional[float] = None) -> ErrorInfo:
+    """An error that is not a Python exception on the worker (no rank, engine failure, a
+    script's recorded error)."""
     return ErrorInfo(ename=ename, evalue=evalue, traceback=traceback_text, line=None,
-                     communication=communication, caused_by_peer=False)
+                     communication=communication, caused_by_peer=False, timestamp=timestamp)
 
 
 def cell_ok(value: Optional[dict[str, Any]] = None) -> CellResult:

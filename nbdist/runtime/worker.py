@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 import cloudpickle
 
+from ..telemetry.units import fmt_bytes
 from . import env as envmod
 from . import results
 from .capture import EventSink, Transport, captured_output
@@ -32,6 +33,7 @@ class _State:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         self.plan: Optional[envmod.RankPlan] = None
         self.env_before: dict[str, Optional[str]] = {}
+        self.cwd_before: Optional[str] = None
         self.port: Optional[int] = None
         self.device: Any = None
         self.backend: Optional[str] = None
@@ -109,13 +111,22 @@ def close_store(purpose: str) -> None:
 
 
 def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeout: float,
-         gen: int, warm: bool = True) -> dict[str, Any]:
-    """Take ``plan``'s rank: set torchrun's env, pin threads and GPU, form the group, warm up."""
+         gen: int, warm: bool = True, working_dir: Optional[str] = None) -> dict[str, Any]:
+    """Take ``plan``'s rank: set torchrun's env, pin threads and GPU, form the group, warm up.
+
+    With ``working_dir``, cells run there (the previous directory comes back on leave).
+    """
     import torch
 
     from . import group
 
     leave()
+    if working_dir:
+        if not os.path.isdir(working_dir):
+            raise FileNotFoundError(f"working_dir {working_dir!r} is not a directory on "
+                                    f"{socket.gethostname()}")
+        _state.cwd_before = os.getcwd()
+        os.chdir(working_dir)
     _state.plan = plan
     _state.port = port
     _state.timeout = timeout
@@ -169,6 +180,9 @@ def leave() -> None:
     envmod.restore_env(os.environ, _state.env_before)
     _state.env_before = {}
     _state.plan = None
+    if _state.cwd_before is not None:
+        os.chdir(_state.cwd_before)
+        _state.cwd_before = None
 
 
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
@@ -249,7 +263,46 @@ def pull(name: str) -> results.PullResult:
         except AttributeError:
             return results.not_pulled(f"{'.'.join(parts[:parts.index(attr)])} has no "
                                       f"attribute {attr!r}")
-    return results.pulled(cloudpickle.dumps(_to_cpu(obj)))
+    size = _size_hint(obj)
+    if size > MAX_PULL_BYTES:
+        return results.not_pulled(_too_big(name, size))
+    try:
+        blob = cloudpickle.dumps(_to_cpu(obj))
+    except Exception as exc:  # the user's object, not nbdist: say what cannot travel
+        return results.not_pulled(
+            f"{name} ({type(obj).__name__}) cannot be sent to the notebook: "
+            f"{type(exc).__name__}: {exc}. Pull the parts that can be pickled, e.g. a "
+            "state_dict() or a tensor")
+    if len(blob) > MAX_PULL_BYTES:
+        return results.not_pulled(_too_big(name, len(blob)))
+    return results.pulled(blob)
+
+
+#: the largest object ``pull`` sends (pickled); bigger ones are refused with their size
+MAX_PULL_BYTES = 2 << 30
+
+
+def _too_big(name: str, size: int) -> str:
+    return (f"{name} is {fmt_bytes(size)}, over the {fmt_bytes(MAX_PULL_BYTES)} that pull "
+            "sends: pull a part of it (a slice, one tensor), or save it to a file on the "
+            "worker (torch.save) and read that")
+
+
+def _size_hint(obj: Any) -> int:
+    """Bytes of the tensors in ``obj`` (a tensor, a module, or a dict/list of them), known
+    without pickling it."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, torch.nn.Module):
+        return sum(t.numel() * t.element_size()
+                   for t in (*obj.parameters(), *obj.buffers()))
+    if isinstance(obj, dict):
+        return sum(_size_hint(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_size_hint(v) for v in obj)
+    return 0
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -268,13 +321,18 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def run_script(script: str, source: str, argv: list[str], port: int,
-               cwd: str) -> results.CellResult:
-    """Run a torchrun-style script in a fresh process with this rank's torchrun environment."""
-    from .script import run
+def run_script(script: str, source: str, argv: list[str], port: int, cwd: str,
+               run_id: str = "nbdist") -> results.CellResult:
+    """Run a torchrun-style script in a fresh process with this rank's torchrun environment:
+    the variables torchrun's agent sets, a per-run id and a per-rank error file."""
+    from .script import error_file, run
 
     assert _state.plan is not None and _state.sink is not None
-    return run(script, source, argv, _state.plan.env(port), cwd, _state.sink)
+    env = _state.plan.env(port, run_id=run_id)
+    env["TORCHELASTIC_ERROR_FILE"] = error_file(run_id, _state.plan.rank)
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                                            "1")
+    return run(script, source, argv, env, cwd, _state.sink)
 
 
 def status() -> dict[str, Any]:

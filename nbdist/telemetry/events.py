@@ -15,8 +15,9 @@ STEP = "step"  # one training step on one rank; see step()
 COMM = "comm"  # one timed collective (a DDP gradient bucket, or a call in the cell)
 PROGRESS = "progress"  # an nbdist.progress bar's position
 SCALARS = "scalars"  # values given to nbdist.log()
+MEMORY = "memory"  # bytes this rank holds for training; see memory()
 END = "end"  # the cell finished on this rank: {"ok", "error", "t"}
-TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, END})
+TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, END})
 
 Event = dict[str, Any]
 Batch = dict[str, Any]
@@ -64,6 +65,16 @@ def progress(bar: int, desc: str, n: int, total: Optional[int], t: float,
 
 def scalars(values: dict[str, float], t: float, step: Optional[int] = None) -> Event:
     return {"kind": SCALARS, "values": values, "t": t, "step": step}
+
+
+def memory(t: float, *, params: int, grads: int, optimizer: int, rss: Optional[int],
+           peak: Optional[int], device_peak: Optional[int] = None,
+           step: Optional[int] = None) -> Event:
+    """What this rank holds at ``t``: bytes of parameters, gradients and optimizer state
+    (sharded tensors counted by their local shard), the process's resident memory now and
+    at its peak, and on a GPU the peak of memory allocated by torch on it."""
+    return {"kind": MEMORY, "t": t, "params": params, "grads": grads, "optimizer": optimizer,
+            "rss": rss, "peak": peak, "device_peak": device_peak, "step": step}
 
 
 def end(ok: bool, t: float, error: Optional[str] = None) -> Event:

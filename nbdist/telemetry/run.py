@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Optional, Union
 
 from .aggregate import RunSnapshot, RunState
@@ -31,11 +32,16 @@ class Run:
         Ranks in the job when it ran.
     generation : int
         The process group's generation when it started.
+    name : str, optional
+        The label the user gave it (``%%distributed --name``).
     """
 
     def __init__(self, what: str, ranks: Sequence[int], *, world_size: int,
-                 generation: int = 0) -> None:
+                 generation: int = 0, name: Optional[str] = None) -> None:
         self.what = what
+        self.name = name
+        #: how error headlines name it: ``In [12]`` for a cell the kernel numbered
+        self.label: Optional[str] = None
         self.ranks = tuple(ranks)
         self.world_size = world_size
         self.generation = generation
@@ -61,8 +67,9 @@ class Run:
         self.ended = time.time()
 
     def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
-        """The run's numbers now; views draw this."""
-        return self._state.snapshot(now)
+        """The run's numbers now, with its wall-clock time so far; views draw this."""
+        end = self.ended if self.ended is not None else time.time()
+        return replace(self._state.snapshot(now), wall_s=max(0.0, end - self.started))
 
     @property
     def recorded(self) -> bool:
@@ -80,13 +87,14 @@ class Run:
 
     def write_trace(self, path: Union[str, os.PathLike]) -> int:
         """Write the run as a Chrome trace (one track per rank); return its event count."""
-        meta = {"world_size": self.world_size, "what": self.what,
+        meta = {"world_size": self.world_size, "what": self.what, "name": self.name,
                 "dropped_events": self.dropped}
         return write_trace(path, self.events(), meta)
 
     def __repr__(self) -> str:
         state = "finished" if self.ended is not None else "running"
-        return (f"<nbdist.Run {self.what} on ranks {list(self.ranks)}, {state}: "
+        label = f" {self.name!r}" if self.name else ""
+        return (f"<nbdist.Run{label} {self.what} on ranks {list(self.ranks)}, {state}: "
                 f"{self.snapshot()!r}>")
 
     def _repr_html_(self) -> str:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
-from .events import COMM, PROGRESS, SCALARS, STEP, Event
+from .events import COMM, MEMORY, PROGRESS, SCALARS, STEP, Event
 
 _STEPS, _PHASES, _CALLS, _BUCKETS = 1, 2, 3, 10  # thread ids; bucket lanes count up from 10
 
@@ -97,6 +97,11 @@ def chrome_trace(events_by_rank: Mapping[int, Sequence[Event]],
             elif kind == SCALARS:
                 out.append({"ph": "C", "name": "scalars", "pid": pid, "ts": _us(e["t"], origin),
                             "args": dict(e["values"])})
+            elif kind == MEMORY:
+                out.append({"ph": "C", "name": "memory MB", "pid": pid,
+                            "ts": _us(e["t"], origin),
+                            "args": {k: round(e[k] / 1e6, 3) for k in
+                                     ("params", "grads", "optimizer", "rss") if e.get(k)}})
             elif kind == PROGRESS and e.get("total"):
                 out.append({"ph": "C", "name": f"progress {e['desc'] or e['bar']}", "pid": pid,
                             "ts": _us(e["t"], origin), "args": {"n": e["n"]}})

@@ -33,6 +33,8 @@ def fmt_seconds(x: Optional[float]) -> str:
     """A duration: µs and ms for short ones, ``m:ss`` and ``h:mm:ss`` past two minutes."""
     if x is None:
         return "-"
+    if x == 0:
+        return "0 ms"
     if x < 1e-3:
         return f"{x * 1e6:.0f} µs"
     if x < 1:
@@ -68,3 +70,13 @@ def fmt_ranks(ranks: Iterable[int]) -> str:
 
 def _span(run: list[int]) -> str:
     return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+
+
+def fmt_bytes(x: Optional[float]) -> str:
+    """A size with a decimal unit (``12.3 MB``), ``-`` when unknown."""
+    if x is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} B"

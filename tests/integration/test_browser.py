@@ -1,8 +1,11 @@
 """Real browser: JupyterLab on loopback, headless Debian chromium driven by Playwright.
 
-Runs a notebook with ``%%distributed`` training and checks the live dashboard's DOM (a bar per
-rank advancing, the all-reduce chart), then clicks the cluster panel's Scale button. Screenshots
-go to ``test-artifacts/`` (git-ignored).
+Runs a notebook with ``%%distributed`` training where rank 1 is slower, checks the live
+dashboard's DOM (rows that do not wrap at the default cell width, the straggler named), the
+editor's line number in a traceback, then the cluster panel (Scale, and "stopped" after
+``%nbdist stop`` without a click). Screenshots of the dashboard and the panel go to
+``docs/_static/screenshots/`` (the docs show them, so they are never stale); failure
+screenshots to ``test-artifacts/`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ CHROMIUM = "/usr/bin/chromium"
 NB = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"  # the notebook on screen
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
+SCREENSHOTS = ROOT / "docs" / "_static" / "screenshots"
+#: the window the dashboard is designed for: JupyterLab's default cell width at 1400 px
+VIEWPORT = {"width": 1400, "height": 1000}
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
@@ -39,14 +45,21 @@ if shutil.which("jupyter-lab") is None and shutil.which("jupyter") is None:
 TRAIN = """%%distributed
 import time, torch, nbdist
 from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(rank)
 ddp = DDP(torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(),
                               torch.nn.Linear(128, 4)), bucket_cap_mb=0.01)
-opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-for i in nbdist.progress(range(60), desc="train"):
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+for i in nbdist.progress(range(100), desc="train"):
+    time.sleep(0.05 + (0.02 if rank == 1 else 0.0))  # rank 1 computes 20 ms more per step
     loss = ddp(torch.randn(16, 32)).pow(2).mean()
     opt.zero_grad(); loss.backward(); opt.step()
     nbdist.log(loss=loss)
-    time.sleep(0.1)
+"""
+#: the editor's line 4 of this cell raises on rank 1 (line 1 is the magic's)
+RAISE = """%%distributed
+x = 1
+if rank == 1:
+    raise ValueError("bad shard")
 """
 
 
@@ -142,8 +155,13 @@ def browser():
 
 def open_notebook(browser, lab, name: str, cells: list[str]):
     (lab["root"] / name).write_text(json.dumps(notebook(cells)))
-    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page = browser.new_page(viewport=VIEWPORT)
     page.set_default_timeout(60_000)
+    # JupyterLab's notification toasts would cover the outputs in the docs' screenshots
+    page.add_init_script("document.addEventListener('DOMContentLoaded', () => {"
+                         "const s = document.createElement('style');"
+                         "s.textContent = '.Toastify { display: none !important; }';"
+                         "document.head.appendChild(s); });")
     # a workspace of its own, so a notebook left open by an earlier test is not restored
     page.goto(f"{lab['base']}/lab/workspaces/{Path(name).stem}/tree/{name}"
               f"?reset&token={lab['token']}")
@@ -191,17 +209,79 @@ def run_all(page):
 
 
 def shot(page, name: str) -> None:
+    """A full-page screenshot for a failure, in the git-ignored artifacts folder."""
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / name), full_page=True)
 
 
-def bar_width(page, rank: int) -> float:
-    style = page.get_attribute(f".nbdist-rank-{rank} .progress-bar", "style") or ""
+def doc_shot(locator, name: str) -> None:
+    """A screenshot of one output, for the docs."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    locator.screenshot(path=str(SCREENSHOTS / name))
+
+
+def cell(page, i: int):
+    return page.locator(f"{NB} .jp-Cell").nth(i)
+
+
+def prompt(page, i: int) -> str:
+    return "".join(cell(page, i).locator(".jp-InputPrompt").inner_text().split())
+
+
+def run_cells(page, first: int, last: int) -> None:
+    """Run cells ``first`` to ``last`` with Shift+Enter, retried until they are queued."""
+    deadline = time.monotonic() + 60
+    while prompt(page, first) == "[]:":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"cell {first} never started running")
+        accept_dialog(page)
+        cell(page, first).locator(".jp-InputPrompt").click()
+        page.keyboard.press("Escape")  # command mode: Shift+Enter runs and selects the next
+        for _ in range(first, last + 1):
+            page.keyboard.press("Shift+Enter")
+        try:
+            wait_for(lambda: prompt(page, first) != "[]:", 5, "the cell to be queued")
+        except AssertionError:
+            pass
+    wait_for(lambda: prompt(page, last) != "[]:", 30, f"cell {last} to be queued")
+
+
+def bar_fill(page, rank: int) -> float:
+    style = page.get_attribute(f".nbdist-rank-{rank} .nbdist-bar-fill", "style") or ""
     for part in style.split(";"):
         k, _, v = part.partition(":")
         if k.strip() == "width" and v.strip().endswith("%"):
             return float(v.strip()[:-1])
     return 0.0
+
+
+#: per row of the run table: its height, and whether any numeric cell or header is cut short
+LAYOUT = """table => {
+  const numeric = new Set(["count", "rate", "ETA", "compute", "waiting", "transfer",
+                           "bandwidth", "progress"]);
+  const names = [...table.querySelectorAll("th")].map(th => th.textContent);
+  const cut = el => el.scrollWidth > el.clientWidth + 1;
+  const rows = [...table.querySelectorAll("tbody tr")].map(tr => ({
+    height: tr.getBoundingClientRect().height,
+    cut: [...tr.children].filter((td, i) => numeric.has(names[i]) && cut(td))
+                         .map(td => td.textContent)}));
+  const box = table.parentElement;
+  return {rows, headerCut: [...table.querySelectorAll("th")].filter(cut).map(t => t.textContent),
+          headHeight: table.querySelector("thead tr").getBoundingClientRect().height,
+          tableWidth: table.getBoundingClientRect().width, boxWidth: box.clientWidth,
+          scrolls: box.scrollWidth > box.clientWidth + 1};
+}"""
+
+
+def check_layout(page) -> dict:
+    """Rows on one line each, numbers whole, the table inside the cell's width."""
+    lay = page.locator(".nbdist-rows table.nbdist-table").evaluate(LAYOUT)
+    heights = [r["height"] for r in lay["rows"]]
+    assert heights and max(heights) - min(heights) < 1.5, lay
+    assert max(heights) < 1.6 * 18, f"a row wraps: {lay}"  # one 18 px line plus padding
+    assert not any(r["cut"] for r in lay["rows"]) and not lay["headerCut"], lay
+    assert not lay["scrolls"] and lay["tableWidth"] <= lay["boxWidth"], lay
+    return lay
 
 
 def stop_cluster(page) -> None:
@@ -215,28 +295,50 @@ def stop_cluster(page) -> None:
         pass
 
 
-def test_dashboard_bars_advance_and_allreduce_chart_shows(browser, lab):
+def test_dashboard_reads_at_a_glance_and_tracebacks_use_editor_lines(browser, lab):
     page = open_notebook(browser, lab, "train.ipynb",
-                         ["%load_ext nbdist\n%nbdist start -n 2", TRAIN])
+                         ["%load_ext nbdist\n%nbdist start -n 2", TRAIN, RAISE])
     try:
         run_all(page)
         page.wait_for_selector(".nbdist-dashboard", timeout=180_000)
         for rank in (0, 1):
-            page.wait_for_selector(f".nbdist-rank-{rank} .progress-bar")
-        first = wait_for(lambda: min(bar_width(page, 0), bar_width(page, 1)) or None, 60,
+            page.wait_for_selector(f".nbdist-rank-{rank} .nbdist-bar-fill")
+        first = wait_for(lambda: min(bar_fill(page, 0), bar_fill(page, 1)) or None, 60,
                          "both bars to start")
-        wait_for(lambda: min(bar_width(page, 0), bar_width(page, 1)) >= first + 10, 60,
+        # mid-run: the slower rank is named in the header and marked in its row
+        header = ".nbdist-dashboard .nbdist-header"
+        wait_for(lambda: "rank 1 is" in page.inner_text(header)
+                 and page.locator(".nbdist-rank-1.nbdist-straggler").count(), 60,
+                 "rank 1 to be named as the rank the others wait for")
+        wait_for(lambda: min(bar_fill(page, 0), bar_fill(page, 1)) >= first + 10, 60,
                  "both bars to advance")
-        page.wait_for_selector(".nbdist-chart svg.nbdist-allreduce-chart polyline")
+        page.wait_for_selector(".nbdist-chart svg.nbdist-bandwidth-chart polyline")
         page.wait_for_selector(".nbdist-chart svg.nbdist-step-chart rect")
-        shot(page, "dashboard-running.png")
-        wait_for(lambda: bar_width(page, 0) == 100 and bar_width(page, 1) == 100, 90,
-                 "training to finish")
-        stats = page.inner_text(".nbdist-rank-0 ~ .widget-html, .nbdist-rank-row >> nth=0")
-        assert "steps/s" in stats
-        assert page.locator(".nbdist-rank-0.progress-bar-success, "
-                            ".nbdist-rank-0 .progress-bar-success").count() == 1
-        shot(page, "dashboard-finished.png")
+        page.wait_for_selector(".nbdist-chart svg.nbdist-scalar-chart polyline")
+        text = page.inner_text(header)
+        assert "running for" in text and "others wait" in text and "bandwidth" in text, text
+        check_layout(page)
+        dashboard = cell(page, 1).locator(".jp-OutputArea")
+        doc_shot(dashboard, "dashboard-running.png")
+        wait_for(lambda: "finished in" in page.inner_text(header), 120, "training to finish")
+        assert bar_fill(page, 0) == 100 and bar_fill(page, 1) == 100
+        # the straggler's colour survives the end of the run
+        assert page.locator(".nbdist-rank-1.nbdist-straggler").count() == 1
+        lay = check_layout(page)
+        assert len(lay["rows"]) == 2
+        row = page.inner_text(".nbdist-rank-0")
+        for unit in ("100/100 it", "it/s", "ms", "B/s", "loss"):
+            assert unit in row, row
+        doc_shot(dashboard, "dashboard-finished.png")
+        # the traceback names the editor's line of the raise, and the cell by its number
+        error = cell(page, 2).locator(".jp-OutputArea-output[data-mime-type="
+                                      "'application/vnd.jupyter.stderr']")
+        error.wait_for(timeout=60_000)
+        editor_lines = cell(page, 2).locator(".cm-line").all_inner_texts()
+        raising = next(i for i, line in enumerate(editor_lines, 1) if "raise" in line)
+        tb = error.inner_text()
+        assert raising == 4 and f"In [3], line {raising}" in tb, tb
+        assert f'"<distributed cell [3]>", line {raising}' in tb, tb
     except Exception:
         shot(page, "dashboard-failure.png")
         raise
@@ -245,11 +347,12 @@ def test_dashboard_bars_advance_and_allreduce_chart_shows(browser, lab):
         page.close()
 
 
-def test_cluster_panel_scale_button_changes_worker_count(browser, lab):
+def test_cluster_panel_scales_refreshes_itself_and_says_stopped(browser, lab):
     page = open_notebook(browser, lab, "cluster.ipynb",
-                         ["%load_ext nbdist\n%nbdist start -n 1", "%nbdist cluster"])
+                         ["%load_ext nbdist\n%nbdist start -n 1", "%nbdist cluster",
+                          "%nbdist stop"])
     try:
-        run_all(page)
+        run_cells(page, 0, 1)
         page.wait_for_selector(".nbdist-cluster .nbdist-cluster-table tbody tr",
                                timeout=180_000)
         assert page.locator(".nbdist-cluster-table tbody tr").count() == 1
@@ -260,7 +363,20 @@ def test_cluster_panel_scale_button_changes_worker_count(browser, lab):
         wait_for(lambda: page.locator(".nbdist-cluster-table tbody tr").count() == 2, 180,
                  "the panel to show 2 workers")
         assert "re-formed" in page.inner_text(".nbdist-cluster-message")
-        shot(page, "cluster-scaled.png")
+        # it refreshes itself: the "updated" clock moves without a click
+        note = ".nbdist-cluster .nbdist-cluster-note"
+        before = page.inner_text(note)
+        wait_for(lambda: page.inner_text(note) != before, 15, "the panel to refresh itself")
+        panel = cell(page, 1).locator(".jp-OutputArea")
+        doc_shot(panel, "cluster-panel.png")
+        run_cells(page, 2, 2)
+        wait_for(lambda: "[*]" not in prompt(page, 2), 60, "%nbdist stop to finish")
+        assert "stopped 2 workers" in cell(page, 2).locator(".jp-OutputArea").inner_text()
+        wait_for(lambda: "stopped" in page.inner_text(".nbdist-cluster-table"), 15,
+                 "the panel to say stopped")
+        table = page.inner_text(".nbdist-cluster-table")
+        assert "workers alive" not in table and "`" not in table, table
+        doc_shot(panel, "cluster-panel-stopped.png")
     except Exception:
         shot(page, "cluster-failure.png")
         raise

@@ -23,5 +23,9 @@ def test_scale_button_resizes_a_real_cluster():
                                output="quiet")) == "2"
         panel.count.value = 0  # bounded: the widget clamps to its minimum
         assert panel.count.value == 1
+        assert s.stop().startswith("stopped 2 workers of ipyparallel")
+        panel.refresh()  # what its timer does every few seconds while it is shown
+        assert panel.stopped and "stopped" in panel.table.value
+        assert "workers alive" not in panel.table.value and panel.scale_button.disabled
     finally:
         s.stop()

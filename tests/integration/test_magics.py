@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import textwrap
 
+import psutil
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbdist.session as session_mod
-from nbdist.errors import DistributedError
+from nbdist.errors import DistributedError, ExportError
+from nbdist.options import CellDefaults
 from nbdist.records import ClusterStatus
 from nbdist.session import Session
 
@@ -68,7 +70,7 @@ def test_help_is_complete():
 
     doc = NbdistMagics.nbdist.__doc__
     for verb in ("start", "connect", "status", "stop", "restart", "scale", "push", "pull",
-                 "cluster", "timeline", "run", "auto"):
+                 "cluster", "timeline", "run", "profile", "export", "auto"):
         assert f"%nbdist {verb}" in doc
     assert "%%nbdist" not in doc
     assert "--ranks" in NbdistMagics.distributed.__doc__
@@ -80,6 +82,24 @@ def test_run_cell_through_the_shell_raises_for_run_all(shell, with_cluster):
     assert result.error_in_exec.ranks == [1]
     result = shell.run_cell("%%distributed --quiet\nrank + 40")
     assert result.success and repr(result.result) == "40"
+
+
+def test_traceback_names_the_editor_line_and_the_cell_number(shell, with_cluster):
+    cell = "%%distributed --quiet\nx = 1\n\nif rank == 1:\n    raise ValueError('bad shard')\n"
+    raising = next(i for i, line in enumerate(cell.splitlines(), 1) if "raise" in line)
+    count = shell.execution_count  # what the prompt shows for this cell: In [count]
+    result = shell.run_cell(cell, store_history=True)
+    err = result.error_in_exec
+    assert isinstance(err, DistributedError) and err.causes[0].line == raising == 5
+    text = "\n".join(err._render_traceback_())
+    assert "rank 1 on " in text and f"(In [{count}], line {raising})" in text
+    assert f'File "<distributed cell [{count}]>", line {raising}' in text
+    assert "raise ValueError('bad shard')" in text  # the editor's line, shown under it
+
+
+def test_stop_says_there_was_nothing_to_stop(shell, no_cluster, capsys):
+    shell.run_line_magic("nbdist", "stop")
+    assert "no cluster was running" in capsys.readouterr().out
 
 
 def test_cell_usage_errors(shell, with_cluster):
@@ -111,4 +131,61 @@ def test_status_magic(shell, with_cluster):
     status = shell.run_line_magic("nbdist", "status")
     assert isinstance(status, ClusterStatus)
     assert [r.rank for r in status.rows] == [0, 1] and all(r.alive for r in status.rows)
-    assert "2/2 workers alive" in repr(status) and "<table>" in status._repr_html_()
+    assert "2/2 workers alive" in repr(status) and "<table " in status._repr_html_()
+
+
+@pytest.mark.parametrize("text,message", [
+    (None, r"p\.yaml: no such file"),
+    ("cluster:\n  engine: dask\n  wrokers: 2\n",
+     r"p\.yaml, line 3: cluster\.wrokers: unknown key; did you mean 'workers'\?"),
+    ("runtime:\n  threads: two\n", r"p\.yaml, line 2: runtime\.threads: Input should be a "
+                                    "valid integer"),
+])
+def test_bad_profiles_are_one_usage_error_and_start_nothing(shell, no_cluster, tmp_path, text,
+                                                            message):
+    path = tmp_path / "p.yaml"
+    if text is not None:
+        path.write_text(text)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(UsageError, match=message) as info:
+        shell.run_line_magic("nbdist", f"start --profile {path} -n 2")
+    assert str(info.value).startswith("%nbdist start: bad profile ")
+    assert str(info.value).endswith("Nothing was started.")
+    assert not session_mod.default_session().running
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+
+
+def test_profile_check(shell, no_cluster, tmp_path, capsys):
+    path = tmp_path / "ok.yaml"
+    path.write_text("cluster:\n  workers: 3\n")
+    shell.run_line_magic("nbdist", f"profile check {path}")
+    out = capsys.readouterr().out
+    assert f"{path}: valid" in out and "workers: 3" in out
+    with pytest.raises(UsageError, match="invalid choice"):
+        shell.run_line_magic("nbdist", f"profile load {path}")
+
+
+def test_export_and_profile_save_magics(shell, with_cluster, tmp_cwd, capsys):
+    with_cluster.history.reset()  # as if the group had just formed
+    with pytest.raises(ExportError, match="nothing to export"):
+        shell.run_line_magic("nbdist", "export train.py")
+    shell.run_cell_magic("distributed", "--quiet", "exported_value = rank + 1")
+    shell.run_line_magic("nbdist", "export train.py")
+    assert "Launch: torchrun --nproc_per_node=2 train.py" in capsys.readouterr().out
+    assert "exported_value = rank + 1" in (tmp_cwd / "train.py").read_text()
+    (tmp_cwd / "mine.py").write_text("print('mine')\n")
+    with pytest.raises(ExportError, match="not an earlier nbdist export"):
+        shell.run_line_magic("nbdist", "export mine.py")
+    shell.run_line_magic("nbdist", "export mine.py --force")
+    shell.run_line_magic("nbdist", "profile save saved.yaml")
+    assert "workers: 2" in (tmp_cwd / "saved.yaml").read_text()
+
+
+def test_cells_without_output_flags_follow_the_session_defaults(shell, with_cluster,
+                                                                monkeypatch, capsys):
+    monkeypatch.setattr(with_cluster, "defaults", CellDefaults(output="all"))
+    shell.run_cell_magic("distributed", "", "print('hello from', rank)")
+    out = capsys.readouterr().out
+    assert "[0] hello from 0" in out and "[1] hello from 1" in out
+    shell.run_cell_magic("distributed", "--quiet", "print('hush', rank)")
+    assert "hush" not in capsys.readouterr().out

@@ -77,6 +77,24 @@ def test_ddp_steps_and_one_allreduce_per_bucket_summing_to_gradient_size(cluster
     assert len(snap.series) == 6 and "loss" in snap.scalars
 
 
+def test_a_slower_rank_is_named_and_the_others_wait_for_it(cluster):
+    cluster.run_cell(textwrap.dedent("""
+        import time, torch, nbdist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        ddp = DDP(torch.nn.Linear(64, 64))
+        for i in nbdist.progress(range(12)):
+            time.sleep(0.03 if rank == 1 else 0.0)   # the ground truth: 30 ms more per step
+            ddp(torch.randn(8, 64)).sum().backward()
+    """), output="quiet")
+    snap = cluster.last_run
+    r0, r1 = snap.ranks
+    assert snap.stragglers == (1,) and snap.diagnosis.waited_for == 1
+    assert snap.diagnosis.slower_by_s == pytest.approx(0.03, abs=0.012)
+    assert r0.waiting_s == pytest.approx(0.03, abs=0.012) and r1.waiting_s < 0.005
+    # one bandwidth: both ranks moved the same bytes in the same transfer time
+    assert r0.bandwidth == r1.bandwidth == snap.bandwidth and r0.bandwidth > 0
+
+
 def test_user_fp16_hook_still_applies_and_is_timed(cluster):
     hook = ("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
             "ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)")

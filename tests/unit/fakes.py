@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from nbdist.backends.base import Backend, Call, Job, Outcome, WorkerId
+from nbdist.backends.base import Backend, Call, Job, Outcome, WorkerGone, WorkerId
 from nbdist.runtime import results
 from nbdist.telemetry.events import Batch
 
@@ -40,7 +40,8 @@ def failed(ename: str, evalue: str, *, line: Optional[int] = 1, communication: b
            ) -> results.CellResult:
     err = results.ErrorInfo(ename=ename, evalue=evalue, line=line,
                             traceback=f"Traceback (most recent call last):\n{ename}: {evalue}\n",
-                            communication=communication, caused_by_peer=caused_by_peer)
+                            communication=communication, caused_by_peer=caused_by_peer,
+                            timestamp=None)
     return results.finish(results.cell_failed(err), seconds=0.01, group_alive=group_alive,
                           seq=seq)
 
@@ -98,6 +99,7 @@ class ScriptedBackend(Backend):
         self.cells: dict[int, Scripted] = {}  # worker id -> what its next run_cell does
         self.interrupted: set[WorkerId] = set()
         self.calls: list[str] = []
+        self.submitted: list[Call] = []
         self.jobs: list[ScriptedJob] = []
 
     def script(self, **by_rank: Scripted) -> None:
@@ -120,10 +122,14 @@ class ScriptedBackend(Backend):
         return list(self.ids)
 
     def submit(self, calls: Sequence[Call]) -> ScriptedJob:
+        gone = [c.worker for c in calls if c.worker not in self.ids]
+        if gone:
+            raise WorkerGone(gone)
         plan = []
         for c in calls:
             name = getattr(c.fn, "__name__", "?")
             self.calls.append(name)
+            self.submitted.append(c)
             if name == "run_cell":
                 s = self.cells.pop(c.worker, Scripted())
                 plan.append((c.worker, s.result or ok(), s))

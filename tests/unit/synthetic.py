@@ -1,8 +1,12 @@
-"""Synthetic telemetry for view and fold tests: what a DDP rank would send."""
+"""Synthetic telemetry for view and fold tests: what DDP ranks would send."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Optional
+
 from nbdist.telemetry import events as ev
+from nbdist.telemetry.intervals import exposed_seconds
 
 T0 = 1_700_000_000.0
 
@@ -17,3 +21,48 @@ def training_events(steps: int = 8, slow: bool = False, t0: float = T0) -> list[
         evs.append(ev.step(n, s0, s0 + 0.1, samples=4, comm_total_s=0.1 - compute,
                            comm_exposed_s=0.1 - compute, comm_bytes=1000, buckets=1))
     return evs
+
+
+def ddp_job(compute: Mapping[int, float], steps: int = 10, transfer: float = 0.002,
+            bucket_bytes: Sequence[int] = (1000, 1000), skew: Optional[Mapping[int, float]] = None,
+            t0: float = T0) -> dict[int, list[dict]]:
+    """The events every rank of a DDP job sends, simulated from its compute time per step.
+
+    Every rank starts a step when the previous step's last all-reduce finished (everyone
+    leaves a collective together). Bucket ``b`` becomes ready after ``(b + 1) / B`` of the
+    rank's compute; its all-reduce starts when the rank hands it over and finishes
+    ``transfer`` seconds after the last rank handed it over (and after the bucket before it).
+    ``skew`` shifts a rank's clock: the numbers must not move.
+    """
+    skew = skew or {}
+    out: dict[int, list[dict]] = {r: [] for r in compute}
+    start = t0
+    nb = len(bucket_bytes)
+    for n in range(steps):
+        ready = {r: [start + c * (b + 1) / nb for b in range(nb)] for r, c in compute.items()}
+        done, prev = [], start
+        for b in range(nb):
+            prev = max(max(ready[r][b] for r in compute), prev) + transfer
+            done.append(prev)
+        end = done[-1]
+        for r, c in compute.items():
+            sh = skew.get(r, 0.0)
+            spans = [(ready[r][b], done[b]) for b in range(nb)]
+            for b, (a, z) in enumerate(spans):
+                out[r].append(ev.comm("all_reduce", a + sh, z + sh, bucket_bytes[b], step=n,
+                                      bucket=b, dtype="float32"))
+            out[r].append(ev.step(n, start + sh, end + sh, samples=8,
+                                  comm_total_s=sum(z - a for a, z in spans),
+                                  comm_exposed_s=exposed_seconds(start + c, spans),
+                                  comm_bytes=sum(bucket_bytes), buckets=nb))
+        start = end
+    return out
+
+
+def batches(rank: int, events: list[dict], per_batch: int = 7) -> list[dict]:
+    return [{"rank": rank, "seq": i // per_batch + 1, "events": events[i:i + per_batch]}
+            for i in range(0, len(events), per_batch)]
+
+
+def job_batches(job: Mapping[int, list[dict]], per_batch: int = 7) -> list[dict]:
+    return [b for r, evs in job.items() for b in batches(r, evs, per_batch)]

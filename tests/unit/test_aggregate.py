@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from synthetic import T0, batches, ddp_job, job_batches
 
 from nbdist.telemetry import events as ev
-from nbdist.telemetry.aggregate import RunState, aggregate, find_stragglers
+from nbdist.telemetry.aggregate import RunState, aggregate
 from nbdist.telemetry.intervals import bandwidth, exposed_seconds, rate, union_seconds
+from nbdist.telemetry.matching import RankStep, flagged, match_step, straggler_scores
 from nbdist.telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
 
-T0 = 1_700_000_000.0
+
+def approx(x):
+    """Equal to worker timestamps' precision (about 0.2 µs at today's epoch seconds)."""
+    return pytest.approx(x, rel=1e-4, abs=1e-6)
 
 
 def ddp_stream(rank, steps=10, step_s=0.1, compute_s=0.08, bucket_bytes=(400, 600),
@@ -32,26 +39,21 @@ def ddp_stream(rank, steps=10, step_s=0.1, compute_s=0.08, bucket_bytes=(400, 60
     return out
 
 
-def batches(rank, events, per_batch=7):
-    return [{"rank": rank, "seq": i // per_batch + 1, "events": events[i:i + per_batch]}
-            for i in range(0, len(events), per_batch)]
-
-
 def test_interval_union_and_exposed_part():
-    assert union_seconds([(0, 1), (0.5, 2), (3, 4)]) == pytest.approx(3.0)
+    assert union_seconds([(0, 1), (0.5, 2), (3, 4)]) == approx(3.0)
     assert union_seconds([(2, 1)]) == 0.0
     # compute ends at 1.5: of comm over [1,2] and [1.8,2.5], 1.0 s is past compute
-    assert exposed_seconds(1.5, [(1, 2), (1.8, 2.5)]) == pytest.approx(1.0)
+    assert exposed_seconds(1.5, [(1, 2), (1.8, 2.5)]) == approx(1.0)
     assert exposed_seconds(5.0, [(1, 2)]) == 0.0  # comm fully hidden
 
 
 def test_bandwidth_uses_time_any_collective_was_running():
-    assert bandwidth(1000, [(0, 0.5), (0.25, 1.0)]) == pytest.approx(1000.0)
+    assert bandwidth(1000, [(0, 0.5), (0.25, 1.0)]) == approx(1000.0)
     assert bandwidth(0, [(0, 1)]) is None and bandwidth(10, []) is None
 
 
 def test_rate_from_first_and_last_point():
-    assert rate([(0.0, 0), (1.0, 5), (2.0, 20)]) == pytest.approx(10.0)
+    assert rate([(0.0, 0), (1.0, 5), (2.0, 20)]) == approx(10.0)
     assert rate([(1.0, 3)]) is None and rate([(1.0, 1), (1.0, 2)]) is None
 
 
@@ -59,53 +61,153 @@ def test_steps_per_second_samples_and_exposed_split():
     snap = aggregate(batches(0, ddp_stream(0)) + batches(1, ddp_stream(1)), ranks=[0, 1])
     r0 = snap.ranks[0]
     assert r0.steps == 10 and r0.state == "running"
-    assert r0.steps_per_s == pytest.approx(10.0)
-    assert r0.samples_per_s == pytest.approx(320.0)
-    assert r0.step_s == pytest.approx(0.1)
+    assert r0.steps_per_s == approx(10.0)
+    assert r0.samples_per_s == approx(320.0)
+    assert r0.step_s == approx(0.1)
     # buckets end at ready+0.01 and ready+0.02: 20 ms of the 100 ms step is exposed
-    assert r0.exposed_s == pytest.approx(0.02)
-    assert r0.exposed_fraction == pytest.approx(0.2)
+    assert r0.exposed_s == approx(0.02)
+    assert r0.exposed_fraction == approx(0.2)
+    # identical ranks: nobody waits, all exposed time is transfer
+    assert r0.waiting_s == approx(0.0) and r0.transfer_s == approx(0.02)
     p = snap.series[3]
-    assert p.step == 3 and p.ranks == 2
-    assert p.compute_s + p.exposed_s == pytest.approx(p.step_s)
-    assert p.exposed_s == pytest.approx(0.02) and p.nbytes == 1000
+    assert p.step == 3 and p.ranks == 2 and p.waited_for is None
+    assert p.compute_s + p.exposed_s == approx(p.step_s)
+    assert p.exposed_s == approx(0.02) and p.nbytes == 1000
     # bucket spans [ready-10ms, ready+10ms] and [ready-5ms, ready+20ms] are busy 30 ms
-    assert p.bandwidth == pytest.approx(1000 / 0.03)
-    assert r0.bandwidth == pytest.approx(1000 / 0.03)
+    assert p.bandwidth == approx(1000 / 0.03)
+    assert r0.bandwidth == approx(1000 / 0.03)
     assert snap.steps == 10 and snap.comm_bytes == 2 * 10 * 1000 and snap.comm_events == 40
 
 
 def test_straggler_is_the_rank_with_more_compute_not_the_one_waiting():
     # Rank 2 computes 60 ms; the others compute 30 ms and wait 30 ms in the all-reduce.
-    def stream(compute, wait):
+    def stream(wait):
         out = []
         for n in range(12):
             s0 = T0 + n * 0.07
             out.append(ev.step(n, s0, s0 + 0.07, samples=8, comm_total_s=wait + 0.01,
                                comm_exposed_s=wait + 0.01))
         return out
-    bs = batches(0, stream(0.03, 0.03)) + batches(1, stream(0.03, 0.03)) + \
-        batches(2, stream(0.06, 0.0))
+    bs = batches(0, stream(0.03)) + batches(1, stream(0.03)) + batches(2, stream(0.0))
     snap = aggregate(bs)
     assert snap.stragglers == (2,)
     assert [r.straggler for r in snap.ranks] == [False, False, True]
+    assert [round(r.waiting_s, 6) for r in snap.ranks] == [0.03, 0.03, 0.0]
+    assert snap.ranks[2].straggler_score == approx(0.03 / 0.07)
 
 
 def test_no_straggler_on_noise_or_too_few_steps():
-    assert find_stragglers({0: [0.010, 0.011, 0.010, 0.012, 0.010],
-                            1: [0.011, 0.010, 0.012, 0.010, 0.011]}) == []
-    assert find_stragglers({0: [0.01] * 3, 1: [0.05] * 3}) == []  # not enough steps yet
-    assert find_stragglers({0: [0.01] * 8, 1: [0.05] * 8}) == [1]
-    assert find_stragglers({0: [1e-4] * 8, 1: [3e-4] * 8}) == []  # tiny absolute gap
-    assert find_stragglers({0: [0.01] * 8}) == []
+    def steps(exposed):  # every rank's step is 10 ms
+        return {r: RankStep(0.010, e, e, 100) for r, e in exposed.items()}
+    rng = random.Random(1)
+    noise = [match_step(n, steps({0: rng.uniform(0, 2e-4), 1: rng.uniform(0, 2e-4)}))
+             for n in range(20)]
+    assert flagged(straggler_scores(noise, [0, 1]), len(noise)) == []
+    slow = [match_step(n, steps({0: 0.004, 1: 0.001})) for n in range(8)]
+    assert flagged(straggler_scores(slow[:3], [0, 1]), 3) == []  # not enough steps yet
+    assert flagged(straggler_scores(slow, [0, 1]), 8) == [1]
+    tiny = [match_step(n, {r: RankStep(1e-3, e, e, 1) for r, e in {0: 4e-4, 1: 1e-4}.items()})
+            for n in range(8)]
+    assert flagged(straggler_scores(tiny, [0, 1]), 8) == []  # big share, tiny absolute wait
+    assert flagged(straggler_scores(slow, [0]), 8) == []
+
+
+def test_one_slow_rank_splits_exposed_time_into_waiting_and_transfer():
+    # Rank 1 computes 15 ms per step, rank 0 10 ms: rank 0 waits 5 ms for it in the last
+    # bucket's all-reduce, then both spend 2 ms in the transfer (see synthetic.ddp_job).
+    snap = aggregate(job_batches(ddp_job({0: 0.010, 1: 0.015}, steps=10)))
+    r0, r1 = snap.ranks
+    assert r0.step_s == approx(0.017) and r1.step_s == approx(0.017)
+    assert r0.compute_s == approx(0.010) and r1.compute_s == approx(0.015)
+    assert r0.waiting_s == approx(0.005) and r1.waiting_s == approx(0.0)
+    assert r0.transfer_s == approx(0.002) and r1.transfer_s == approx(0.002)
+    assert r0.exposed_s == approx(r0.waiting_s + r0.transfer_s)
+    # the rank everyone waits for is named, with its compute time
+    assert snap.stragglers == (1,) and r1.straggler and not r0.straggler
+    assert r1.straggler_score == approx(0.005 / 0.017) and r0.straggler_score == 0
+    d = snap.diagnosis
+    assert d.waited_for == 1 and d.compute_s == approx(0.015)
+    assert d.slower_by_s == approx(0.005)
+    assert d.waiting == approx(0.005 / 0.017)  # rank 0's share: the others wait
+    assert d.transfer == approx(0.002 / 0.017)
+    # One bandwidth: 2000 bytes over the transfer time, the 4 ms rank 1 (which waited for
+    # nobody) spent in the two all-reduces; rank 0's 11.5 ms include its waiting.
+    bw = 2000 / 0.004
+    assert r0.bandwidth == approx(bw) and r1.bandwidth == approx(bw)
+    assert snap.bandwidth == approx(bw) and d.bandwidth == approx(bw)
+    assert all(p.bandwidth == approx(bw) for p in snap.series)
+    p = snap.series[4]
+    assert p.waited_for == 1 and p.ranks == 2
+    assert p.waiting_s == approx(0.0025) and p.transfer_s == approx(0.002)
+    assert p.compute_s + p.exposed_s == approx(p.step_s)
+
+
+def test_a_rank_only_2ms_slower_is_still_named():
+    snap = aggregate(job_batches(ddp_job({0: 0.016, 1: 0.018, 2: 0.016}, steps=12)))
+    assert snap.stragglers == (1,)
+    assert snap.diagnosis.slower_by_s == approx(0.002)
+    assert snap.ranks[0].waiting_s == approx(0.002)
+
+
+def test_clock_skew_between_hosts_moves_nothing():
+    job = {0: 0.010, 1: 0.015, 2: 0.010}
+    plain = aggregate(job_batches(ddp_job(job)))
+    skewed = aggregate(job_batches(ddp_job(job, skew={1: 3.7, 2: -1.2})))
+    for a, b in zip(plain.ranks, skewed.ranks):
+        assert (a.waiting_s, a.transfer_s) == approx((b.waiting_s, b.transfer_s))
+        assert a.bandwidth == approx(b.bandwidth)
+    assert plain.stragglers == skewed.stragglers == (1,)
+
+
+def test_steps_wait_for_every_rank_before_they_are_split():
+    job = ddp_job({0: 0.010, 1: 0.015}, steps=6)
+    state = RunState([0, 1])
+    state.feed(batches(0, job[0]))
+    snap = state.snapshot()
+    assert snap.ranks[0].steps == 6 and snap.series == ()  # rank 1 has reported nothing
+    assert snap.ranks[0].waiting_s is None and snap.ranks[0].compute_s == approx(0.010)
+    state.feed(batches(1, job[1][:9]))  # rank 1's first 3 steps
+    assert [p.step for p in state.snapshot().series] == [0, 1, 2]
+    # rank 1 fails: the steps it will never report are split among the ranks that did
+    state.feed([{"rank": 1, "seq": 50, "events": [ev.end(False, T0 + 1, "boom")]}])
+    assert [p.step for p in state.snapshot().series] == list(range(6))
+    assert state.snapshot().series[-1].ranks == 1
+
+
+def test_a_rank_with_an_untimed_bucket_is_not_taken_for_the_last_to_arrive():
+    # a GPU bucket whose events had not completed: rank 1 reports too little exposed time
+    reports = {0: RankStep(0.02, 0.004, 0.006, 100), 1: RankStep(0.02, 0.0, 0.0, 100, False),
+               2: RankStep(0.02, 0.009, 0.011, 100)}
+    m = match_step(0, reports)
+    assert m.last == 0 and m.transfer_s == 0.004
+    assert m.waiting[2] == approx(0.005) and m.waiting[1] == 0.0
+
+
+def test_collectives_outside_steps_are_matched_by_order():
+    # rank 0 enters each all_reduce 3 ms before rank 1; both then spend 1 ms transferring
+    def calls(early):
+        out = []
+        for k in range(4):
+            t = T0 + k
+            out.append(ev.comm("all_reduce", t, t + 0.001 + (0.003 if early else 0), 4000))
+            out.append(ev.comm("broadcast", t + 0.5, t + 0.502, 80))
+        return out
+    snap = aggregate(batches(0, calls(True)) + batches(1, calls(False), per_batch=3))
+    r0, r1 = snap.ranks
+    assert r0.collectives == r1.collectives == 8
+    assert r0.collective_waiting_s == approx(4 * 0.003)
+    assert r1.collective_waiting_s == approx(0.0)
+    assert r0.collective_transfer_s == approx(4 * 0.001 + 4 * 0.002)
+    assert r0.bandwidth == r1.bandwidth  # one definition: bytes over transfer time
+    assert snap.has_telemetry and r0.steps == 0
 
 
 def test_progress_merges_and_eta():
     evs = [ev.progress(1, "epoch", n, 100, T0 + n * 0.1) for n in range(0, 50, 10)]
     snap = aggregate(batches(0, evs))
     bar = snap.ranks[0].bar
-    assert bar.n == 40 and bar.total == 100 and bar.fraction == pytest.approx(0.4)
-    assert bar.rate == pytest.approx(10.0) and bar.eta_s == pytest.approx(6.0)  # 60 left
+    assert bar.n == 40 and bar.total == 100 and bar.fraction == approx(0.4)
+    assert bar.rate == approx(10.0) and bar.eta_s == approx(6.0)  # 60 left
     # a new bar restarts the rate
     state = RunState([0])
     state.feed(batches(0, evs))
@@ -170,4 +272,4 @@ def test_snapshot_repr_is_one_line_and_html_escapes():
     snap = state.snapshot()
     assert repr(snap) == "<RunSnapshot: 2 ranks, 10 steps, 10 steps/s, failed: rank 1>"
     html = snap._repr_html_()
-    assert "Bad &lt;input&gt;" in html and "<svg" in html and "<table>" in html
+    assert "Bad &lt;input&gt;" in html and "<svg" in html and "<table " in html

@@ -34,6 +34,10 @@ FORBIDDEN = {
     # runs on every cell's text: IPython's hook only, nothing heavy
     "nbdist.automode": ("nbdist.session", "nbdist.backends", "nbdist.runtime", "nbdist.display",
                         "torch", "ipywidgets"),
+    # Profiles, the session's record and export are pure: files and text in, text out.
+    **{m: ("nbdist.session", "nbdist.backends", "nbdist.display", "nbdist.magics",
+           "nbdist.runtime", "IPython", "ipywidgets", "torch")
+       for m in ("nbdist.profiles", "nbdist.history", "nbdist.export")},
 }
 # Leaves: stdlib only, so any layer may use them.
 LEAVES = ("nbdist.telemetry.units", "nbdist.telemetry.intervals", "nbdist.telemetry.states",

@@ -14,6 +14,7 @@ from nbdist.errors import (
     InterruptTimeoutError,
     NoClusterError,
     OptionError,
+    WorkersGone,
 )
 from nbdist.session import Session
 from nbdist.telemetry import events as ev
@@ -156,8 +157,33 @@ def test_no_cluster_and_status(backend):
     status = s.status()
     assert status.alive == 2 and [r.rank for r in status.rows] == [0, 1]
     assert "hostA" in s._repr_html_()
-    s.stop()
-    assert not s.running
+    assert s.stop() == "stopped 2 workers of scripted"
+    assert not s.running and s.stop() is None
+
+
+def test_stopping_a_connected_cluster_says_its_workers_keep_running(backend):
+    s = Session(backends=lambda engine: backend).connect(profile="x")
+    assert s.stop() == "disconnected from scripted; its 2 workers keep running"
+
+
+def test_cells_are_named_and_numbered_as_the_editor_shows_them(session, backend):
+    backend.script(r1=Scripted(failed("ValueError", "bad", line=3)))
+    with pytest.raises(DistributedError) as info:
+        session.run_cell("x = 1\nraise ValueError('bad')", first_line=2, execution_count=12)
+    [call] = [c for c in backend.submitted if c.fn.__name__ == "run_cell"][-1:]
+    code, filename = call.args[:2]
+    assert filename == "<distributed cell [12]>"
+    # the magic's line is the editor's line 1: the code's first line is compiled as line 2
+    assert code.splitlines()[1] == "x = 1" and code.splitlines()[0] == ""
+    assert "rank 1 on hostA: ValueError: bad (In [12], line 3)" in \
+        "\n".join(info.value._render_traceback_())
+    with pytest.raises(SyntaxError) as syntax:
+        session.run_cell("x = 1\ny = (", first_line=2, execution_count=13)
+    assert syntax.value.lineno == 3 and syntax.value.filename == "<distributed cell [13]>"
+    # from Python there is no magic line and no execution count
+    session.run_cell("x = 1")
+    call = [c for c in backend.submitted if c.fn.__name__ == "run_cell"][-1]
+    assert call.args[0] == "x = 1" and call.args[1].startswith("<distributed cell ")
 
 
 def test_restart_of_a_connected_cluster_connects_again(backend):
@@ -165,3 +191,21 @@ def test_restart_of_a_connected_cluster_connects_again(backend):
     gen = s.generation
     s.restart()
     assert backend.owns_cluster is False and s.generation == gen + 1
+
+
+def test_a_dead_worker_is_refused_at_once_with_the_remedy(session, backend):
+    backend.script(r1=Scripted(engine_error="EngineError: Engine 101 died"))
+    with pytest.raises(DistributedError):
+        session.run_cell("import os; os._exit(0)")
+    backend.ids.remove(backend.ids[1])  # the engine no longer has it
+    jobs = len(backend.jobs)
+    with pytest.raises(WorkersGone, match=r"rank\(s\) 1 on hostA are gone.*scale 2") as info:
+        session.run_cell("x = 1")
+    assert info.value.ranks == [1]
+    assert len(backend.jobs) == jobs  # refused before anything was sent
+
+
+def test_a_worker_the_engine_dropped_is_named_by_rank(session, backend):
+    backend.ids.remove(backend.ids[0])  # gone without a failed call first
+    with pytest.raises(WorkersGone, match=r"rank\(s\) 0 "):
+        session.run_cell("x = 1")

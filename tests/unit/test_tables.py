@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 
-from synthetic import T0, training_events
+from synthetic import T0, ddp_job, job_batches, training_events
 
+from nbdist.display import html as H
 from nbdist.display.html import run_summary, status_table
-from nbdist.display.tables import RUN_HEADER, STATUS_HEADER, run_table, status_rows
-from nbdist.display.text import format_status, format_summary
+from nbdist.display.tables import (
+    AGGREGATE_ABOVE,
+    RUN_HEADER,
+    STATUS_HEADER,
+    diagnosis_phrases,
+    run_table,
+    status_rows,
+)
+from nbdist.display.text import format_line, format_status, format_summary
 from nbdist.records import ClusterStatus, WorkerRow
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
@@ -39,12 +48,13 @@ def status():
 
 
 class _Cells(HTMLParser):
-    """Every <tr> of an HTML table as the text of its cells, and its style attribute."""
+    """Every <tr> of an HTML table as the text of its cells, its style and class attributes."""
 
     def __init__(self, markup: str):
         super().__init__()
         self.rows: list[list[str]] = []
         self.styles: list[str] = []
+        self.classes: list[str] = []
         self._cell = None
         self.feed(markup)
 
@@ -52,6 +62,7 @@ class _Cells(HTMLParser):
         if tag == "tr":
             self.rows.append([])
             self.styles.append(dict(attrs).get("style") or "")
+            self.classes.append(dict(attrs).get("class") or "")
         elif tag in ("td", "th"):
             self._cell = ""
 
@@ -90,13 +101,20 @@ def test_run_table_rows_carry_state_reason_and_broken_flag():
     snap = failed_run()
     assert snap.stragglers == (2,)
     (_, rows) = run_table(snap)
+    cells = {row.cells[0]: dict(zip(RUN_HEADER, row.cells)) for row in rows}
     by_rank = {row.cells[0]: row for row in rows}
-    assert by_rank["0"].cells[1] == "done" and not by_rank["0"].broken
+    assert cells["0"]["state"] == "done" and not by_rank["0"].broken
     # one line, unescaped: the model holds plain text, the views escape it
-    assert by_rank["1"].cells[1] == "failed: ValueError: <bad> &co" and by_rank["1"].broken
-    assert by_rank["2"].cells[1].startswith("stopped: ") and by_rank["2"].broken
-    assert by_rank["0"].cells[2] == "8" and by_rank["0"].cells[5].endswith("ms")
-    assert by_rank["0"].cells[6].endswith("%") and by_rank["0"].cells[7].endswith("B/s")
+    assert cells["1"]["state"] == "failed: ValueError: <bad> &co" and by_rank["1"].broken
+    assert cells["2"]["state"].startswith("stopped, straggler: ") and by_rank["2"].broken
+    assert by_rank["2"].straggler and not by_rank["0"].straggler
+    # one counter and one rate, units beside every number
+    assert cells["0"]["count"] == "8 steps" and cells["0"]["rate"] == "10 steps/s"
+    for name in ("compute", "waiting", "transfer"):
+        assert cells["0"][name].endswith("ms"), name
+    assert cells["0"]["compute"] == "50 ms" and cells["2"]["compute"] == "90 ms"
+    assert cells["0"]["waiting"] == "40 ms" and cells["0"]["transfer"] == "10 ms"
+    assert cells["0"]["bandwidth"].endswith("B/s")
 
 
 def test_html_escapes_remote_strings_and_colours_broken_rows():
@@ -105,8 +123,95 @@ def test_html_escapes_remote_strings_and_colours_broken_rows():
     assert "ValueError: &lt;bad&gt; &amp;co" in markup and "<bad>" not in markup
     parsed = _Cells(markup)
     broken = [row.broken for row in run_table(snap).rows]
-    assert [bool(s) for s in parsed.styles[1:]] == broken  # row 0 is the header
-    assert "straggler: rank 2" in markup and "straggler: rank 2" in format_summary(snap)
+    assert [H.FAIL in s for s in parsed.styles[1:]] == broken  # row 0 is the header
+    assert ["nbdist-straggler" in c for c in parsed.classes[1:]] == [False, False, True]
+    # the header names the rank everyone waits for, in the straggler colour
+    assert f"color:{H.STRAGGLER}'>rank 2 is 40 ms/step slower" in markup
+    assert "rank 2 is 40 ms/step slower" in format_summary(snap)
+
+
+def test_one_bandwidth_everywhere():
+    """Header, rows, text line and chart all show the same figure, bytes over transfer time."""
+    snap = aggregate_job({0: 0.010, 1: 0.015})
+    bw = "500 kB/s"  # 2000 bytes per step over the 4 ms rank 1 spent in the two all-reduces
+    assert [r.cells[RUN_HEADER.index("bandwidth")] for r in run_table(snap).rows] == [bw, bw]
+    assert f"bandwidth {bw}" in diagnosis_phrases(snap)
+    assert f"bandwidth {bw}" in format_line(snap)
+    chart = H.bandwidth_chart_svg(snap.series)
+    assert f">{bw}<" in chart and "bytes ÷ transfer time" in chart
+    assert ">0<" in chart  # the axis starts at zero
+    line = format_line(snap)
+    assert "rank 1 is 5 ms/step slower (compute 15 ms)" in line
+    assert "others wait 29% of their step" in line and "transfer 12%" in line
+
+
+def aggregate_job(compute, steps=10):
+    from nbdist.telemetry.aggregate import aggregate
+
+    return aggregate(job_batches(ddp_job(compute, steps=steps)))
+
+
+def test_many_ranks_become_min_median_max_rows_and_named_outliers():
+    compute = {r: 0.010 for r in range(40)}
+    compute[17] = 0.016
+    snap = aggregate_job(compute)
+    header, rows = run_table(snap)
+    assert len(snap.ranks) > AGGREGATE_ABOVE
+    labels = [row.cells[0] for row in rows]
+    assert labels == ["min", "median", "max", "17"]
+    col = {name: [row.cells[i] for row in rows] for i, name in enumerate(header)}
+    assert col["compute"][:3] == ["10 ms", "10 ms", "16 ms"]
+    assert col["waiting"][:3] == ["0 ms", "6 ms", "6 ms"]
+    assert rows[3].straggler and "straggler" in col["state"][3]
+    assert col["state"][1] == "40 running"
+    # the text table lays out the same rows
+    text = format_summary(snap).splitlines()
+    assert [line.split()[0] for line in text[2:]] == labels
+    small = run_table(aggregate_job({r: 0.01 for r in range(AGGREGATE_ABOVE)}))
+    assert [row.cells[0] for row in small.rows] == [str(r) for r in range(AGGREGATE_ABOVE)]
+
+
+def test_run_table_columns_have_fixed_widths_and_never_wrap():
+    markup = H.run_table_html(failed_run())
+    assert "table-layout:fixed" in markup and f"width:{H.RUN_TABLE_WIDTH}px" in markup
+    assert markup.count("<col ") == len(RUN_HEADER) == len(H.RUN_WIDTHS)
+    cells = re.findall(r"<td style='([^']*)'", markup)
+    assert cells and all("white-space:nowrap" in c for c in cells)
+    # a long value is cut with an ellipsis and shown whole on hover
+    assert "title='failed: ValueError: &lt;bad&gt; &amp;co'" in markup
+
+
+def test_straggler_and_exposed_communication_colours_differ():
+    colours = {H.COMPUTE, H.WAITING, H.TRANSFER, H.STRAGGLER, H.FAIL, H.BANDWIDTH}
+    assert len(colours) == 6
+    # the straggler keeps its colour when the run is over (its bar, its rank cell)
+    snap = aggregate_job({0: 0.010, 1: 0.015})
+    done = _finish(snap)
+    markup = H.run_table_html(done)
+    row = markup[markup.index("nbdist-rank-1"):]
+    row = row[:row.index("</tr>")]
+    assert f"background:{H.STRAGGLER}" in row and f"color:{H.STRAGGLER}" in row
+    assert "finished in" in H.run_header(done, final=True)
+
+
+def _finish(snap):
+    from dataclasses import replace
+
+    from nbdist.telemetry.states import RankState
+
+    return replace(snap, ranks=tuple(replace(r, state=RankState.DONE) for r in snap.ranks),
+                   wall_s=12.5)
+
+
+def test_scalar_charts_say_whose_values_they_show():
+    same = {0: ((0.0, 1.0), (1.0, 0.5)), 1: ((0.0, 1.0), (1.0, 0.5))}
+    assert "loss · ranks 0-1 (equal)" in H.scalar_chart_svg("loss", same)
+    differ = {0: ((0.0, 1.0), (1.0, 0.5)), 1: ((0.0, 2.0), (1.0, 0.7))}
+    svg = H.scalar_chart_svg("loss", differ)
+    assert svg.count("<polyline") == 2 and ">rank 0<" in svg and ">rank 1<" in svg
+    many = {r: ((0.0, float(r)), (1.0, r / 2)) for r in range(12)}
+    svg = H.scalar_chart_svg("acc", many)
+    assert "median of ranks 0-11" in svg and svg.count("<polyline") == 3
 
 
 def test_status_text_and_html_show_the_same_table():

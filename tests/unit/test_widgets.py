@@ -6,13 +6,18 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
+import asyncio  # noqa: E402
+import re  # noqa: E402
+
 from synthetic import T0, training_events  # noqa: E402
 
 from nbdist.display import display_medium, make_run_view, set_display  # noqa: E402
+from nbdist.display import html as H  # noqa: E402
 from nbdist.display.refresh import Throttle  # noqa: E402
 from nbdist.display.text import StreamView, TextDashboard  # noqa: E402
 from nbdist.display.widgets import ClusterPanel, RunWidget, WidgetDashboard  # noqa: E402
-from nbdist.records import ClusterStatus  # noqa: E402
+from nbdist.errors import NoClusterError  # noqa: E402
+from nbdist.records import ClusterStatus, WorkerRow  # noqa: E402
 from nbdist.telemetry import events as ev  # noqa: E402
 from nbdist.telemetry.aggregate import RunState  # noqa: E402
 
@@ -25,18 +30,30 @@ def feed_training(state, ranks=(0, 1), steps=8, slow_rank=None, n_of=None):
         state.feed([{"rank": r, "seq": 1, "events": evs}])
 
 
-def test_run_widget_shows_a_bar_per_rank_scalars_and_charts():
+def row_html(w, rank):
+    """The markup of ``rank``'s row in a run widget's table."""
+    t = w.table.value
+    start = re.search(f"nbdist-rank-{rank}[ ']", t).start()
+    return t[start:t.index("</tr>", start)]
+
+
+def bar_width(row: str) -> float:
+    return float(re.search(r"nbdist-bar-fill' style='width:([0-9.]+)%", row).group(1))
+
+
+def test_run_widget_shows_a_row_per_rank_scalars_and_charts():
     state = RunState([0, 1])
     feed_training(state, n_of=lambda r: 5 + 5 * r)
     w = RunWidget([0, 1])
     w.show(state.snapshot())
-    assert set(w.rows) == {0, 1}
-    assert w.rows[0].bar.value == pytest.approx(0.25) and w.rows[1].bar.value == pytest.approx(0.5)
-    assert w.rows[0].bar.bar_style == "info"
-    assert "steps/s" in w.rows[0].stats.value and "ETA" not in w.rows[0].stats.value
-    assert "loss" in w.scalars.value and "0.25" in w.scalars.value
-    assert "nbdist-step-chart" in w.chart.value and "nbdist-allreduce-chart" in w.chart.value
-    assert "running" in w.header.value
+    assert bar_width(row_html(w, 0)) == pytest.approx(25) and \
+        bar_width(row_html(w, 1)) == pytest.approx(50)
+    assert ">5/20 it<" in row_html(w, 0) and ">10/20 it<" in row_html(w, 1)
+    assert "loss 0.25" in row_html(w, 0)  # each rank's own last values, in its row
+    assert f"background:{H.BAR['running']}" in row_html(w, 0)
+    assert "nbdist-step-chart" in w.chart.value and "nbdist-bandwidth-chart" in w.chart.value
+    assert "nbdist-scalar-chart" in w.chart.value and "loss · ranks 0-1 (equal)" in w.chart.value
+    assert "running" in w.header.value and "compute" in w.legend.value
 
 
 def test_failed_rank_turns_red_with_its_reason_and_stays():
@@ -47,18 +64,20 @@ def test_failed_rank_turns_red_with_its_reason_and_stays():
     state.finish()
     w = RunWidget([0, 1])
     w.show(state.snapshot(), final=True)
-    assert w.rows[1].bar.bar_style == "danger" and w.rows[0].bar.bar_style == "success"
-    assert "ValueError: &lt;bad&gt;" in w.rows[1].stats.value  # remote text is escaped
+    assert f"background:{H.FAIL}" in row_html(w, 1)
+    assert f"background:{H.BAR['done']}" in row_html(w, 0)
+    assert "ValueError: &lt;bad&gt;" in w.failures.value  # remote text is escaped
     assert "failed" in w.header.value
 
 
-def test_straggler_is_flagged_on_its_bar():
+def test_straggler_is_flagged_on_its_row_and_named_in_the_header():
     state = RunState([0, 1, 2])
     feed_training(state, ranks=(0, 1, 2), slow_rank=2)
     w = RunWidget([0, 1, 2])
     w.show(state.snapshot())
-    assert w.rows[2].bar.bar_style == "warning" and "straggler" in w.rows[2].stats.value
-    assert "straggler" not in w.rows[0].stats.value
+    assert "nbdist-straggler" in row_html(w, 2) and "straggler" in row_html(w, 2)
+    assert "nbdist-straggler" not in row_html(w, 0)
+    assert "rank 2 is 40 ms/step slower" in w.header.value
 
 
 def test_unexpected_rank_gets_a_row():
@@ -66,7 +85,19 @@ def test_unexpected_rank_gets_a_row():
     feed_training(state, ranks=(0, 3))
     w = RunWidget([0])
     w.show(state.snapshot())
-    assert set(w.rows) == {0, 3} and w.rows[3].box in w.children
+    assert "nbdist-rank-3" in w.table.value
+
+
+def test_an_unchanged_part_is_not_sent_again():
+    state = RunState([0, 1])
+    feed_training(state)
+    w = RunWidget([0, 1])
+    w.show(state.snapshot())
+    sent = []
+    w.legend.observe(lambda c: sent.append(c), names="value")
+    w.table.observe(lambda c: sent.append(c), names="value")
+    w.show(state.snapshot())
+    assert sent == []
 
 
 def test_throttle_limits_redraws():
@@ -106,7 +137,7 @@ def test_text_run_view_prints_lines_not_a_flood(capsys):
     out = capsys.readouterr().out
     assert out.count("[0] line ") == 50
     status_lines = [ln for ln in out.splitlines() if ln.startswith("nbdist:")]
-    assert len(status_lines) == 2 and "train 49/50" in status_lines[-1]
+    assert len(status_lines) == 2 and "train 49/50 it" in status_lines[-1]
     assert "nbdist run:" in out  # the summary table
     quiet = make_run_view("quiet", 0, 2)
     assert quiet.dashboard is None and isinstance(quiet.stream, StreamView)
@@ -119,6 +150,91 @@ def test_scale_errors_stay_on_the_panel():
     panel = ClusterPanel(lambda: ClusterStatus("none", 0), boom)
     panel.scale(3)
     assert "could not scale to 3" in panel.message.value and "&lt;scale&gt;" in panel.message.value
+
+
+class FakeCluster:
+    """A status function that can be stopped or broken, like a Session's."""
+
+    def __init__(self):
+        self.running, self.error, self.calls = True, None, 0
+
+    def status(self):
+        self.calls += 1
+        if self.error:
+            raise self.error
+        if not self.running:
+            raise NoClusterError()
+        return ClusterStatus("ipyparallel", 2, (WorkerRow(0, "0", "h", 1, "cpu", True),
+                                                WorkerRow(1, "1", "h", 2, "cpu", True)))
+
+    def scale(self, n):
+        if not self.running:
+            raise NoClusterError()
+
+
+def test_panel_says_stopped_and_shows_errors_on_itself():
+    c = FakeCluster()
+    panel = ClusterPanel(c.status, c.scale)
+    assert "2/2 workers alive" in panel.table.value and not panel.stopped
+    c.error = RuntimeError("engine <gone>")
+    panel.refresh()  # the error is on the panel, not in a log
+    assert "refresh failed: RuntimeError: engine &lt;gone&gt;" in panel.note.value
+    c.error, c.running = None, False
+    panel.refresh()
+    assert panel.stopped and "stopped" in panel.table.value
+    assert "2/2 workers alive" not in panel.table.value
+    # nbdist's messages quote commands in backticks: the panel shows them as code
+    assert "<code>%nbdist start -n 2</code>" in panel.table.value and "`" not in panel.table.value
+    assert panel.scale_button.disabled and repr(panel) == "nbdist cluster: stopped"
+    panel.scale(3)
+    assert "could not scale to 3" in panel.message.value and "`" not in panel.message.value
+    c.running = True
+    panel.refresh()
+    assert not panel.stopped and not panel.scale_button.disabled
+
+
+def test_panel_refreshes_itself_on_the_event_loop_while_shown():
+    c = FakeCluster()
+
+    async def scenario():
+        panel = ClusterPanel(c.status, c.scale, interval=0.01)
+        assert panel._view_count == 0 and panel.refreshes == 1
+        await asyncio.sleep(0.05)
+        assert panel.refreshes == 1  # not shown anywhere: no refreshes
+        panel._view_count = 1  # the front end drew it
+        for _ in range(200):
+            if panel.refreshes >= 4:
+                break
+            await asyncio.sleep(0.01)
+        assert panel.refreshes >= 4
+        c.running = False
+        for _ in range(200):
+            if panel.stopped:
+                break
+            await asyncio.sleep(0.01)
+        assert "stopped" in panel.table.value
+        panel._view_count = 0  # the output was cleared: refreshing stops
+        await asyncio.sleep(0.03)
+        n = panel.refreshes
+        await asyncio.sleep(0.05)
+        assert panel.refreshes == n and panel._task is None
+        panel.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_slow_status_spaces_refreshes_out():
+    slow = FakeCluster()
+    panel = ClusterPanel(slow.status, interval=1.0)
+    panel._last_cost = 2.0  # the last status took 2 s: wait 2 / 0.2 = 10 s, not 1 s
+
+    async def first_delay():
+        panel._view_count = 1
+        await asyncio.sleep(0.05)
+        return panel.refreshes
+
+    assert asyncio.run(first_delay()) == 1
+    panel.close()
 
 
 def test_widget_dashboard_shows_its_own_bundle_and_finishes_in_close(monkeypatch):
@@ -139,10 +255,12 @@ def test_widget_dashboard_shows_its_own_bundle_and_finishes_in_close(monkeypatch
     assert shown == []  # nothing under a cell that has sent no telemetry yet
     feed_training(state)
     dash.update(state.snapshot())
+    state.feed([{"rank": r, "seq": 9, "events": [ev.end(True, T0 + 2)]} for r in (0, 1)])
     view = shown[0]["application/vnd.jupyter.widget-view+json"]
     assert view["model_id"] == dash.widget.model_id  # the widget's own bundle, not a copy
     assert "nbdist-summary" in shown[0]["text/html"]
     assert shown[0]["text/plain"].startswith("nbdist run:")
+    assert "nbdist-summary" in shown[0]["text/html"]
     assert "running" in dash.widget.header.value
     state.finish()
     dash.close(state.snapshot())

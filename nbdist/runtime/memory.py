@@ -1,0 +1,75 @@
+"""What a rank holds for training, in bytes: parameters, gradients, optimizer state, process.
+
+Worker-only (torch at the top). The optimizers are the ones :mod:`.ddp_hooks` saw step in this
+process: their parameter groups name every trained parameter, and their state holds the
+optimizer's tensors, so ZeRO's sharded state and FSDP2's sharded parameters are counted as
+this rank holds them.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import weakref
+from typing import Any, Optional
+
+import torch
+
+#: optimizers stepped in this process (ZeRO's wrapper and its inner optimizer both)
+optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The part of ``t`` stored on this rank (a DTensor's local shard)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _add(t: Any, seen: set[int]) -> int:
+    """Bytes of ``t``'s local part, once per storage (shared tensors count once)."""
+    if not isinstance(t, torch.Tensor):
+        return 0
+    local = _local(t)
+    try:
+        key = local.untyped_storage().data_ptr()
+    except RuntimeError:  # tensors without storage (meta, some wrappers)
+        return 0
+    if key in seen:
+        return 0
+    seen.add(key)
+    return local.numel() * local.element_size()
+
+
+def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state held by this rank."""
+    params = grads = state = 0
+    seen: set[int] = set()
+    for opt in list(optimizers) if opts is None else opts:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                params += _add(p, seen)
+                grads += _add(p.grad, seen)
+        for per_param in opt.state.values():
+            values = per_param.values() if isinstance(per_param, dict) else ()
+            for v in values:
+                state += _add(v, seen)
+    return {"params": params, "grads": grads, "optimizer": state}
+
+
+def probe() -> dict[str, Any]:
+    """:func:`held` plus the process's resident memory, its peak, and the GPU's peak."""
+    out: dict[str, Any] = dict(held())
+    rss = None
+    try:
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+    except ImportError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out["rss"] = rss
+    out["peak"] = peak * (1 if sys.platform == "darwin" else 1024)  # Linux reports KiB
+    out["device_peak"] = None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["device_peak"] = torch.cuda.max_memory_allocated()
+    return out

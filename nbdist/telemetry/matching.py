@@ -1,0 +1,156 @@
+"""Match what every rank reported about the same step or collective, and split the time each
+rank spent communicating into *waiting* for the last rank to arrive and *transfer*.
+
+Pure and clock-free: only durations measured on one rank's clock are compared, never
+timestamps of two hosts, so clock skew between hosts cannot move a number.
+
+A collective ends on every rank at about the same moment, so the rank that arrived last spends
+the least time in it, and the others spent their extra time waiting for it (the split Horovod's
+timeline draws between negotiation and the all-reduce itself):
+
+* **transfer** of a collective is the time the last rank to arrive spends in it: the least time
+  any rank spent in it;
+* **waiting** of a rank is the rest of its time in it.
+
+For a training step the same rule is applied to the step's *exposed* communication (what
+compute did not hide, reported by each rank): the rank with the least exposed time is the one
+the others waited for, its exposed time is the step's exposed transfer, and every other rank's
+extra exposed time is waiting. Bandwidth uses the step's whole transfer time instead, the time
+the rank that waited least spent in the step's collectives (overlaps counted once), because
+collectives that compute hid still moved their bytes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+#: a difference in waiting below this (seconds) is timer noise: nobody is named for it
+WAIT_NOISE_S = 1e-4
+#: a rank is flagged as the straggler when the others spend at least this share of their step
+#: waiting for it, on average over the recent steps ...
+STRAGGLER_SCORE = 0.05
+#: ... and at least this many seconds per step (timer noise on tiny steps is not a straggler)
+STRAGGLER_MIN_S = 0.001
+#: steps every rank must have reported before anyone is flagged
+STRAGGLER_MIN_STEPS = 5
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One rank's report of one step."""
+
+    step_s: float
+    exposed_s: float  # communication compute did not hide (waiting + transfer)
+    busy_s: float  # time any of its timed collectives in the step was running
+    nbytes: int  # bytes of those timed collectives
+    #: False when a collective of the step has no time (a GPU bucket whose events had not
+    #: completed when the step closed): its exposed time is then too short to compare
+    timed: bool = True
+
+    @property
+    def compute_s(self) -> float:
+        return max(0.0, self.step_s - self.exposed_s)
+
+
+@dataclass(frozen=True)
+class MatchedStep:
+    """One step as every rank that ran it reported it, with the waiting/transfer split."""
+
+    step: int
+    reports: Mapping[int, RankStep]
+    waiting: Mapping[int, float]  # rank -> exposed seconds spent waiting for ``last``
+    transfer_s: float  # exposed transfer: the exposed time of the last rank to arrive
+    last: Optional[int]  # the rank the others waited for (None: nobody waited measurably)
+    transfer_time_s: Optional[float]  # the step's whole transfer time, for bandwidth
+
+    def bandwidth(self, rank: int) -> Optional[float]:
+        """``rank``'s bytes in this step over the step's transfer time (bytes/s)."""
+        rep = self.reports.get(rank)
+        if rep is None or not rep.nbytes or not self.transfer_time_s:
+            return None
+        return rep.nbytes / self.transfer_time_s
+
+    def waiting_share(self, rank: int) -> float:
+        """The share of ``rank``'s step it spent waiting."""
+        rep = self.reports[rank]
+        return min(1.0, self.waiting[rank] / rep.step_s) if rep.step_s > 0 else 0.0
+
+
+def match_step(step: int, reports: Mapping[int, RankStep]) -> MatchedStep:
+    """Split step ``step``'s exposed communication on every rank that reported it."""
+    timed = [r for r in reports if reports[r].timed] or list(reports)
+    last = min(timed, key=lambda r: (reports[r].exposed_s, r))
+    transfer = reports[last].exposed_s
+    waiting = {r: max(0.0, rep.exposed_s - transfer) for r, rep in reports.items()}
+    if max(waiting.values()) < WAIT_NOISE_S:
+        waited_for: Optional[int] = None
+    else:
+        waited_for = last
+    busy = [rep.busy_s for rep in reports.values() if rep.busy_s > 0]
+    return MatchedStep(step, dict(reports), waiting, transfer, waited_for,
+                       min(busy) if busy else None)
+
+
+@dataclass(frozen=True)
+class MatchedCollective:
+    """One collective called outside any step, matched across ranks by its order."""
+
+    op: str
+    seconds: Mapping[int, float]  # rank -> time it spent in the call
+    nbytes: Mapping[int, int]
+
+    @property
+    def transfer_s(self) -> float:
+        return min(self.seconds.values())
+
+    def waiting(self, rank: int) -> float:
+        return self.seconds[rank] - self.transfer_s
+
+    def bandwidth(self, rank: int) -> Optional[float]:
+        t = self.transfer_s
+        return self.nbytes[rank] / t if t > 0 and self.nbytes.get(rank) else None
+
+
+@dataclass(frozen=True)
+class StragglerScore:
+    """How much the others wait for one rank, over the recent matched steps."""
+
+    score: float  # mean share of the others' step spent waiting for this rank, 0-1
+    caused_s: float  # mean seconds per step the others wait for this rank
+    last_share: float  # share of the steps in which this rank arrived last
+
+
+def straggler_scores(steps: Sequence[MatchedStep], ranks: Sequence[int]
+                     ) -> dict[int, StragglerScore]:
+    """Score every rank by how long the others waited for it over ``steps``.
+
+    In a step where rank ``r`` arrived last, ``r`` scores the mean share of their step that the
+    other ranks spent waiting; in other steps it scores 0. The score is the mean over ``steps``:
+    0 for a rank nobody waits for, 0.25 when the others lose a quarter of every step to it.
+    """
+    n = len(steps)
+    score = dict.fromkeys(ranks, 0.0)
+    caused = dict.fromkeys(ranks, 0.0)
+    last = dict.fromkeys(ranks, 0.0)
+    for m in steps:  # only the rank that arrived last scores in a step: one pass suffices
+        r = m.last
+        others = [q for q in m.reports if q != r]
+        if r is None or r not in score or not others:
+            continue
+        last[r] += 1
+        score[r] += statistics.fmean(m.waiting_share(q) for q in others)
+        caused[r] += statistics.fmean(m.waiting[q] for q in others)
+    return {r: StragglerScore(score[r] / n, caused[r] / n, last[r] / n) if n
+            else StragglerScore(0.0, 0.0, 0.0) for r in ranks}
+
+
+def flagged(scores: Mapping[int, StragglerScore], steps: int, *,
+            min_score: float = STRAGGLER_SCORE, min_s: float = STRAGGLER_MIN_S,
+            min_steps: int = STRAGGLER_MIN_STEPS) -> list[int]:
+    """The ranks whose scores make them stragglers (``steps``: matched steps scored)."""
+    if steps < min_steps or len(scores) < 2:
+        return []
+    return sorted(r for r, s in scores.items() if s.score >= min_score and s.caused_s >= min_s)

@@ -1,0 +1,81 @@
+"""Failures a new user meets, on both engines: a worker that exits mid-cell, and what the
+next cell and the remedy do."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from conftest import start_session
+
+from nbdist.errors import DistributedError, WorkersGone
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.mark.parametrize("engine", ["ipyparallel", "dask"])
+def test_a_worker_that_exits_mid_cell_is_named_and_replaced_by_scale(engine):
+    s = start_session(engine)
+    try:
+        s.run_cell("kept = 'rank %d survives' % rank")
+        with pytest.raises(DistributedError) as info:
+            s.run_cell("import os, time\nif rank == 1:\n    os._exit(0)\ntime.sleep(0.5)")
+        assert [f.rank for f in info.value.failures] == [1]
+        assert info.value.failures[0].ename == "WorkerError"
+        t0 = time.monotonic()
+        with pytest.raises(WorkersGone, match=r"rank\(s\) 1 .*%nbdist scale 2") as gone:
+            s.run_cell("print(rank)")
+        assert gone.value.ranks == [1]
+        assert time.monotonic() - t0 < 10  # not the process group's 60 s timeout
+        s.scale(2)  # a replacement joins; rank 0's worker keeps its namespace
+        assert s.world_size == 2
+        assert repr(s.run_cell("kept", ranks="0")) == "'rank 0 survives'"
+        total = s.run_cell("import torch, torch.distributed as dist\n"
+                           "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+        assert repr(total) == "2.0"
+    finally:
+        s.stop()
+
+
+def test_connecting_to_an_address_with_nothing_there_fails_fast():
+    from nbdist.errors import ClusterError
+    from nbdist.session import Session
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=r"nothing answers at tcp://127\.0\.0\.1:\d+ .*"
+                                           r"Scheduler at"):
+        Session().connect(engine="dask", address=f"tcp://127.0.0.1:{port}")
+    assert time.monotonic() - t0 < 10
+
+
+def test_enormous_output_is_capped_with_a_notice(capsys):
+    s = start_session("ipyparallel")
+    try:
+        t0 = time.monotonic()
+        s.run_cell("for i in range(200_000):\n    print('line', i)", telemetry=False)
+        took = time.monotonic() - t0
+        out, err = capsys.readouterr()
+        assert "[0] line 0" in out and "[0] line 199999" not in out
+        assert "output cut after 1,000,000 characters" in err
+        assert took < 20, took  # it took 34 s to send every line
+    finally:
+        s.stop()
+
+
+def test_pulling_what_cannot_travel_says_why():
+    s = start_session("ipyparallel")
+    try:
+        s.run_cell("import threading, torch\nlock = threading.Lock()\n"
+                   "import nbdist.runtime.worker as w\nw.MAX_PULL_BYTES = 1000\n"
+                   "big = torch.zeros(1000)")
+        with pytest.raises(NameError, match=r"rank 0: lock \(lock\) cannot be sent .*pickle"):
+            s.pull("lock")
+        with pytest.raises(NameError,
+                           match=r"big is 4 kB, over the 1 kB that pull sends.*torch\.save"):
+            s.pull("big")
+    finally:
+        s.stop()

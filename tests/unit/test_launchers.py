@@ -1,0 +1,129 @@
+"""Profiles reach the engines' own launchers: ipyparallel's launcher classes get the settings
+(checked in the batch script ipyparallel itself writes), Dask gets the cluster class of
+distributed, dask-jobqueue or dask-kubernetes with its arguments. Nothing is started here."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import ipyparallel as ipp
+import pytest
+
+from nbdist.backends.dask import DaskBackend, cluster_spec
+from nbdist.backends.ipyparallel import launcher_settings
+from nbdist.errors import MissingPackageError
+from nbdist.options import LaunchOptions
+from nbdist.session import Session
+
+
+def engine_launcher(launch: LaunchOptions, tmp_path):
+    """The engine launcher ipyparallel would make for ``launch`` (not started)."""
+    cluster_kwargs, engine_kwargs = launcher_settings(launch)
+    cluster = ipp.Cluster(n=2, controller_ip=launch.listen, profile_dir=str(tmp_path),
+                          **cluster_kwargs)
+    return cluster.engine_launcher_class(
+        work_dir=str(tmp_path), parent=cluster, log=cluster.log,
+        profile_dir=str(tmp_path), cluster_id="c1", **engine_kwargs)
+
+
+def test_local_needs_no_launcher():
+    assert launcher_settings(LaunchOptions()) == ({}, {})
+
+
+def test_slurm_settings_land_in_ipyparallels_batch_script(tmp_path):
+    launch = LaunchOptions(launcher="slurm", listen="*", queue="gpu", account="proj",
+                           walltime="02:00:00", cpus=8, gpus=1)
+    launcher = engine_launcher(launch, tmp_path)
+    assert type(launcher).__name__ == "SlurmEngineSetLauncher"
+    launcher.write_batch_script(4)
+    script = open(launcher.batch_file).read()
+    for line in ("#SBATCH --ntasks=4", "#SBATCH --partition=gpu", "#SBATCH --account=proj",
+                 "#SBATCH --time=02:00:00", "#SBATCH --cpus-per-task=8",
+                 "#SBATCH --gpus-per-task=1", "srun "):
+        assert line in script
+
+
+def test_pbs_resources_are_one_select_line(tmp_path):
+    launch = LaunchOptions(launcher="pbs", listen="*", queue="q", account="a", cpus=4, gpus=1,
+                           memory="16gb", walltime="1:00:00")
+    launcher = engine_launcher(launch, tmp_path)
+    launcher.write_batch_script(2)
+    script = open(launcher.batch_file).read()
+    for line in ("#PBS -q q", "#PBS -A a", "#PBS -l walltime=1:00:00",
+                 "#PBS -l select=1:ncpus=4:ngpus=1:mem=16gb"):
+        assert line in script
+
+
+def test_ssh_hosts_and_the_profiles_own_launcher_options(tmp_path):
+    launch = LaunchOptions(launcher="ssh", listen="10.0.0.5", hosts={"node1": 2, "node2": 1},
+                           options={"remote_python": "/opt/py/bin/python", "delay": 0.5})
+    launcher = engine_launcher(launch, tmp_path)
+    assert type(launcher).__name__ == "SSHEngineSetLauncher"
+    assert launcher.engines == {"node1": 2, "node2": 1}
+    assert launcher.remote_python == "/opt/py/bin/python" and launcher.delay == 0.5
+
+
+def test_mpi_is_ipyparallels_mpi_launcher(tmp_path):
+    launch = LaunchOptions(launcher="mpi", listen="*", options={"mpi_args": ["--oversubscribe"]})
+    launcher = engine_launcher(launch, tmp_path)
+    assert type(launcher).__name__ == "MPIEngineSetLauncher"
+    assert launcher.mpi_args == ["--oversubscribe"]
+
+
+def test_dask_ssh_puts_the_scheduler_on_the_first_host():
+    module, name, package, kwargs, scale = cluster_spec(
+        LaunchOptions(launcher="ssh", hosts={"a": 2, "b": 1}), 3)
+    assert (module, name, package, scale) == ("distributed.deploy.ssh", "SSHCluster",
+                                              "asyncssh", False)
+    assert kwargs["hosts"] == ["a", "a", "a", "b"]
+
+
+def test_dask_jobqueue_one_worker_process_per_job():
+    launch = LaunchOptions(launcher="slurm", listen="*", queue="gpu", account="p", cpus=8,
+                           memory="32GB", gpus=1, walltime="01:00:00",
+                           options={"interface": "ib0", "processes": 1})
+    module, name, package, kwargs, scale = cluster_spec(launch, 4)
+    assert (module, name, package, scale) == ("dask_jobqueue", "SLURMCluster", "dask-jobqueue",
+                                              True)
+    assert kwargs == {"processes": 1, "cores": 8, "memory": "32GB", "queue": "gpu",
+                      "account": "p", "walltime": "01:00:00",
+                      "job_extra_directives": ["--gres=gpu:1"],
+                      "scheduler_options": {"host": "0.0.0.0"}, "interface": "ib0"}
+    assert cluster_spec(LaunchOptions(launcher="pbs", listen="h"), 2)[1] == "PBSCluster"
+
+
+def test_dask_kubernetes_pods_with_limits():
+    launch = LaunchOptions(launcher="kubernetes", image="img:1", cpus=4, memory="8Gi", gpus=1,
+                           options={"namespace": "ml"})
+    module, name, package, kwargs, scale = cluster_spec(launch, 4, "nbdist-abc")
+    assert (module, name, package, scale) == ("dask_kubernetes.operator", "KubeCluster",
+                                              "dask-kubernetes", False)
+    limits = {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"}
+    assert kwargs == {"name": "nbdist-abc", "n_workers": 4, "image": "img:1",
+                      "resources": {"limits": limits, "requests": limits}, "namespace": "ml"}
+
+
+@pytest.fixture
+def no_jobqueue(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "dask_jobqueue" else real(name, *a))
+
+
+def test_missing_launcher_package_is_named_and_nothing_starts(no_jobqueue):
+    backend = DaskBackend()
+    backend.launch = LaunchOptions(launcher="slurm", listen="*")
+    with pytest.raises(MissingPackageError, match=r"'slurm' launcher needs the "
+                                                  r"`dask-jobqueue` package.*pip install "
+                                                  r"dask-jobqueue"):
+        backend.start(2, 5)
+    assert backend.client is None and backend.cluster is None
+
+
+def test_missing_package_from_a_profile_leaves_the_session_stopped(no_jobqueue, tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("cluster: {engine: dask, launcher: slurm, listen: '*', workers: 2}\n")
+    session = Session()
+    with pytest.raises(MissingPackageError, match="pip install dask-jobqueue"):
+        session.start(profile=path)
+    assert session.backend is None and not session.running

@@ -1,0 +1,211 @@
+"""Profiles: the schema, errors that point at the file, line and key, and the round trip to
+the option records the session runs on."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from nbdist.errors import OptionError, ProfileError
+from nbdist.options import CellDefaults, ClusterOptions
+from nbdist.profiles import (
+    Profile,
+    dump_profile,
+    from_options,
+    load_profile,
+    parse_profile,
+    to_options,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "profiles"
+
+
+def write(tmp_path: Path, text: str, name: str = "p.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_every_section_reaches_the_option_records(tmp_path):
+    path = write(tmp_path, """
+        cluster:
+          engine: dask
+          workers: 3
+        runtime:
+          device: cpu
+          dist_backend: gloo
+          threads: 2
+          timeout: 60
+          env: {NCCL_IB_DISABLE: 1, NAME: x}
+          working_dir: /scratch
+        training:
+          output: all
+          telemetry: false
+          cell_timeout: 30
+          elastic: {max_failures: 2, min_workers: 1}
+    """)
+    options, defaults = to_options(load_profile(path))
+    assert options == ClusterOptions(engine="dask", n=3, device="cpu", dist_backend="gloo",
+                                     threads=2, timeout=60.0,
+                                     env={"NCCL_IB_DISABLE": "1", "NAME": "x"},
+                                     working_dir="/scratch")
+    assert defaults == CellDefaults(output="all", telemetry=False, timeout=30.0,
+                                    elastic_max_failures=2, elastic_min_workers=1)
+
+
+def test_an_empty_profile_is_the_defaults(tmp_path):
+    options, defaults = to_options(load_profile(write(tmp_path, "")))
+    assert options == ClusterOptions() and defaults == CellDefaults()
+
+
+def test_hosts_as_a_list_or_a_mapping_give_the_worker_count(tmp_path):
+    listed = load_profile(write(tmp_path, """
+        cluster: {launcher: ssh, listen: 10.0.0.1, hosts: [a, b, c]}
+    """, "l.yaml"))
+    mapped = load_profile(write(tmp_path, """
+        cluster: {launcher: ssh, listen: 10.0.0.1, hosts: {a: 2, b: 4}}
+    """, "m.yaml"))
+    assert to_options(listed)[0].n == 3 and dict(to_options(listed)[0].launch.hosts) == {
+        "a": 1, "b": 1, "c": 1}
+    assert to_options(mapped)[0].n == 6
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_example_profiles_are_valid(name):
+    profile = load_profile(EXAMPLES / name)
+    options, _ = to_options(profile)
+    assert options.n and options.n >= 2
+
+
+def test_the_examples_cover_what_the_docs_promise():
+    launchers = {load_profile(p).cluster.launcher for p in EXAMPLES.glob("*.yaml")}
+    engines = {load_profile(p).cluster.engine for p in EXAMPLES.glob("*.yaml")}
+    assert {"local", "slurm", "kubernetes"} <= launchers and engines == {"ipyparallel", "dask"}
+
+
+# ------------------------------------------------------------------------------ errors
+def problem(tmp_path: Path, text: str) -> ProfileError:
+    path = write(tmp_path, text)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    err = info.value
+    assert str(err).endswith("Nothing was started.")
+    assert isinstance(err, OptionError)  # the magics show it as a usage error
+    return err
+
+
+def test_unknown_key_names_file_line_key_and_the_nearest_valid_key(tmp_path):
+    err = problem(tmp_path, """
+        cluster:
+          engine: dask
+          workrs: 4
+    """)
+    assert err.problems == [(4, "cluster.workrs", err.problems[0][2])]
+    msg = str(err)
+    assert f"{tmp_path / 'p.yaml'}, line 4: cluster.workrs: unknown key; did you mean " \
+           "'workers'?" in msg
+    assert "engine, workers, launcher" in msg
+
+
+def test_unknown_section_suggests_the_section(tmp_path):
+    err = problem(tmp_path, "runtme:\n  device: cpu\n")
+    assert "line 1: runtme: unknown key; did you mean 'runtime'?" in str(err)
+
+
+def test_wrong_type_names_the_line_and_the_value(tmp_path):
+    err = problem(tmp_path, """
+        cluster:
+          workers: 2
+        runtime:
+          threads: many
+    """)
+    assert len(err.problems) == 1
+    line, key, msg = err.problems[0]
+    assert (line, key) == (5, "runtime.threads")
+    assert "valid integer" in msg and "'many'" in msg
+
+
+def test_wrong_choice_suggests_the_nearest(tmp_path):
+    err = problem(tmp_path, "cluster:\n  launcher: slurmm\n")
+    assert "line 2: cluster.launcher: 'slurmm' is not one of local, ssh" in str(err)
+    assert "did you mean 'slurm'?" in str(err)
+
+
+def test_every_problem_is_listed_once_in_line_order(tmp_path):
+    err = problem(tmp_path, """
+        training:
+          output: loud
+        cluster:
+          workers: 0
+    """)
+    assert [p[0] for p in err.problems] == [3, 5]
+    assert "(2 problems)" in str(err)
+
+
+def test_unquoted_env_values_that_are_not_text_say_to_quote(tmp_path):
+    err = problem(tmp_path, "runtime:\n  env:\n    FLAG: yes\n")
+    assert "line 3: runtime.env.FLAG" in str(err) and "quote it" in str(err)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ProfileError, match=r"nope\.yaml: no such file"):
+        load_profile(tmp_path / "nope.yaml")
+
+
+def test_bad_yaml_names_the_line(tmp_path):
+    err = problem(tmp_path, "cluster:\n  engine: [dask\n")
+    assert "not valid YAML" in str(err) and err.problems[0][0] is not None
+
+
+def test_not_a_mapping(tmp_path):
+    err = problem(tmp_path, "- cluster\n")
+    assert "a profile is a mapping" in str(err)
+
+
+@pytest.mark.parametrize("text,line,key,message", [
+    ("cluster:\n  engine: dask\n  launcher: mpi\n", 3, "cluster.launcher",
+     "the dask engine has no 'mpi' launcher"),
+    ("cluster:\n  launcher: kubernetes\n", 2, "cluster.launcher",
+     "the ipyparallel engine has no 'kubernetes' launcher"),
+    ("cluster:\n  launcher: slurm\n", 2, "cluster.launcher", "set `listen`"),
+    ("runtime:\n  device: cpu\n  dist_backend: nccl\n", 3, "runtime.dist_backend",
+     "needs --device cuda"),
+    ("cluster:\n  launcher: ssh\n  listen: h\n  hosts: [a]\n  workers: 3\n", 5,
+     "cluster.workers", "more than the 1"),
+])
+def test_options_that_do_not_go_together_point_at_the_key(tmp_path, text, line, key, message):
+    err = problem(tmp_path, text)
+    assert err.problems[0][:2] == (line, key)
+    assert message in str(err)
+
+
+def test_dask_jobqueue_needs_listen_but_kubernetes_does_not(tmp_path):
+    problem(tmp_path, "cluster: {engine: dask, launcher: pbs}\n")
+    parse_profile("cluster: {engine: dask, launcher: kubernetes}\n")
+
+
+# ------------------------------------------------------------------------------ round trip
+def test_saved_options_load_back_equal(tmp_path):
+    options, defaults = to_options(load_profile(EXAMPLES / "slurm.yaml"))
+    text = dump_profile(from_options(options, defaults), "saved\nfrom a test")
+    assert text.startswith("# saved\n# from a test\n")
+    assert "null" not in text  # unset values are left out, not written as null
+    again = parse_profile(text)
+    assert to_options(again) == (options, defaults)
+
+
+def test_profile_objects_validate_like_files():
+    with pytest.raises(Exception, match="extra"):
+        Profile.model_validate({"cluster": {"nodes": 2}})
+
+
+@pytest.mark.parametrize("text,key,message", [
+    ("cluster:\n  listen: 0.0.0.0\n", "cluster.listen", "a local cluster listens on loopback"),
+    ("cluster:\n  launcher: slurm\n  listen: '*'\n  hosts: [a]\n", "cluster.hosts",
+     "`hosts` is for the ssh launcher"),
+])
+def test_settings_that_would_be_ignored_are_refused(tmp_path, text, key, message):
+    err = problem(tmp_path, text)
+    assert err.problems[0][1] == key and message in str(err)
