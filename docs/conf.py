@@ -15,6 +15,7 @@ suite does with the copies its notebook tests executed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -65,6 +66,27 @@ def _stage_notebooks() -> str:
     if (ROOT / "notebooks" / "scripts").is_dir():  # the torchrun notebook runs a script
         shutil.copytree(ROOT / "notebooks" / "scripts", target / "scripts")
     return "off" if executed else "force"
+
+
+def _repository_links(app, docname: str, source: list[str]) -> None:
+    """Pages link files as GitHub shows them (``../notebooks/NAME.ipynb``); on the site the
+    notebooks are pages under ``notebooks/``, RESULTS.md is the benchmarks page, and other
+    files of the repository are named without a link."""
+
+    def fix(m: re.Match) -> str:
+        text, target = m.group(1), m.group(2)
+        if target.startswith("notebooks/"):
+            return f"[{text}]({target})"
+        if target == "benchmarks/RESULTS.md":
+            return f"[{text}](benchmarks.md)"
+        return text
+
+    if not docname.startswith("notebooks/"):
+        source[0] = re.sub(r"\[([^\]]+)\]\(\.\./([^)]+)\)", fix, source[0])
+
+
+def setup(app) -> None:
+    app.connect("source-read", _repository_links)
 
 
 nb_execution_mode = _stage_notebooks()

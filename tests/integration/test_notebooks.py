@@ -33,7 +33,7 @@ def cell_with(nb, source_fragment: str):
 def test_the_notebooks_are_numbered_and_complete():
     assert NOTEBOOKS == ["00-quickstart.ipynb", "01-telemetry.ipynb", "02-scaling.ipynb",
                          "03-torchrun-scripts.ipynb", "04-dask-and-existing-clusters.ipynb",
-                         "05-auto-mode-and-output.ipynb"]
+                         "05-auto-mode-and-output.ipynb", "06-strategies.ipynb"]
 
 
 def test_quickstart_trains_on_two_workers(run_notebook):
@@ -116,3 +116,12 @@ def test_auto_mode_tqdm_per_rank_output_and_warnings(run_notebook):
     warned = outputs_text(cell_with(nb, "import warnings"))
     [line] = [ln for ln in warned.splitlines() if "learning rate 10 looks high" in ln]
     assert line.startswith("[0-1] <distributed cell ") and ": UserWarning: " in line
+
+
+def test_strategies_notebook_compares_five_runs(run_notebook):
+    nb = run_notebook("06-strategies.ipynb")  # its own asserts check what each promises
+    compare = [h for h in html_outputs(nb) if "nbdist-compare" in h]
+    assert compare, "%nbdist compare showed nothing"
+    for run in ("ddp", "ddp+fp16", "ddp+powersgd", "zero1", "fsdp2"):
+        assert f">{run}</td>" in compare[-1]
+    assert "<svg" in compare[-1]
