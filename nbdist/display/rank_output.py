@@ -16,6 +16,7 @@ from typing import Any, Optional, TextIO
 from ..telemetry.events import STREAM, WARNING, Batch, Event
 from ..telemetry.units import fmt_ranks
 from .html import rank_output_html, warnings_html
+from .refresh import Throttle
 from .text import StreamView
 
 #: lines kept per rank (and in the merged view); older ones are dropped first
@@ -250,8 +251,6 @@ class OutputView(StreamView):
         self._ranks = list(ranks)
         self._panel: Any = None
         self._shown = _Updatable()
-        from .refresh import Throttle
-
         self._throttle = Throttle(self.interval)
 
     def feed(self, batches: Iterable[Batch]) -> None:

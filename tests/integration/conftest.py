@@ -117,9 +117,11 @@ def run_notebook(repo_copy, binder_env) -> Callable[[str], Any]:
     import nbclient
     import nbformat
 
-    done: dict[str, Any] = {}
+    done: dict[str, Any] = {}  # name -> the executed notebook, or the error it raised
 
     def run(name: str) -> Any:
+        if isinstance(done.get(name), BaseException):
+            raise done[name]  # one failed run is reported by every test that reads it
         if name not in done:
             path = repo_copy / "notebooks" / name
             nb = nbformat.read(path, as_version=4)
@@ -138,6 +140,9 @@ def run_notebook(repo_copy, binder_env) -> Callable[[str], Any]:
             t0 = time.monotonic()
             try:
                 client.execute(env=env)
+            except Exception as exc:
+                done[name] = exc
+                raise
             finally:
                 km = kw.get("km")
                 if km is not None and km.has_kernel:  # nbclient shuts down only kernels it made
