@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -100,11 +101,14 @@ def build_binder_env(repo: Path, venv: Path) -> BinderEnv:
 
 
 @pytest.fixture(scope="session")
-def binder_env(repo_copy, tmp_path_factory) -> Optional[BinderEnv]:
+def binder_env(repo_copy, tmp_path_factory) -> Iterator[Optional[BinderEnv]]:
     """The Binder environment (None with ``NBDIST_NOTEBOOK_KERNEL=current``)."""
     if os.environ.get("NBDIST_NOTEBOOK_KERNEL") == "current":
-        return None
-    return build_binder_env(repo_copy, tmp_path_factory.mktemp("binder") / "venv")
+        yield None
+        return
+    env = build_binder_env(repo_copy, tmp_path_factory.mktemp("binder") / "venv")
+    yield env
+    shutil.rmtree(env.venv, ignore_errors=True)  # about a gigabyte; pytest keeps 3 sessions
 
 
 @pytest.fixture(scope="session")
