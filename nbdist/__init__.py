@@ -15,6 +15,7 @@ Importing this package is cheap: torch, widgets and engines load on first use.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -31,7 +32,7 @@ __all__ = [
     "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
     "progress", "log", "export", "save_profile", "load_profile", "dask_client", "mesh",
-    "compare",
+    "compare", "auto",
 ]
 
 
@@ -146,3 +147,24 @@ def compare(*names: str) -> Any:
         return comparison.to_pandas()
     except ImportError:
         return comparison
+
+
+def auto(on: bool = True) -> None:
+    """Auto mode (``%nbdist auto on|off``): while on, every cell runs on the ranks.
+
+    Cells that start with a magic, and ``%%local`` cells, stay in the kernel. Needs IPython
+    (a notebook or ``ipython``) with a cluster running for ``on``.
+    """
+    worker = sys.modules.get("nbdist.runtime.worker")
+    if worker is not None and getattr(worker._state, "plan", None) is not None:
+        from .errors import AUTO_ON_A_RANK
+
+        raise RuntimeError(AUTO_ON_A_RANK)  # an engine's own IPython must not switch modes
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        raise RuntimeError("nbdist.auto() needs IPython: it changes how notebook cells run")
+    if "nbdist" not in shell.magics_manager.magics["line"]:
+        load_ipython_extension(shell)
+    shell.run_line_magic("nbdist", f"auto {'on' if on else 'off'}")

@@ -17,6 +17,16 @@ if TYPE_CHECKING:
 #: how to get a cluster, for every "no cluster" message
 NO_CLUSTER = ("no nbdist cluster is running. Start one with `%nbdist start -n 2` "
               "(Python: `nbdist.start(2)`), or attach with `%nbdist connect`.")
+#: added to NO_CLUSTER when auto mode sent a cell to the ranks
+AUTO_NO_CLUSTER = ("Auto mode is on, so this cell was meant for the ranks; `%nbdist auto off` "
+                   "runs cells in the kernel again.")
+#: nbdist.auto() typed in a cell that auto mode sent to the ranks
+AUTO_ON_A_RANK = ("nbdist.auto() ran on a rank, because auto mode sent this cell there: "
+                  "`%nbdist auto off` (a magic, so it runs in the kernel) ends auto mode, or "
+                  "call nbdist.auto() in a `%%local` cell.")
+#: the line each cell shows while auto mode is on
+AUTO_ON = ("nbdist auto: this cell runs on ranks {ranks} · a cell starting with %%local (or "
+           "any magic) runs in the kernel · %nbdist auto off ends it")
 #: what a user must do after the process group was re-formed under their objects
 REBUILD_DDP = ("The process group is re-formed for the next cell; re-create "
                "DistributedDataParallel wrappers made before this cell.")

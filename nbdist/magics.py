@@ -16,9 +16,11 @@ from IPython.core.magic_arguments import (
     parse_argstring,
 )
 
-from .errors import NO_CLUSTER, OptionError
+from . import automode as auto
+from .errors import AUTO_NO_CLUSTER, AUTO_ON, NO_CLUSTER, OptionError
 from .options import DEVICES, DIST_BACKENDS, ENGINES, CellOptions, ClusterOptions, parse_ranks
 from .session import Session, default_session
+from .telemetry.units import fmt_ranks
 
 
 def _cluster_options(p: argparse.ArgumentParser) -> None:
@@ -93,6 +95,12 @@ def _build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPar
     p = verb("timeline", "_timeline", "write the last run's telemetry as a Chrome trace")
     p.add_argument("file", metavar="FILE.json",
                    help="open it in https://ui.perfetto.dev or chrome://tracing")
+
+    p = verb("auto", "_auto", "run every cell on the ranks (on) or in the kernel (off)")
+    p.add_argument("state", nargs="?", choices=("on", "off"), default=None,
+                   help="on: each cell runs as if it began with %%%%distributed, except cells "
+                        "starting with a magic or %%%%local; off: back to normal; "
+                        "none: say which")
 
     p = verb("profile", "_profile", "save this session's options as a profile, or check one")
     p.add_argument("action", choices=("save", "check"),
@@ -186,6 +194,22 @@ class NbdistMagics(Magics):
 
     def _stop(self, session: Session, args: argparse.Namespace) -> None:
         _say(session.stop() or "no cluster was running; nothing to stop")
+        if auto.set_auto(self.shell, False):  # with no ranks, auto cells could only fail
+            _say("auto mode off: cells run in the kernel again")
+
+    def _auto(self, session: Session, args: argparse.Namespace) -> None:
+        if args.state is None:
+            print(f"nbdist auto mode is {'on' if auto.is_on(self.shell) else 'off'}")
+        elif args.state == "on":
+            if not session.running:
+                raise UsageError(f"%nbdist auto on: {NO_CLUSTER}")
+            auto.set_auto(self.shell, True)
+            _say(f"auto mode on: every cell runs on ranks {fmt_ranks(range(session.world_size))}"
+                 "; cells starting with %%local or another magic run here; "
+                 "`%nbdist auto off` ends it")
+        else:
+            auto.set_auto(self.shell, False)
+            _say("auto mode off: cells run in the kernel again")
 
     def _restart(self, session: Session, args: argparse.Namespace) -> Any:
         _say("restarting the workers ...")
@@ -249,22 +273,48 @@ class NbdistMagics(Magics):
         if args.quiet and args.all_output:
             raise UsageError("%%distributed: use --quiet or --all-output, not both")
         session = default_session()
+        auto_on = auto.is_on(self.shell)
         if not session.running:
-            raise UsageError(NO_CLUSTER)
+            raise UsageError(NO_CLUSTER + (" " + AUTO_NO_CLUSTER if auto_on else ""))
         # Flags not given are None: the session's defaults (a profile's training section) apply.
         output = "quiet" if args.quiet else ("all" if args.all_output else None)
         try:
             options = CellOptions(ranks=args.ranks, timeout=args.timeout, name=args.name)
-            parse_ranks(options.ranks, session.world_size)
+            selected = parse_ranks(options.ranks, session.world_size)
         except OptionError as exc:  # bad --ranks / --timeout values
             raise UsageError(f"%%distributed: {exc}") from None
-        # The %%distributed line is the editor's line 1: the cell's code starts on line 2.
+        # The %%distributed line is the editor's line 1: the cell's code starts on line 2,
+        # unless auto mode put that line there, above the editor's line 1.
+        first_line = 2
+        if auto_on:  # the indicator: no cell leaves the kernel unannounced
+            print(AUTO_ON.format(ranks=fmt_ranks(selected)), flush=True)
+            if auto.sent_by_auto_mode(self.shell, cell):
+                first_line = 1
         return session.run_cell(cell, ranks=options.ranks, timeout=options.timeout,
                                 output=output, telemetry=False if args.no_telemetry else None,
                                 time_collectives=False if args.no_collective_timing else None,
-                                first_line=2,
+                                first_line=first_line,
                                 execution_count=getattr(self.shell, "execution_count", None),
                                 name=options.name)
+
+    @cell_magic
+    def local(self, line: str, cell: str) -> None:
+        """Run this cell in the notebook's own kernel, also while auto mode is on.
+
+        With ``%load_ext nbdist`` a cell that starts with ``%%local`` runs as if the line were
+        not there (IPython syntax, display of the last value and errors as usual); this magic
+        answers only when ``%%local`` is called some other way.
+        """
+        if line.strip():
+            raise UsageError("%%local takes no options")
+        t = auto.transformer(self.shell)
+        assert t is not None
+        was, t.enabled = t.enabled, False
+        try:
+            result = self.shell.run_cell(cell, store_history=False)
+        finally:
+            t.enabled = was
+        result.raise_error()  # so that "Run All" stops here too
 
 
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -314,6 +364,7 @@ NbdistMagics.nbdist.__doc__ = (
     "    %nbdist scale 4\n"
     "    %nbdist cluster                    # worker table with a Scale control\n"
     "    %nbdist timeline run.json          # last run as a Chrome/Perfetto trace\n"
+    "    %nbdist auto on                    # every cell runs on the ranks (%%local: here)\n"
     "    %nbdist export train.py            # the cells so far as a torchrun script\n"
     "    %nbdist profile save my.yaml       # this session's options as a profile\n"
     "    %nbdist compare                    # runs named with %%distributed --name, side by side\n"

@@ -12,8 +12,9 @@ import os
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
+from .rank_output import OutputView
 from .run_view import Dashboard, RunView
-from .text import StreamView, TextDashboard
+from .text import TextDashboard
 
 __all__ = ["MODES", "Dashboard", "RunView", "display_medium", "make_cluster_view",
            "make_run_view", "set_display", "widgets_available"]
@@ -66,14 +67,16 @@ def make_run_view(output: str, shown_rank: int, world_size: int, *,
     """
     ranks = list(range(world_size)) if ranks is None else list(ranks)
     dashboard: Optional[Dashboard] = None
+    widget = output != "quiet" and display_medium(mode) == "widget"
     if output != "quiet":
-        if display_medium(mode) == "widget":
+        if widget:
             from .widgets import WidgetDashboard
 
             dashboard = WidgetDashboard(ranks)
         else:
             dashboard = TextDashboard()
-    return RunView(StreamView(output, shown_rank=shown_rank), dashboard)
+    stream = OutputView(output, shown_rank=shown_rank, ranks=ranks, per_rank=widget)
+    return RunView(stream, dashboard)
 
 
 def make_cluster_view(status: Callable[[], Any], scale: Optional[Callable[[int], Any]] = None,

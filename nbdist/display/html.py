@@ -400,3 +400,28 @@ def comparison(runs: Sequence[RunFigures]) -> str:
              + _bars_svg("params + grads + optimizer state per rank", held, fmt_bytes, TRANSFER))
     return (f"<div class='nbdist-compare'>{table(comparison_table(runs))}<div>{chart}</div>"
             "</div>")
+
+
+# ----------------------------------------------------------------- workers' output
+#: warnings from the ranks: amber on cream, apart from the failure red
+WARNED, WARNED_BACKGROUND = "#8a5a00", "#fff8e6"
+
+
+def output_pre(text: str) -> str:
+    """Workers' output text, escaped, as a preformatted block."""
+    return f"<pre class='nbdist-output'>{escape(text)}</pre>"
+
+
+def rank_output_html(merged: str, per_rank: Sequence[tuple[int, str]]) -> str:
+    """The static per-rank view a saved notebook keeps: the merged text, then one
+    collapsible block per rank (no widget state is needed to read it)."""
+    ranks = "".join(f"<details class='nbdist-rank-output-{r}'><summary>rank {r}</summary>"
+                    f"{output_pre(text)}</details>" for r, text in per_rank)
+    return f"<div class='nbdist-rank-output-static'>{output_pre(merged)}{ranks}</div>"
+
+
+def warnings_html(lines: Sequence[str]) -> str:
+    """Warnings from the ranks, one per line, each naming its ranks, in the warning colour."""
+    body = escape("\n".join(lines))
+    return (f"<pre class='nbdist-warnings' style='color:{WARNED};"
+            f"background:{WARNED_BACKGROUND};padding:4px'>{body}</pre>")

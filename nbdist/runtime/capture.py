@@ -11,11 +11,12 @@ from __future__ import annotations
 import io
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, TextIO
 
-from ..telemetry.events import STREAM, Batch, Event, stream
+from ..telemetry.events import STREAM, Batch, Event, stream, warning
 
 Transport = Callable[[Batch], None]
 
@@ -134,20 +135,41 @@ class StreamTee(io.TextIOBase):
         return "utf-8"
 
 
+def _warning_tee(sink: EventSink) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that sends each shown warning as one event.
+
+    The notebook shows a warning once with the ranks that raised it, instead of once per rank
+    in their stderr. Python's filters still decide what is shown (by default each warning once
+    per code location).
+    """
+    original = warnings.showwarning
+
+    def showwarning(message: Any, category: type, filename: str, lineno: int,
+                    file: Optional[TextIO] = None, line: Optional[str] = None) -> None:
+        if file is not None:  # someone asked for this very stream: honour it
+            original(message, category, filename, lineno, file, line)
+            return
+        sink.emit(warning(getattr(category, "__name__", str(category)), str(message),
+                          str(filename), int(lineno or 0)))
+
+    return showwarning
+
+
 @contextmanager
 def captured_output(sink: EventSink, limit: int = MAX_OUTPUT_CHARS) -> Iterator[OutputBudget]:
-    """Route ``sys.stdout``/``sys.stderr`` to ``sink`` for the duration of a cell.
+    """Route ``sys.stdout``/``sys.stderr`` and shown warnings to ``sink`` during a cell.
 
     At most ``limit`` characters are sent; past them, output is counted and one notice says
     how much was held back (a print loop of millions of lines must not flood the notebook).
     """
     budget = OutputBudget(limit)
-    old = sys.stdout, sys.stderr
+    old = sys.stdout, sys.stderr, warnings.showwarning
     sys.stdout = StreamTee(sink, "stdout", budget)
     sys.stderr = StreamTee(sink, "stderr", budget)
+    warnings.showwarning = _warning_tee(sink)
     try:
         yield budget
     finally:
-        sys.stdout, sys.stderr = old
+        sys.stdout, sys.stderr, warnings.showwarning = old
         if budget.dropped_chars:
             sink.emit(stream("stderr", budget.notice()))

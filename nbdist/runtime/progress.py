@@ -21,6 +21,10 @@ _PROGRESS_EVERY = 0.1
 class progress:
     """Iterate with a progress bar merged across ranks in the notebook (like ``tqdm``).
 
+    Outside a ``%%distributed`` cell it is a plain iterator. Without a DDP model in the cell,
+    each iteration counts as a training step (time per step, samples/s from the batch size).
+    A plain ``tqdm`` bar in a cell is shown the same way, without the step counting.
+
     Parameters
     ----------
     iterable : iterable, optional
@@ -29,9 +33,6 @@ class progress:
         Number of items; taken from ``len(iterable)`` when it has one.
     desc : str
         Label shown next to the bar.
-
-    Outside a ``%%distributed`` cell it is a plain iterator. Without a DDP model in the cell,
-    each iteration counts as a training step (time per step, samples/s from the batch size).
 
     Examples
     --------

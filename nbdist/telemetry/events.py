@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 STREAM = "stream"  # {"kind", "name": "stdout"|"stderr", "text"}
+WARNING = "warning"  # a Python warning a rank showed: {"category", "message", "filename", "lineno"}
 # Telemetry. Times are the worker's ``time.time()`` seconds; durations are seconds.
 STEP = "step"  # one training step on one rank; see step()
 COMM = "comm"  # one timed collective (a DDP gradient bucket, or a call in the cell)
@@ -24,6 +25,12 @@ Batch = dict[str, Any]
 
 def stream(name: str, text: str) -> Event:
     return {"kind": STREAM, "name": name, "text": text}
+
+
+def warning(category: str, message: str, filename: str, lineno: int) -> Event:
+    """A warning a rank's code raised and Python's filters chose to show."""
+    return {"kind": WARNING, "category": category, "message": message, "filename": filename,
+            "lineno": lineno}
 
 
 def step(n: int, t0: float, t1: float, *, samples: int = 0, comm_total_s: float = 0.0,

@@ -383,3 +383,33 @@ def test_cluster_panel_scales_refreshes_itself_and_says_stopped(browser, lab):
     finally:
         stop_cluster(page)
         page.close()
+
+
+def test_all_output_per_rank_tabs_and_folded_lines(browser, lab):
+    page = open_notebook(browser, lab, "ranks.ipynb", [
+        "%load_ext nbdist\n%nbdist start -n 2",
+        "%%distributed --all-output\nfor e in range(2):\n    print(f'epoch {e} done')\n"
+        "print(f'only rank {rank}')"])
+    view = ".nbdist-rank-output"
+    try:
+        run_all(page)
+        page.wait_for_selector(f"{view} .nbdist-output-merged pre", timeout=180_000)
+        wait_for(lambda: "only rank 1" in page.inner_text(f"{view} .nbdist-output-merged"), 60,
+                 "both ranks' lines in the merged tab")
+        merged = page.inner_text(f"{view} .nbdist-output-merged")
+        assert "[0-1] epoch 0 done\n[0-1] epoch 1 done" in merged
+        assert "[0] only rank 0" in merged and "[1] only rank 1" in merged
+        tabs = page.locator(f"{view} .lm-TabBar-tab")
+        assert tabs.all_inner_texts() == ["all ranks", "rank 0", "rank 1"]
+        tabs.nth(2).click()
+        page.wait_for_selector(f"{view} .nbdist-output-rank-1", state="visible")
+        rank1 = page.inner_text(f"{view} .nbdist-output-rank-1")
+        assert "only rank 1" in rank1 and "epoch 1 done" in rank1 and "[" not in rank1
+        assert not page.locator(f"{view} .nbdist-output-merged").is_visible()
+        shot(page, "rank-output-tabs.png")
+    except Exception:
+        shot(page, "rank-output-failure.png")
+        raise
+    finally:
+        stop_cluster(page)
+        page.close()

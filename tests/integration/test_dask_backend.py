@@ -101,7 +101,6 @@ def test_connect_by_scheduler_file(external_cluster, tmp_path):
 
 
 def test_connect_over_tls_with_dask_security(tmp_path, monkeypatch):
-    pytest.importorskip("cryptography", reason="Security.temporary() needs cryptography")
     from distributed.security import Security
     from IPython.core.interactiveshell import InteractiveShell
 

@@ -70,7 +70,7 @@ def test_help_is_complete():
 
     doc = NbdistMagics.nbdist.__doc__
     for verb in ("start", "connect", "status", "stop", "restart", "scale", "push", "pull",
-                 "cluster", "timeline", "run", "profile", "export"):
+                 "cluster", "timeline", "run", "profile", "export", "auto"):
         assert f"%nbdist {verb}" in doc
     assert "%%nbdist" not in doc
     assert "--ranks" in NbdistMagics.distributed.__doc__

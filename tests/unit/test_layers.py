@@ -31,6 +31,9 @@ FORBIDDEN = {
     "nbdist.session": ("nbdist.magics", "IPython", "ipywidgets"),
     "nbdist.errors": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     "nbdist.options": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
+    # runs on every cell's text: IPython's hook only, nothing heavy
+    "nbdist.automode": ("nbdist.session", "nbdist.backends", "nbdist.runtime", "nbdist.display",
+                        "torch", "ipywidgets"),
     # Profiles, the session's record and export are pure: files and text in, text out.
     **{m: ("nbdist.session", "nbdist.backends", "nbdist.display", "nbdist.magics",
            "nbdist.runtime", "IPython", "ipywidgets", "torch")

@@ -1,0 +1,127 @@
+"""Every notebook in ``notebooks/``, executed in a real kernel on real workers.
+
+Each notebook asserts in its own cells what it must show (so a run that did not train, scale or
+measure fails in nbclient); these tests check what a reader sees in the saved outputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import NOTEBOOKS, outputs_text
+
+pytestmark = pytest.mark.timeout(900)  # the first one waits for the Binder environment
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def html_outputs(nb) -> list[str]:
+    return [o["data"]["text/html"] for c in code_cells(nb) for o in c.get("outputs", [])
+            if o["output_type"] in ("execute_result", "display_data") and "text/html" in o["data"]]
+
+
+def text(nb) -> str:
+    return "\n".join(outputs_text(c) for c in code_cells(nb))
+
+
+def cell_with(nb, source_fragment: str):
+    [cell] = [c for c in code_cells(nb) if source_fragment in c.source]
+    return cell
+
+
+def test_the_notebooks_are_numbered_and_complete():
+    assert NOTEBOOKS == ["00-quickstart.ipynb", "01-telemetry.ipynb", "02-scaling.ipynb",
+                         "03-torchrun-scripts.ipynb", "04-dask-and-existing-clusters.ipynb",
+                         "05-auto-mode-and-output.ipynb", "06-strategies.ipynb"]
+
+
+def test_quickstart_trains_on_two_workers(run_notebook):
+    nb = run_notebook("00-quickstart.ipynb")
+    out = text(nb)
+    assert "[0] rank 0/2" in out and "[1] rank 1/2" in out
+    assert "'replicas_agree': True" in out
+    assert "accuracy of the pulled model on held-out data" in out
+    # The telemetry summary stays in the saved notebook as static HTML.
+    assert any("nbdist-summary" in h and "<svg" in h for h in html_outputs(nb))
+
+
+def test_telemetry_notebook_shows_a_straggler_fp16_bytes_and_a_trace(run_notebook):
+    nb = run_notebook("01-telemetry.ipynb")
+    summaries = [h for h in html_outputs(nb) if "nbdist-summary" in h]
+    assert len(summaries) >= 3  # one per training run, readable without widgets
+    straggler = outputs_text(cell_with(nb, "slow = nbdist.current_session().last_run"))
+    assert "rank 1: " in straggler and straggler.count("straggler: True") == 1
+    assert "bytes ratio 0.50" in outputs_text(cell_with(nb, "fp16 = nbdist"))
+    assert "bucket all-reduces on ranks [0, 1]" in outputs_text(cell_with(nb, "%nbdist timeline"))
+
+
+def test_scaling_notebook_goes_2_3_2_with_the_same_cell(run_notebook):
+    nb = run_notebook("02-scaling.ipynb")
+    train = [c for c in code_cells(nb) if "DistributedSampler(data" in c.source]
+    assert len(train) == 3 and len({c.source for c in train}) == 1  # literally the same code
+    sizes = [outputs_text(c) for c in train]
+    assert ["'world_size': 2" in sizes[0], "'world_size': 3" in sizes[1],
+            "'world_size': 2" in sizes[2]] == [True, True, True]
+    assert "3 workers" in outputs_text(cell_with(nb, "panel.scale(3)"))
+
+
+def test_torchrun_notebook_runs_the_script_unchanged(run_notebook):
+    nb = run_notebook("03-torchrun-scripts.ipynb")
+    out = text(nb)
+    assert "[0] rank 0/2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1" in out
+    assert "held-out accuracy of the script's model" in out
+    every_rank = cell_with(nb, "%nbdist run --all-output")
+    shown = [o for o in every_rank.outputs if o["output_type"] == "display_data"]
+    assert any("<summary>rank 1</summary>" in o["data"].get("text/html", "") for o in shown)
+    assert "[1] rank 1/2 LOCAL_RANK=1" in outputs_text(every_rank)
+
+
+def test_dask_notebook_connects_to_a_cluster_started_outside(run_notebook):
+    nb = run_notebook("04-dask-and-existing-clusters.ipynb")
+    ranks = outputs_text(cell_with(nb, "%%distributed --all-output"))
+    for r in (0, 1):
+        assert f"[{r}] rank {r}/2, Dask worker pid" in ranks
+    assert "DataLoader batches [6.0, 22.0]" in ranks
+    assert "still has 2 workers" in text(nb)
+
+
+def test_auto_mode_tqdm_per_rank_output_and_warnings(run_notebook):
+    nb = run_notebook("05-auto-mode-and-output.ipynb")
+    out = text(nb)
+    # auto mode: a plain cell ran on both ranks (1 + 2), said so, and gave rank 0's value
+    plain = cell_with(nb, "dist.all_reduce(t)")
+    assert "nbdist auto: this cell runs on ranks 0-1" in outputs_text(plain)
+    assert "[0] rank 0 of 2: the sum over ranks is 3" in outputs_text(plain)
+    assert [o["data"]["text/plain"] for o in plain.outputs
+            if o["output_type"] == "execute_result"] == ["3.0"]
+    # magics and %%local cells stayed in the kernel; after `auto off` cells run there again
+    assert "2/2 workers alive" in outputs_text(cell_with(nb, "%nbdist status"))
+    assert "nbdist auto:" not in outputs_text(cell_with(nb, "%nbdist status"))
+    assert outputs_text(cell_with(nb, "in_kernel = ")).strip() == "False"
+    assert outputs_text(code_cells(nb)[-2]).strip() == "False"  # `"rank" in globals()`
+    # tqdm: per-rank progress events (the notebook asserts them), no carriage returns anywhere
+    assert "rank 1: bar 'warm-up' at 50/50, done=True" in out
+    assert "\r" not in out and "it/s]" not in outputs_text(cell_with(nb, "tqdm(range(50)"))
+    # --all-output: folded lines, a tab per rank live, a static per-rank view saved
+    every = cell_with(nb, "%%distributed --all-output")
+    [shown] = [o for o in every.outputs if o["output_type"] == "display_data"
+               and "nbdist-rank-output-static" in o["data"].get("text/html", "")]
+    assert shown["data"]["text/plain"].splitlines() == [
+        "[0-1] epoch 0 done", "[0-1] epoch 1 done", "[0] rank 0 has 1 digit",
+        "[1] rank 1 has 1 digit"]
+    assert "application/vnd.jupyter.widget-view+json" in shown["data"]
+    assert "<summary>rank 1</summary>" in shown["data"]["text/html"]
+    # a warning both ranks raised: shown once, naming both
+    warned = outputs_text(cell_with(nb, "import warnings"))
+    [line] = [ln for ln in warned.splitlines() if "learning rate 10 looks high" in ln]
+    assert line.startswith("[0-1] <distributed cell ") and ": UserWarning: " in line
+
+
+def test_strategies_notebook_compares_five_runs(run_notebook):
+    nb = run_notebook("06-strategies.ipynb")  # its own asserts check what each promises
+    compare = [h for h in html_outputs(nb) if "nbdist-compare" in h]
+    assert compare, "%nbdist compare showed nothing"
+    for run in ("ddp", "ddp+fp16", "ddp+powersgd", "zero1", "fsdp2"):
+        assert f">{run}</td>" in compare[-1]
+    assert "<svg" in compare[-1]
