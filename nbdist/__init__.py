@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
-    "progress", "log", "mesh", "compare",
+    "progress", "log", "mesh", "compare", "ParameterServer",
 ]
 
 
@@ -42,6 +42,10 @@ def __getattr__(name: str) -> Any:
         from .runtime.mesh import mesh
 
         return mesh
+    if name == "ParameterServer":  # worker-side, needs torch
+        from .runtime.parameter_server import ParameterServer
+
+        return ParameterServer
     raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
 
 

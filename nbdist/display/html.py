@@ -11,7 +11,15 @@ from html import escape
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..telemetry.units import fmt_bytes, fmt_bytes_rate, fmt_rate, fmt_seconds
-from .tables import Table, comparison_table, memory_table, run_table, status_rows
+from .tables import (
+    Table,
+    comparison_table,
+    dims_table,
+    memory_table,
+    pipeline_table,
+    run_table,
+    status_rows,
+)
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
@@ -162,6 +170,8 @@ def rank_stats(r: RankSnapshot) -> str:
             parts.append(f"step {fmt_seconds(r.step_s)}{share}")
         if r.bandwidth is not None:
             parts.append(fmt_bytes_rate(r.bandwidth))
+    if r.pipeline is not None:
+        parts.append(f"{r.pipeline.label} · bubble {r.pipeline.bubble:.0%}")
     if r.memory is not None:
         parts.append(f"holds {fmt_bytes(r.memory.training)}")
     text = " · ".join(parts)
@@ -186,9 +196,11 @@ def run_summary(snap: RunSnapshot) -> str:
                                      + ", ".join(str(r) for r in snap.stragglers))
     if snap.scalars:
         head += " · " + scalars_line(snap.scalars)
-    memory = memory_table(snap)
-    held = table(memory) if memory is not None else ""
-    return (f"<div class='nbdist-summary'><p>{head}</p>{table(run_table(snap))}{held}"
+    if snap.bubble is not None:
+        head += f" · pipeline bubble {bold(f'{snap.bubble:.0%}')}"
+    extra = "".join(table(t) for t in (pipeline_table(snap), dims_table(snap),
+                                       memory_table(snap)) if t is not None)
+    return (f"<div class='nbdist-summary'><p>{head}</p>{table(run_table(snap))}{extra}"
             f"<div>{charts(snap.series)}</div></div>")
 
 

@@ -11,7 +11,15 @@ from ..telemetry.states import RankState
 from ..telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
 from .html import run_summary
 from .refresh import Throttle
-from .tables import Table, comparison_table, memory_table, run_table, status_rows
+from .tables import (
+    Table,
+    comparison_table,
+    dims_table,
+    memory_table,
+    pipeline_table,
+    run_table,
+    status_rows,
+)
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
@@ -106,6 +114,8 @@ def format_line(snap: RunSnapshot, prefix: str = "nbdist: ") -> str:
             bws = [r.bandwidth for r in stepped if r.bandwidth]
             parts.append(f"all-reduce {max(fracs):.0%} exposed"
                          + (f", {fmt_bytes_rate(min(bws))}" if bws else ""))
+    if snap.bubble is not None:
+        parts.append(f"pipeline bubble {snap.bubble:.0%}")
     bars = [r.bar for r in rows if r.bar is not None]
     if bars:
         slow = min(bars, key=lambda b: b.n)  # the job moves at its slowest rank's pace
@@ -127,9 +137,11 @@ def format_summary(snap: RunSnapshot) -> str:
     head = (f"nbdist run: {snap.steps} steps in {fmt_seconds(snap.elapsed_s)}"
             + (f", straggler: rank {','.join(map(str, snap.stragglers))}"
                if snap.stragglers else ""))
-    memory = memory_table(snap)
-    held = ["", *_lay_out(memory)] if memory is not None else []
-    return "\n".join([head, *_lay_out(run_table(snap)), *held])
+    extra = []
+    for table in (pipeline_table(snap), dims_table(snap), memory_table(snap)):
+        if table is not None:
+            extra += ["", *_lay_out(table)]
+    return "\n".join([head, *_lay_out(run_table(snap)), *extra])
 
 
 def format_comparison(runs: Sequence[RunFigures]) -> str:

@@ -17,6 +17,8 @@ import torch
 
 #: optimizers stepped in this process (ZeRO's wrapper and its inner optimizer both)
 optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+#: models trained without a local optimizer (a parameter server's workers)
+modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -44,6 +46,10 @@ def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state held by this rank."""
     params = grads = state = 0
     seen: set[int] = set()
+    for module in list(modules) if opts is None else ():
+        for p in module.parameters():
+            params += _add(p, seen)
+            grads += _add(p.grad, seen)
     for opt in list(optimizers) if opts is None else opts:
         for group in opt.param_groups:
             for p in group["params"]:

@@ -133,9 +133,10 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
         _state.sink = EventSink(plan.rank, _state.transport)
     _state.sink.rank = plan.rank
     group.install_guard()
-    from . import ddp_hooks
+    from . import ddp_hooks, parallel_hooks
 
     ddp_hooks.install()  # DDP and collective timing; each cell switches it on or off
+    parallel_hooks.install()  # pipelines, DTensor's collectives, mesh dimensions
     t0 = time.perf_counter()
     group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr, port,
                timeout, _state.device)
