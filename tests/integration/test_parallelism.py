@@ -299,3 +299,53 @@ def test_compare_has_a_row_per_run_and_a_bubble_for_pipelines(trained):
     assert frame.loc["gpipe", "bubble (%)"] > 0
     assert frame["bubble (%)"].isna()["tp"]
     assert frame.loc["ps", "samples/s"] > 0
+
+
+MESH_2D = f"""
+import torch, nbdist
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                               parallelize_module)
+mesh = nbdist.mesh(dp=2, tp=2)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+model = parallelize_module(model, mesh["tp"], {{"0": ColwiseParallel(), "2": RowwiseParallel()}})
+fully_shard(model, mesh=mesh["dp"])
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+dp = mesh["dp"].get_local_rank()   # the two ranks of a tensor-parallel pair share a batch
+for k in range({STEPS}):
+    g = torch.Generator().manual_seed(100 * k + dp)
+    x, y = torch.randn(8, 32, generator=g), torch.randn(8, 32, generator=g)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+params = {{k: v.full_tensor().detach() for k, v in model.state_dict().items()}}
+"""
+
+
+def test_2d_mesh_data_by_tensor_parallel_matches_ground_truth_and_names_dimensions():
+    """4 ranks: FSDP2 over ``dp``, tensor parallel over ``tp``; each collective is attributed
+    to the dimension whose group carried it."""
+    s = start_session("ipyparallel", n=4, timeout=120)
+    try:
+        s.run_cell(MESH_2D, output="quiet")
+        got = s.pull("params")
+        snap = s.last_run
+    finally:
+        s.stop()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 32))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for k in range(STEPS):
+        pairs = [torch.Generator().manual_seed(100 * k + dp) for dp in (0, 1)]
+        xs, ys = zip(*((torch.randn(8, 32, generator=g), torch.randn(8, 32, generator=g))
+                       for g in pairs))
+        loss = torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert_params_equal(got, {k: v.detach() for k, v in model.state_dict().items()}, "2-D")
+    dims = {d.dim: d for d in snap.dims}
+    assert set(dims) == {"dp", "tp"}
+    assert {"all_gather_single", "reduce_scatter_single"} <= set(dims["dp"].ops)  # FSDP2
+    assert "all_reduce" in dims["tp"].ops  # the row-wise layer's partial sums
