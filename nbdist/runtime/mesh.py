@@ -12,6 +12,7 @@ which dimension a collective ran on (:func:`dim_of`).
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Optional
 
 _cache: dict[tuple, Any] = {}
@@ -85,4 +86,13 @@ def dim_of(group: Any) -> Optional[str]:
         names = group.mesh_dim_names
         return names[0] if names and len(names) == 1 else None
     name = group if isinstance(group, str) else getattr(group, "group_name", None)
-    return _dims.get(str(name)) if name is not None else None
+    if name is None or _is_default(str(name)):
+        # Every rank's group serves any mesh spanning all ranks: naming it after the latest
+        # such mesh would mislabel plain collectives (model averaging's all-reduce).
+        return None
+    return _dims.get(str(name))
+
+
+def _is_default(name: str) -> bool:
+    dist = sys.modules.get("torch.distributed")  # a worker with groups has it loaded
+    return dist is not None and dist.is_initialized() and dist.group.WORLD.group_name == name

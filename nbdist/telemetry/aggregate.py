@@ -156,7 +156,7 @@ class RankSnapshot:
     scalars: dict[str, float] = field(default_factory=dict)
     straggler: bool = False
     memory: Optional[MemoryPoint] = None
-    bytes_per_step: Optional[float] = None  # median payload of a step's collectives
+    bytes_per_step: Optional[float] = None  # mean payload of a step's collectives (recent)
     pipeline: Optional[PipelinePoint] = None
 
     @property
@@ -399,7 +399,7 @@ class RunState:
         return RankSnapshot(r, st.state, st.error, st.steps, sps, smp, step_s, exposed,
                             statistics.median(st.bw) if st.bw else None, bar,
                             dict(st.scalars), straggler, mem,
-                            statistics.median(st.step_bytes) if st.step_bytes else None,
+                            statistics.fmean(st.step_bytes) if st.step_bytes else None,
                             _pipeline_point(st))
 
     def events(self) -> dict[int, list[Event]]:
