@@ -21,8 +21,10 @@ from .tables import (
     Table,
     comparison_table,
     diagnosis_phrases,
+    dims_table,
     failure_lines,
     memory_table,
+    pipeline_table,
     progress_phrases,
     run_table,
     status_rows,
@@ -356,17 +358,18 @@ def charts(snap: RunSnapshot) -> str:
 
 
 def run_summary(snap: RunSnapshot) -> str:
-    """A static summary of a run (header, table, memory per rank, legend, charts) that renders
-    without widgets."""
+    """A static summary of a run (header, table, pipeline, mesh dimensions and memory per
+    rank, legend, charts) that renders without widgets."""
     return (f"<div class='nbdist-summary'>{run_header(snap, final=snap.finished)}"
-            f"{run_table_html(snap)}{memory_html(snap)}{failures(snap)}{legend()}"
+            f"{run_table_html(snap)}{detail_tables(snap)}{failures(snap)}{legend()}"
             f"{charts(snap)}</div>")
 
 
-def memory_html(snap: RunSnapshot) -> str:
-    """What each rank holds and sends per step (empty when no optimizer stepped)."""
-    memory = memory_table(snap)
-    return table(memory) if memory is not None else ""
+def detail_tables(snap: RunSnapshot) -> str:
+    """The pipeline's stages, collectives by mesh dimension and what each rank holds; each
+    only when the run has it."""
+    return "".join(table(t) for t in (pipeline_table(snap), dims_table(snap),
+                                      memory_table(snap)) if t is not None)
 
 
 def _bars_svg(title: str, items: Sequence[tuple[str, float]], fmt: Callable[[float], str],

@@ -70,6 +70,9 @@ DEFINITIONS = (
 )
 MEMORY_HEADER = ("rank", "params", "grads", "optimizer", "comm/step", "RSS", "peak RSS",
                  "GPU peak")
+PIPELINE_HEADER = ("rank", "stage", "schedule", "microbatches", "forward/mb", "backward/mb",
+                   "p2p wait/step", "step", "bubble")
+DIMS_HEADER = ("mesh dim", "collectives", "calls", "bytes", "time (all ranks)")
 
 
 def _or_dash(value: Optional[object]) -> str:
@@ -250,6 +253,8 @@ def diagnosis_phrases(snap: RunSnapshot) -> list[str]:
         out.append(f"transfer {fmt_fraction(d.transfer)}")
     if d.bandwidth is not None:
         out.append(f"bandwidth {fmt_bytes_rate(d.bandwidth)}")
+    if snap.bubble is not None:
+        out.append(f"pipeline bubble {fmt_fraction(snap.bubble)}")
     return out
 
 
@@ -276,13 +281,45 @@ def memory_table(snap: RunSnapshot) -> Optional[Table]:
     return Table(MEMORY_HEADER, tuple(rows))
 
 
+def pipeline_table(snap: RunSnapshot) -> Optional[Table]:
+    """Each rank's pipeline stage: time per microbatch, waits, and its bubble (idle share of a
+    schedule step); None when no rank ran a pipeline schedule."""
+    if not any(r.pipeline for r in snap.ranks):
+        return None
+    rows = []
+    for r in snap.ranks:
+        p = r.pipeline
+        if p is None:
+            rows.append(Row((str(r.rank), *("-",) * (len(PIPELINE_HEADER) - 1)), r.state.broken))
+            continue
+        rows.append(Row((str(r.rank), p.label, p.schedule, str(p.microbatches),
+                         fmt_seconds(p.forward_s), fmt_seconds(p.backward_s),
+                         fmt_seconds(p.p2p_wait_s), fmt_seconds(p.step_s),
+                         fmt_fraction(p.bubble)), r.state.broken))
+    return Table(PIPELINE_HEADER, tuple(rows))
+
+
+def dims_table(snap: RunSnapshot) -> Optional[Table]:
+    """Collectives by device-mesh dimension (``tp``, ``dp``...); None when none was named."""
+    if not snap.dims:
+        return None
+    return Table(DIMS_HEADER, tuple(
+        Row((d.dim, ", ".join(d.ops), str(d.calls), fmt_bytes(d.nbytes), fmt_seconds(d.seconds)))
+        for d in snap.dims))
+
+
 def comparison_table(runs: Sequence[RunFigures]) -> Table:
-    """One row per named run: what each strategy costs and gives."""
+    """One row per named run: what each strategy costs and gives (a bubble column when any
+    run is a pipeline)."""
     scalar_keys = sorted({k for r in runs for k in r.scalars})
-    header = ("run", "ranks", "samples/s", "step time", "exposed comm", "comm/step",
-              "params/rank", "grads/rank", "optimizer/rank", "peak RSS", *scalar_keys)
+    piped = any(r.bubble is not None for r in runs)
+    header = ("run", "ranks", "samples/s", "step time", "exposed comm",
+              *(("bubble",) if piped else ()), "comm/step", "params/rank", "grads/rank",
+              "optimizer/rank", "peak RSS", *scalar_keys)
     rows = tuple(Row((r.name, str(r.ranks), fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
-                      fmt_fraction(r.exposed_fraction), fmt_bytes(r.bytes_per_step),
+                      fmt_fraction(r.exposed_fraction),
+                      *((fmt_fraction(r.bubble),) if piped else ()),
+                      fmt_bytes(r.bytes_per_step),
                       fmt_bytes(r.params), fmt_bytes(r.grads), fmt_bytes(r.optimizer),
                       fmt_bytes(r.peak_rss),
                       *(f"{r.scalars[k]:.4g}" if k in r.scalars else "-" for k in scalar_keys)))

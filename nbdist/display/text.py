@@ -13,8 +13,10 @@ from .tables import (
     Table,
     comparison_table,
     diagnosis_phrases,
+    dims_table,
     failure_lines,
     memory_table,
+    pipeline_table,
     progress_phrases,
     run_table,
     status_rows,
@@ -107,12 +109,14 @@ def format_line(snap: RunSnapshot, prefix: str = "nbdist: ", final: bool = False
 
 def format_summary(snap: RunSnapshot) -> str:
     """A plain table of a finished run, one row per rank (or min/median/max and outliers),
-    then what each rank holds when an optimizer stepped."""
+    then the pipeline's stages, collectives by mesh dimension and what each rank holds."""
     head = "nbdist run: " + " | ".join(progress_phrases(snap, final=snap.finished)
                                        + diagnosis_phrases(snap))
-    memory = memory_table(snap)
-    held = ["", *_lay_out(memory)] if memory is not None else []
-    return "\n".join([head, *_lay_out(run_table(snap)), *held])
+    extra = []
+    for table in (pipeline_table(snap), dims_table(snap), memory_table(snap)):
+        if table is not None:
+            extra += ["", *_lay_out(table)]
+    return "\n".join([head, *_lay_out(run_table(snap)), *extra])
 
 
 def format_comparison(runs: Sequence[RunFigures]) -> str:

@@ -22,10 +22,10 @@ from .html import (
     SCALE_NOTE,
     charts,
     cluster_stopped,
+    detail_tables,
     error_text,
     failures,
     legend,
-    memory_html,
     message,
     refreshed_note,
     run_header,
@@ -67,7 +67,7 @@ class RunWidget(VBox):
         self.header = HTML("<b>nbdist</b> starting")
         self.table = HTML("")
         self.table.add_class("nbdist-rows")
-        self.memory = HTML("")  # what each rank holds, once an optimizer steps
+        self.memory = HTML("")  # pipeline stages, mesh dimensions, what each rank holds
         self.memory.add_class("nbdist-memory")
         self.failures = HTML("")
         self.legend = HTML(legend())
@@ -84,7 +84,7 @@ class RunWidget(VBox):
         with _held(self.header, self.table, self.memory, self.failures, self.chart):
             _set(self.header, run_header(snap, final))
             _set(self.table, run_table_html(snap))
-            _set(self.memory, memory_html(snap))
+            _set(self.memory, detail_tables(snap))
             _set(self.failures, failures(snap))
             _set(self.chart, charts(snap))
 

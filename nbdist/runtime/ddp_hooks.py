@@ -44,13 +44,15 @@ from torch.optim.optimizer import (
 
 from . import memory
 from .measure import _Bucket, telemetry
+from .mesh import dim_of
 
 # The collectives a cell, FSDP2 (all_gather_single, reduce_scatter_single) or ZeRO (broadcast)
 # calls through ``torch.distributed``; timed wherever they are looked up at call time.
 _COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
                 "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
                 "reduce_scatter_single", "all_to_all_single", "all_to_all", "gather", "scatter",
-                "send", "recv", "barrier")
+                "barrier")
+# send/recv are not here: they call isend/irecv, which parallel_hooks times at their wait().
 # What install() replaced, to put back on uninstall(): DDP methods by name, collectives as
 # "dist.<name>". Empty means not installed.
 _original: dict[str, Callable] = {}
@@ -141,7 +143,10 @@ def _timed_hook(slot, bucket):  # type: ignore[no-untyped-def]
         fut = slot.hook(slot.state, bucket)
     finally:
         tel.local.bucket = None
-    if not rec.op:  # the hook used no torch.distributed call we could see
+    if not rec.op and fut.done():
+        # Answered at once without communicating: local SGD's hook after its warm-up.
+        rec.op, rec.dtype = "local", _dtype_name(buf)
+    elif not rec.op:  # the hook used no torch.distributed call we could see
         rec.nbytes, rec.dtype = _nbytes(buf), _dtype_name(buf)
 
     def done(f: Any) -> Any:
@@ -234,6 +239,7 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
     """``fn`` (a ``torch.distributed`` collective) timed, or charged to the running hook."""
     params = list(inspect.signature(fn).parameters)
     async_at = params.index("async_op") if "async_op" in params else None
+    group_at = params.index("group") if "group" in params else None
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -253,16 +259,19 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
         nbytes, dtype = _payload(args, kwargs)
         is_async = kwargs.get("async_op", False) if async_at is None or len(args) <= async_at \
             else args[async_at]
+        group = kwargs.get("group") if group_at is None or len(args) <= group_at \
+            else args[group_at]
+        dim = dim_of(group)  # the mesh dimension of an explicit group (FSDP2's, a 2-D mesh's)
         t0 = time.time()
         work = fn(*args, **kwargs)
         if is_async and work is not None:
             try:
                 work.get_future().then(lambda _f: tel.on_collective(
-                    name, t0, time.time(), nbytes, dtype, blocking=False))
+                    name, t0, time.time(), nbytes, dtype, blocking=False, dim=dim))
             except RuntimeError:  # some works (send/recv on gloo) have no future
                 pass
         else:
-            tel.on_collective(name, t0, time.time(), nbytes, dtype, blocking=True)
+            tel.on_collective(name, t0, time.time(), nbytes, dtype, blocking=True, dim=dim)
         return work
 
     wrapper._nbdist_original = fn  # type: ignore[attr-defined]
@@ -271,13 +280,14 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
 
 # ----------------------------------------------------------------- optimizer steps
 def _optimizer_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    if telemetry.enabled:
+    # A parameter server's thread steps its optimizer beside the rank's training: not a step.
+    if telemetry.enabled and not getattr(telemetry.local, "server", False):
         memory.optimizers.add(optimizer)
         telemetry.on_optimizer_step(begin=True)
 
 
 def _optimizer_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    if telemetry.enabled:
+    if telemetry.enabled and not getattr(telemetry.local, "server", False):
         telemetry.on_optimizer_step(begin=False)
 
 

@@ -36,6 +36,16 @@ How each number is measured
   the call to its return (or, with ``async_op=True``, to its future completing). Their bytes are
   the largest buffer handed to them: the whole tensor for an all-reduce, the gathered output of
   an all-gather, the input of a reduce-scatter (as nccl-tests counts them).
+* **Steps of a parameter server** end when a worker pushes its gradients
+  (:mod:`.parameter_server`); pull and push are timed as blocking communication.
+* **Samples** come from the model where nbdist sees it: the batch of a DDP forward, of a
+  parameter-server worker's model, of the first pipeline stage's ``schedule.step(x)`` (later
+  stages count none: the same samples), and of a tensor-parallel module divided by the size
+  of its mesh (its ranks share one batch). Otherwise each ``nbdist.progress`` item counts.
+* **Pipelines** (:mod:`.parallel_hooks`): each stage's forward and backward of every
+  microbatch is timed, and so is every send and receive from its call to the end of its
+  ``wait()``. A schedule's ``step()`` reports its span, the time its stages computed and the
+  time they waited on transfers; what is not compute is the bubble.
 * **Memory** is sampled after a step at most twice a second, and at the end of a cell: bytes of
   the parameters, gradients and state of every optimizer stepped in this process (a sharded
   tensor counts its local shard; a tensor shared by two optimizers counts once), the process's
@@ -109,12 +119,16 @@ class Telemetry:
         self.steps = 0
         self.ddp_seen = False
         self.bars = 0
+        self.cells = 0  # cells begun in this process
         self.local = threading.local()  # .bucket: the bucket whose hook is running
         self.lock = threading.Lock()
         self.optim_depth = 0  # optimizer.step() calls in progress (ZeRO nests two)
         self.optim_seen = False  # an optimizer stepped in this cell: it defines the steps
         self.holding = True
-        self.pending_samples = 0  # progress items counted towards the next optimizer step
+        self.pending_samples: float = 0  # samples counted towards the next optimizer step
+        self.model_samples = False  # a model nbdist sees counts samples (not progress items)
+        self.pipe_busy = 0.0  # pipeline stages' compute time in the running schedule step
+        self.pipe_wait = 0.0  # ... and their time blocked on sends and receives
         #: returns the bytes this rank holds (installed on workers, where torch is)
         self.memory_probe: Optional[Callable[[], dict[str, Any]]] = None
         self._memory_at = 0.0
@@ -123,10 +137,13 @@ class Telemetry:
     def begin_cell(self, sink: Any, enabled: bool = True, collectives: bool = True) -> None:
         """Start recording a cell's events into ``sink`` (``enabled=False``: record nothing)."""
         self.sink = sink
+        self.cells += 1
         self.enabled = enabled and sink is not None
         self.collectives = collectives
         self.step, self.steps, self.ddp_seen = None, 0, False
         self.optim_depth, self.optim_seen, self.pending_samples = 0, False, 0
+        self.model_samples = False
+        self.pipe_busy = self.pipe_wait = 0.0
         self.holding = True  # collectives may open a step for an optimizer to confirm
         self._memory_at = 0.0
 
@@ -171,6 +188,8 @@ class Telemetry:
         for b in st.buckets:
             _resolve_cuda(b)
             ready_last = b.ready if ready_last is None else max(ready_last, b.ready)
+            if b.op == "local":
+                continue  # the hook sent nothing for this bucket
             nbytes += b.nbytes
             if b.done is not None:
                 comm_end = b.done if comm_end is None else max(comm_end, b.done)
@@ -243,19 +262,57 @@ class Telemetry:
         self.optim_depth = max(0, self.optim_depth - 1)
         if self.optim_depth or self.ddp_seen:
             return  # an inner optimizer (ZeRO's), or DDP owns the steps
+        self.end_step("optim")
+
+    def end_step(self, source: str) -> None:
+        """A training step without DDP ends now: an optimizer step returned (``"optim"``) or a
+        parameter-server worker pushed its gradients (``"ps"``)."""
         now = time.time()
         self.optim_seen = self.holding = True
         with self.lock:
             st = self.step
             if st is not None and st.source == "progress":
-                self.steps -= 1  # the optimizer owns the steps from here on
-                st = self.step = None
-            if st is None:
-                st = self.open_step(now, "optim")
+                self.steps -= 1  # optimizer or pushes own the steps from here on
+                self.step = None
+                st = self.open_step(st.t0, source)
+            elif st is None:
+                st = self.open_step(now, source)
+            else:
+                st.source = source
             st.samples += self.pending_samples
             self.pending_samples = 0
             self.close_step(now)
         self.sample_memory(now)
+
+    def count_samples(self, n: float) -> None:
+        """A model nbdist sees (a parameter-server worker's, a tensor-parallel module, the
+        first pipeline stage) took ``n`` samples; from now on progress items do not count."""
+        if not self.model_samples:
+            self.model_samples = True
+            self.pending_samples = 0  # progress items so far were these same samples
+            st = self.step
+            if st is not None and st.source == "progress":
+                st.samples = 0
+        self.pending_samples += n
+
+    # called from the pipeline schedule and stage wrappers (main thread)
+    def on_stage(self, op: str, mb: int, stage: int, t0: float, t1: float) -> None:
+        """A pipeline stage ran ``op`` on microbatch ``mb`` from ``t0`` to ``t1``."""
+        self.pipe_busy += t1 - t0
+        self.emit(ev.stage(op, mb, stage, t0, t1))
+
+    def begin_pipeline_step(self) -> None:
+        """A schedule's ``step()`` starts: its stages' compute and waits count from here."""
+        self.pipe_busy = self.pipe_wait = 0.0
+
+    def on_pipeline_step(self, t0: float, t1: float, **info: Any) -> None:
+        """A schedule's ``step()`` returned; ``info`` describes it (see ``events.pipeline``)."""
+        busy, wait = self.pipe_busy, self.pipe_wait
+        self.pipe_busy = self.pipe_wait = 0.0
+        self.emit(ev.pipeline(t0, t1, busy_s=busy, p2p_wait_s=wait, **info))
+        with self.lock:
+            if self.step is not None:
+                self.step.last = max(self.step.last, t1)
 
     def sample_memory(self, now: float, force: bool = False) -> None:
         """Report the bytes this rank holds, at most every half second unless ``force``."""
@@ -277,8 +334,9 @@ class Telemetry:
         optimizer owns steps (then the item's batch size counts towards that step)."""
         if self.ddp_seen:
             return
-        if self.optim_seen:
-            self.pending_samples += _batch_size((item,)) or 1
+        if self.optim_seen or self.model_samples:
+            if not self.model_samples:
+                self.pending_samples += _batch_size((item,)) or 1
             return
         if self.step is not None:
             self.close_step(t0)
@@ -286,23 +344,27 @@ class Telemetry:
 
     # called from the comm hook and collective wrappers (any thread)
     def on_collective(self, name: str, t0: float, t1: float, nbytes: int, dtype: str,
-                      blocking: bool) -> None:
-        """Count a collective outside a DDP hook; ``blocking``: compute waited for all of it.
+                      blocking: bool, exposed_s: float = 0.0, **where: Any) -> None:
+        """Count a collective outside a DDP hook; ``blocking``: compute waited for all of it,
+        else ``exposed_s`` of it (the time spent in its ``wait()``). ``where`` adds the mesh
+        dimension, peer and microbatch (see ``events.comm``).
 
         Without DDP, a collective with no step open opens one that the next optimizer step
         closes (FSDP's all-gathers start a step in its forward).
         """
+        exposed = t1 - t0 if blocking else exposed_s
+        if where.get("peer") is not None:
+            self.pipe_wait += exposed
         with self.lock:
             st = self.step
             if st is None and not self.ddp_seen and self.enabled and self.holding:
                 st = self.open_step(t0, "optim")
                 st.held = []
             event = ev.comm(name, t0, t1, nbytes, step=st.n if st is not None else None,
-                            dtype=dtype)
+                            dtype=dtype, **where)
             if st is not None:
                 st.coll_total += t1 - t0
-                if blocking:
-                    st.coll_exposed += t1 - t0
+                st.coll_exposed += exposed
                 st.last = max(st.last, t1)
                 if st.held is not None and not self.optim_seen:
                     st.held.append(event)

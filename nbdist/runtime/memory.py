@@ -17,6 +17,8 @@ import torch
 
 #: optimizers stepped in this process (ZeRO's wrapper and its inner optimizer both)
 optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+#: models trained without a local optimizer (a parameter server's workers)
+modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -25,13 +27,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
-def _add(t: Any, seen: set[int]) -> int:
-    """Bytes of ``t``'s local part, once per storage (shared tensors count once)."""
+def _add(t: Any, seen: set[tuple[int, int]]) -> int:
+    """Bytes of ``t``'s local part, once per tensor (the same tensor in two optimizers counts
+    once; views into one buffer, as model averaging leaves parameters, count each)."""
     if not isinstance(t, torch.Tensor):
         return 0
     local = _local(t)
     try:
-        key = local.untyped_storage().data_ptr()
+        key = (local.data_ptr(), local.numel())
     except RuntimeError:  # tensors without storage (meta, some wrappers)
         return 0
     if key in seen:
@@ -43,7 +46,11 @@ def _add(t: Any, seen: set[int]) -> int:
 def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state held by this rank."""
     params = grads = state = 0
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
+    for module in list(modules) if opts is None else ():
+        for p in module.parameters():
+            params += _add(p, seen)
+            grads += _add(p.grad, seen)
     for opt in list(optimizers) if opts is None else opts:
         for group in opt.param_groups:
             for p in group["params"]:

@@ -144,9 +144,10 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
         _state.sink = EventSink(plan.rank, _state.transport)
     _state.sink.rank = plan.rank
     group.install_guard()
-    from . import ddp_hooks, tqdm_bars
+    from . import ddp_hooks, parallel_hooks, tqdm_bars
 
     ddp_hooks.install()  # DDP and collective timing; each cell switches it on or off
+    parallel_hooks.install()  # pipelines, DTensor's collectives, mesh dimensions
     tqdm_bars.install()  # tqdm loops in cells report as bars, like nbdist.progress
     t0 = time.perf_counter()
     group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr, port,

@@ -15,8 +15,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .events import COMM, END, MEMORY, PROGRESS, SCALARS, STEP, TELEMETRY, Batch, Event
-from .intervals import rate, union_seconds
+from .events import (
+    COMM,
+    END,
+    MEMORY,
+    PIPELINE,
+    PROGRESS,
+    SCALARS,
+    STAGE,
+    STEP,
+    TELEMETRY,
+    Batch,
+    Event,
+)
+from .intervals import bubble_fraction, rate, union_seconds
 from .matching import (
     STRAGGLER_MIN_S,
     STRAGGLER_MIN_STEPS,
@@ -95,6 +107,38 @@ class MemoryPoint:
 
 
 @dataclass(frozen=True)
+class PipelinePoint:
+    """One rank's part of a pipeline over its recent schedule steps (medians)."""
+
+    stages: tuple[int, ...]  # the stage indices this rank runs
+    num_stages: int
+    schedule: str  # the schedule's class name
+    microbatches: int
+    bubble: float  # idle fraction of a schedule step: not computing forward or backward
+    step_s: float  # one schedule step, call to return
+    forward_s: Optional[float]  # one microbatch's forward on this rank's stage
+    backward_s: Optional[float]
+    p2p_wait_s: float  # per step, blocked on sends and receives
+
+    @property
+    def label(self) -> str:
+        """``"stage 1/2"`` (or ``"stages 0,2/4"`` for looped schedules)."""
+        word = "stage" if len(self.stages) == 1 else "stages"
+        return f"{word} {','.join(map(str, self.stages))}/{self.num_stages}"
+
+
+@dataclass(frozen=True)
+class DimPoint:
+    """Collectives of one device-mesh dimension, summed over every rank of the run."""
+
+    dim: str
+    ops: tuple[str, ...]
+    calls: int
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class RankSnapshot:
     """One rank now. Per-step times are means over its last :data:`WINDOW` steps."""
 
@@ -122,7 +166,8 @@ class RankSnapshot:
     collective_waiting_s: float = 0.0
     collective_transfer_s: float = 0.0
     memory: Optional[MemoryPoint] = None
-    bytes_per_step: Optional[float] = None  # median payload of a step's collectives
+    bytes_per_step: Optional[float] = None  # mean payload of a step's collectives (recent)
+    pipeline: Optional[PipelinePoint] = None
 
     @property
     def exposed_fraction(self) -> Optional[float]:
@@ -173,6 +218,13 @@ class RunSnapshot:
         default_factory=dict)
     #: wall-clock seconds since the run started (until it ended); set by the run's record
     wall_s: Optional[float] = None
+    dims: tuple[DimPoint, ...] = ()  # collectives by mesh dimension
+
+    @property
+    def bubble(self) -> Optional[float]:
+        """The pipeline's bubble: the mean over its ranks of each one's idle fraction."""
+        parts = [r.pipeline.bubble for r in self.ranks if r.pipeline is not None]
+        return sum(parts) / len(parts) if parts else None
 
     @property
     def has_telemetry(self) -> bool:
@@ -257,6 +309,8 @@ class _Rank:
         self.free_bw: deque[float] = deque(maxlen=WINDOW)
         self.memory: Optional[Event] = None
         self.step_bytes: deque[int] = deque(maxlen=WINDOW)
+        self.pipes: deque[Event] = deque(maxlen=WINDOW)  # schedule steps
+        self.stage_s: dict[str, deque[float]] = {}  # "forward"/"backward" -> per microbatch
 
     def log(self, values: Mapping[str, float], step: Optional[int]) -> None:
         self.scalars.update(values)
@@ -291,6 +345,7 @@ class RunState:
         self._t1: Optional[float] = None
         self._bytes = 0
         self._ncomm = 0
+        self._dims: dict[str, list] = {}  # dim -> [ops, calls, bytes, seconds]
 
     def feed(self, batches: Iterable[Batch]) -> bool:
         """Fold batches in (any order of ranks; per rank in ``seq`` order). True if telemetry."""
@@ -326,6 +381,16 @@ class RunState:
                 st.comm.setdefault(e["step"], []).append(e)
             else:
                 self._free_collective(rank, st, e)
+            if e.get("dim") is not None:
+                d = self._dims.setdefault(e["dim"], [set(), 0, 0, 0.0])
+                d[0].add(e["op"])
+                d[1] += 1
+                d[2] += e["bytes"]
+                d[3] += e["t1"] - e["t0"]
+        elif kind == STAGE:
+            st.stage_s.setdefault(e["op"], deque(maxlen=WINDOW * 8)).append(e["t1"] - e["t0"])
+        elif kind == PIPELINE:
+            st.pipes.append(e)
         elif kind == PROGRESS:
             if st.bar_id != e["bar"]:
                 st.bar_id = e["bar"]
@@ -453,8 +518,10 @@ class RunState:
         for r in sorted(self._ranks):
             for name, pts in self._ranks[r].scalar_points.items():
                 curves.setdefault(name, {})[r] = tuple(pts)
+        dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3])
+                     for dim, d in sorted(self._dims.items()))
         return RunSnapshot(tuple(rows), tuple(self._series[s] for s in sorted(self._series)),
-                           tuple(slow), elapsed, self._bytes, self._ncomm, curves)
+                           tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims)
 
     def _rank_snapshot(self, r: int, st: _Rank, matched: Sequence[MatchedStep],
                        now: Optional[float], straggler: bool, score: float,
@@ -493,7 +560,8 @@ class RunState:
             r, st.state, st.error, st.steps, sps, smp, step_s, compute, exposed, waiting,
             transfer, statistics.median(bws) if bws else None, bar, dict(st.scalars),
             straggler, score, gap, st.free, st.free_waiting, st.free_transfer, memory=mem,
-            bytes_per_step=statistics.median(st.step_bytes) if st.step_bytes else None)
+            bytes_per_step=statistics.fmean(st.step_bytes) if st.step_bytes else None,
+            pipeline=_pipeline_point(st))
 
     def events(self) -> dict[int, list[Event]]:
         """The recorded telemetry events per rank (for a trace file)."""
@@ -511,3 +579,19 @@ def aggregate(batches: Iterable[Batch], ranks: Iterable[int] = ()) -> RunSnapsho
     state = RunState(sorted(set(ranks) | {b["rank"] for b in batches}))
     state.feed(batches)
     return state.snapshot()
+
+
+def _pipeline_point(st: _Rank) -> Optional[PipelinePoint]:
+    """Medians of a rank's recent schedule steps (robust to the first step's shape
+    inference and to a noisy machine)."""
+    if not st.pipes:
+        return None
+    last = st.pipes[-1]
+    spans = [e["t1"] - e["t0"] for e in st.pipes]
+    fwd, bwd = st.stage_s.get("forward"), st.stage_s.get("backward")
+    return PipelinePoint(
+        tuple(last["stages"]), last["num_stages"], last["schedule"], last["microbatches"],
+        statistics.median(bubble_fraction(e["t1"] - e["t0"], e["busy_s"]) for e in st.pipes),
+        statistics.median(spans),
+        statistics.median(fwd) if fwd else None, statistics.median(bwd) if bwd else None,
+        statistics.median(e["p2p_wait_s"] for e in st.pipes))

@@ -20,6 +20,7 @@ COLUMNS: tuple[tuple[str, str, float], ...] = (
     ("samples_per_s", "samples/s", 1),
     ("step_s", "step time (ms)", 1e3),
     ("exposed_fraction", "exposed comm (%)", 100),
+    ("bubble", "bubble (%)", 100),
     ("bytes_per_step", "comm/step (MB)", 1e-6),
     ("params", "params/rank (MB)", 1e-6),
     ("grads", "grads/rank (MB)", 1e-6),
@@ -44,6 +45,7 @@ class RunFigures:
     optimizer: Optional[int]
     peak_rss: Optional[int]
     scalars: dict[str, float] = field(default_factory=dict)
+    bubble: Optional[float] = None  # a pipeline's mean idle fraction per stage
 
     def values(self) -> list[Optional[float]]:
         """The numeric columns of :data:`COLUMNS`, scaled to their labels' units."""
@@ -79,7 +81,7 @@ def figures(name: str, snap: RunSnapshot) -> RunFigures:
                         else None),
         params=_most([m.params for m in mems]), grads=_most([m.grads for m in mems]),
         optimizer=_most([m.optimizer for m in mems]), peak_rss=_most([m.peak for m in mems]),
-        scalars=dict(snap.scalars))
+        scalars=dict(snap.scalars), bubble=snap.bubble)
 
 
 def compare(runs: Mapping[str, RunSnapshot]) -> list[RunFigures]:

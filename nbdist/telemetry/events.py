@@ -16,8 +16,10 @@ COMM = "comm"  # one timed collective (a DDP gradient bucket, or a call in the c
 PROGRESS = "progress"  # an nbdist.progress bar's position
 SCALARS = "scalars"  # values given to nbdist.log()
 MEMORY = "memory"  # bytes this rank holds for training; see memory()
+STAGE = "stage"  # a pipeline stage's forward or backward of one microbatch; see stage()
+PIPELINE = "pipeline"  # one step of a pipeline schedule on one rank; see pipeline()
 END = "end"  # the cell finished on this rank: {"ok", "error", "t"}
-TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, END})
+TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, STAGE, PIPELINE, END})
 
 Event = dict[str, Any]
 Batch = dict[str, Any]
@@ -50,11 +52,43 @@ def step(n: int, t0: float, t1: float, *, samples: int = 0, comm_total_s: float 
 
 
 def comm(op: str, t0: float, t1: float, nbytes: int, *, step: Optional[int] = None,
-         bucket: Optional[int] = None, dtype: str = "", measured: str = "wire") -> Event:
+         bucket: Optional[int] = None, dtype: str = "", measured: str = "wire",
+         dim: Optional[str] = None, peer: Optional[int] = None,
+         mb: Optional[str] = None) -> Event:
     """A collective: ``nbytes`` is the payload handed to it (``measured="bucket"`` when only
-    the gradient bucket's size was known, e.g. a hook that bypasses ``torch.distributed``)."""
-    return {"kind": COMM, "op": op, "t0": t0, "t1": t1, "bytes": nbytes, "step": step,
-            "bucket": bucket, "dtype": dtype, "measured": measured}
+    the gradient bucket's size was known, e.g. a hook that bypasses ``torch.distributed``).
+
+    ``dim`` names the device-mesh dimension whose group carried it (``"tp"``, ``"dp"``);
+    a point-to-point transfer names its ``peer`` rank and, in a pipeline, the microbatch it
+    belongs to (``mb``: ``"F3"`` for the activations of microbatch 3, ``"B3"`` for their
+    gradients). Keys that do not apply are left out.
+    """
+    event = {"kind": COMM, "op": op, "t0": t0, "t1": t1, "bytes": nbytes, "step": step,
+             "bucket": bucket, "dtype": dtype, "measured": measured}
+    if dim is not None:
+        event["dim"] = dim
+    if peer is not None:
+        event["peer"] = peer
+    if mb is not None:
+        event["mb"] = mb
+    return event
+
+
+def stage(op: str, mb: int, stage_index: int, t0: float, t1: float) -> Event:
+    """Pipeline stage ``stage_index`` ran ``op`` (``"forward"``, ``"backward"`` or ``"weight"``,
+    the deferred weight gradient of zero-bubble schedules) on microbatch ``mb``."""
+    return {"kind": STAGE, "op": op, "mb": mb, "stage": stage_index, "t0": t0, "t1": t1}
+
+
+def pipeline(t0: float, t1: float, *, schedule: str, stages: list[int], num_stages: int,
+             microbatches: int, busy_s: float, p2p_wait_s: float) -> Event:
+    """One ``schedule.step()`` on one rank, from call to return. ``stages`` are the stage
+    indices this rank runs, ``busy_s`` the time they spent computing (forward and backward of
+    every microbatch), ``p2p_wait_s`` the time blocked waiting for sends and receives. The rest
+    of the span is the pipeline's bubble on this rank."""
+    return {"kind": PIPELINE, "t0": t0, "t1": t1, "schedule": schedule, "stages": stages,
+            "num_stages": num_stages, "microbatches": microbatches, "busy_s": busy_s,
+            "p2p_wait_s": p2p_wait_s}
 
 
 def progress(bar: int, desc: str, n: int, total: Optional[int], t: float,

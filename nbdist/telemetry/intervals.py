@@ -44,3 +44,12 @@ def rate(points: Sequence[tuple[float, float]]) -> Optional[float]:
         return None
     (t0, n0), (t1, n1) = points[0], points[-1]
     return (n1 - n0) / (t1 - t0) if t1 > t0 else None
+
+
+def bubble_fraction(span_s: float, busy_s: float) -> float:
+    """The idle share of a pipeline step of ``span_s`` seconds that computed ``busy_s``.
+
+    >>> bubble_fraction(2.0, 1.5)
+    0.25
+    """
+    return min(1.0, max(0.0, 1.0 - busy_s / span_s)) if span_s > 0 else 0.0

@@ -1,8 +1,12 @@
 """Recorded telemetry as a Chrome trace (JSON object format), for Perfetto or chrome://tracing.
 
-One process track per rank. Inside it: ``steps``, ``forward/backward``, ``collectives`` (calls
-made in the cell) and as many ``all-reduce`` lanes as overlapping buckets need, because complete
-("X") events on one thread must nest, and bucket all-reduces overlap without nesting.
+One process track per rank. Inside it: ``steps``, ``forward/backward``, ``pipeline schedule``
+(each schedule step with the forward ``F3`` and backward ``B3`` of every microbatch inside),
+``collectives`` (calls made in the cell, DTensor's included, with their mesh dimension),
+``send/recv`` (a pipeline's transfers, named by microbatch and peer) and as many
+``all-reduce`` lanes as overlapping buckets need. Complete ("X") events on one thread must
+nest, so spans that overlap without nesting (bucket all-reduces, asynchronous collectives,
+a pipeline's sends and receives) are spread over as many lanes as they need.
 """
 
 from __future__ import annotations
@@ -12,9 +16,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
-from .events import COMM, MEMORY, PROGRESS, SCALARS, STEP, Event
+from .events import COMM, MEMORY, PIPELINE, PROGRESS, SCALARS, STAGE, STEP, Event
+from .intervals import bubble_fraction
 
-_STEPS, _PHASES, _CALLS, _BUCKETS = 1, 2, 3, 10  # thread ids; bucket lanes count up from 10
+# thread ids; bucket lanes count up from 10, send/recv lanes from 20, extra collective lanes
+# from 30 (the first collectives lane keeps id 3)
+_STEPS, _PHASES, _CALLS, _SCHEDULE, _BUCKETS, _P2P, _MORE_CALLS = 1, 2, 3, 4, 10, 20, 30
+_STAGE_LETTER = {"forward": "F", "backward": "B", "weight": "W"}
 
 
 def _us(t: float, origin: float) -> float:
@@ -60,6 +68,18 @@ def chrome_trace(events_by_rank: Mapping[int, Sequence[Event]],
         lanes = _lanes([(e["t0"], e["t1"]) for e in buckets])
         for lane in sorted(set(lanes)):
             names[_BUCKETS + lane] = "all-reduce" if lane == 0 else f"all-reduce ({lane + 1})"
+        comms = [e for e in evs if e["kind"] == COMM and e.get("bucket") is None]
+        p2p = [e for e in comms if e.get("peer") is not None]
+        calls = [e for e in comms if e.get("peer") is None]
+        p2p_lanes = _lanes([(e["t0"], e["t1"]) for e in p2p])
+        for lane in sorted(set(p2p_lanes)):
+            names[_P2P + lane] = "send/recv" if lane == 0 else f"send/recv ({lane + 1})"
+        call_tids = [_CALLS if lane == 0 else _MORE_CALLS + lane
+                     for lane in _lanes([(e["t0"], e["t1"]) for e in calls])]
+        for tid in sorted(set(call_tids) - {_CALLS}):
+            names[tid] = f"collectives ({tid - _MORE_CALLS + 1})"
+        if any(e["kind"] in (STAGE, PIPELINE) for e in evs):
+            names[_SCHEDULE] = "pipeline schedule"
         for tid, name in names.items():
             out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                         "args": {"name": name}})
@@ -74,6 +94,23 @@ def chrome_trace(events_by_rank: Mapping[int, Sequence[Event]],
             out.append({"ph": "X", "cat": "comm", "name": f"bucket {e['bucket']} {e['op']}",
                         "pid": pid, "tid": _BUCKETS + lane, "ts": _us(e["t0"], origin),
                         "dur": _us(e["t1"], e["t0"]), "args": args})
+        for e, lane in zip(p2p, p2p_lanes):
+            arrow = "→" if e["op"] == "send" else "←"
+            label = f"{e['op']} {e['mb']} {arrow} {e['peer']}" if e.get("mb") else \
+                f"{e['op']} {arrow} {e['peer']}"
+            out.append({"ph": "X", "cat": "comm", "name": label, "pid": pid,
+                        "tid": _P2P + lane, "ts": _us(e["t0"], origin),
+                        "dur": _us(e["t1"], e["t0"]),
+                        "args": {"op": e["op"], "bytes": e["bytes"], "dtype": e["dtype"],
+                                 "peer": e["peer"], "microbatch": e.get("mb"),
+                                 "step": e["step"]}})
+        for e, tid in zip(calls, call_tids):
+            args = {"bytes": e["bytes"], "dtype": e["dtype"], "step": e["step"]}
+            if e.get("dim") is not None:
+                args["mesh_dim"] = e["dim"]
+            out.append({"ph": "X", "cat": "comm", "name": e["op"], "pid": pid, "tid": tid,
+                        "ts": _us(e["t0"], origin), "dur": _us(e["t1"], e["t0"]),
+                        "args": args})
         for e in evs:
             kind = e["kind"]
             if kind == STEP:
@@ -88,12 +125,22 @@ def chrome_trace(events_by_rank: Mapping[int, Sequence[Event]],
                         out.append({"ph": "X", "cat": "compute", "name": name, "pid": pid,
                                     "tid": _PHASES, "ts": _us(span[0], origin),
                                     "dur": _us(span[1], span[0]), "args": {"step": e["step"]}})
-            elif kind == COMM and e.get("bucket") is None:
-                out.append({"ph": "X", "cat": "comm", "name": e["op"], "pid": pid,
-                            "tid": _CALLS, "ts": _us(e["t0"], origin),
+            elif kind == STAGE:
+                out.append({"ph": "X", "cat": "compute",
+                            "name": f"{_STAGE_LETTER.get(e['op'], e['op'])}{e['mb']}",
+                            "pid": pid, "tid": _SCHEDULE, "ts": _us(e["t0"], origin),
                             "dur": _us(e["t1"], e["t0"]),
-                            "args": {"bytes": e["bytes"], "dtype": e["dtype"],
-                                     "step": e["step"]}})
+                            "args": {"op": e["op"], "microbatch": e["mb"],
+                                     "stage": e["stage"]}})
+            elif kind == PIPELINE:
+                span = e["t1"] - e["t0"]
+                out.append({"ph": "X", "cat": "pipeline",
+                            "name": f"{e['schedule']} ({e['microbatches']} microbatches)",
+                            "pid": pid, "tid": _SCHEDULE, "ts": _us(e["t0"], origin),
+                            "dur": _us(e["t1"], e["t0"]),
+                            "args": {"stages": e["stages"], "num_stages": e["num_stages"],
+                                     "busy_s": e["busy_s"], "p2p_wait_s": e["p2p_wait_s"],
+                                     "bubble": round(bubble_fraction(span, e["busy_s"]), 4)}})
             elif kind == SCALARS:
                 out.append({"ph": "C", "name": "scalars", "pid": pid, "ts": _us(e["t"], origin),
                             "args": dict(e["values"])})

@@ -33,7 +33,8 @@ def cell_with(nb, source_fragment: str):
 def test_the_notebooks_are_numbered_and_complete():
     assert NOTEBOOKS == ["00-quickstart.ipynb", "01-telemetry.ipynb", "02-scaling.ipynb",
                          "03-torchrun-scripts.ipynb", "04-dask-and-existing-clusters.ipynb",
-                         "05-auto-mode-and-output.ipynb", "06-strategies.ipynb"]
+                         "05-auto-mode-and-output.ipynb", "06-strategies.ipynb",
+                         "07-parallelism.ipynb"]
 
 
 def test_quickstart_trains_on_two_workers(run_notebook):
@@ -125,3 +126,15 @@ def test_strategies_notebook_compares_five_runs(run_notebook):
     for run in ("ddp", "ddp+fp16", "ddp+powersgd", "zero1", "fsdp2"):
         assert f">{run}</td>" in compare[-1]
     assert "<svg" in compare[-1]
+
+
+def test_parallelism_notebook_compares_five_runs(run_notebook):
+    nb = run_notebook("07-parallelism.ipynb")  # its own asserts check what each promises
+    html = html_outputs(nb)
+    compare = [h for h in html if "nbdist-compare" in h]
+    assert compare, "%nbdist compare showed nothing"
+    for run in ("ddp", "pipeline", "tensor-parallel", "parameter-server", "local-sgd"):
+        assert f">{run}</td>" in compare[-1]
+    assert ">bubble</th>" in compare[-1]
+    # the pipeline cell's summary shows each stage and its bubble
+    assert any("ScheduleGPipe" in h and "stage 1/2" in h for h in html)

@@ -26,8 +26,15 @@ def engine_launcher(launch: LaunchOptions, tmp_path):
         profile_dir=str(tmp_path), cluster_id="c1", **engine_kwargs)
 
 
-def test_local_needs_no_launcher():
-    assert launcher_settings(LaunchOptions()) == ({}, {})
+def test_local_needs_no_launcher_but_runs_under_the_lifeline():
+    cluster_kwargs, engine_kwargs = launcher_settings(LaunchOptions())
+    assert engine_kwargs == {} and "engine_launcher_class" not in cluster_kwargs
+    config = cluster_kwargs["config"]
+    for launcher, module in (("LocalControllerLauncher", "controller"),
+                             ("LocalEngineSetLauncher", "engine")):
+        cmd = config[launcher][f"{module}_cmd"]
+        assert cmd[1:3] == ["-m", "nbdist.runtime.lifeline"]
+        assert cmd[-1] == f"ipyparallel.{module}"
 
 
 def test_slurm_settings_land_in_ipyparallels_batch_script(tmp_path):
