@@ -1,23 +1,16 @@
-"""Shared fixtures: one real cluster per test module and engine; no process left behind."""
+"""Shared fixtures: one real cluster per test module and engine; no process left behind.
+
+Helpers tests import live in ``clusters.py``: ``tests/integration`` has a conftest of its own,
+so ``from conftest import ...`` would find that one.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import psutil
 import pytest
-
-from nbdist.session import Session
-
-ENGINES = ["ipyparallel", "dask"]
-
-
-def engine_available(engine: str) -> bool:
-    if engine == "dask":
-        return (importlib.util.find_spec("distributed") is not None
-                and importlib.util.find_spec("nbdist.backends.dask") is not None)
-    return True
+from clusters import ENGINES, start_session
 
 
 def _children() -> set[int]:
@@ -48,13 +41,6 @@ def no_leftover_processes():
         except psutil.NoSuchProcess:
             continue
     assert not left, "processes left behind:\n" + "\n".join(left)
-
-
-def start_session(engine: str, n: int = 2, **kw) -> Session:
-    if not engine_available(engine):
-        pytest.skip(f"the {engine} engine is not available here")
-    kw.setdefault("timeout", 60)
-    return Session().start(n, engine=engine, **kw)
 
 
 @pytest.fixture(scope="module", params=ENGINES)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import start_session
+from clusters import start_session
 
 from nbdist.display.widgets import ClusterPanel
 

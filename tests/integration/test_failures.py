@@ -7,7 +7,7 @@ import socket
 import time
 
 import pytest
-from conftest import start_session
+from clusters import start_session
 
 from nbdist.errors import DistributedError, WorkersGone
 

@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import ENGINES, engine_available
+from clusters import ENGINES, engine_available
 
 from nbdist.errors import DistributedError
 from nbdist.profiles import load_profile, to_options

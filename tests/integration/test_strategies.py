@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import start_session
+from clusters import start_session
 
 pytestmark = pytest.mark.timeout(240)
 
