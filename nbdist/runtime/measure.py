@@ -69,6 +69,8 @@ from ..telemetry.intervals import exposed_seconds
 
 # Collectives held for an optimizer step to claim; past this many, the cell is not training.
 _MAX_HELD = 512
+# ... once an optimizer has stepped in the cell (FSDP2 on a deep model issues many per step).
+_MAX_HELD_TRAINING = 50_000
 
 
 class _Bucket:
@@ -175,8 +177,9 @@ class Telemetry:
         st, self.step = self.step, None
         if st is None:
             return
-        if st.held is not None and not self.optim_seen:
-            # No optimizer ever stepped: these collectives were not part of a training step.
+        if st.held is not None and (final or not self.optim_seen):
+            # No optimizer step closed it (none ever stepped, or these collectives came after
+            # the cell's last one): they were not part of a training step.
             self.step = st
             self._drop_provisional()
             return
@@ -366,10 +369,10 @@ class Telemetry:
                 st.coll_total += t1 - t0
                 st.coll_exposed += exposed
                 st.last = max(st.last, t1)
-                if st.held is not None and not self.optim_seen:
+                if st.held is not None:  # sent when an optimizer step claims the step
                     st.held.append(event)
-                    if len(st.held) >= _MAX_HELD:  # a collectives loop, not training
-                        self._drop_provisional()
+                    if len(st.held) >= (_MAX_HELD_TRAINING if self.optim_seen else _MAX_HELD):
+                        self._drop_provisional()  # a collectives loop, not training
                         self.holding = False
                     return
         self.emit(event)

@@ -430,7 +430,8 @@ class RunState:
         self._pending.setdefault(e["step"], {})[rank] = report
         while len(self._pending) > self._history:  # a rank stopped reporting: give up on it
             del self._pending[min(self._pending)]
-        self._settle(e["step"])
+        if e["step"] in self._pending:  # not given up already: a rank far behind (async)
+            self._settle(e["step"])
 
     def _waiting_on(self, reporters: Iterable[int]) -> bool:
         """True while a rank that has not reported may still report (it has not ended)."""

@@ -55,13 +55,12 @@ def test_connecting_to_an_address_with_nothing_there_fails_fast():
 def test_enormous_output_is_capped_with_a_notice(capsys):
     s = start_session("ipyparallel")
     try:
-        t0 = time.monotonic()
         s.run_cell("for i in range(200_000):\n    print('line', i)", telemetry=False)
-        took = time.monotonic() - t0
         out, err = capsys.readouterr()
         assert "[0] line 0" in out and "[0] line 199999" not in out
         assert "output cut after 1,000,000 characters" in err
-        assert took < 20, took  # it took 34 s to send every line
+        # what reached the notebook is the budget (plus rank prefixes), not 2.3 MB of lines
+        assert len(out) < 1_300_000
     finally:
         s.stop()
 

@@ -273,3 +273,17 @@ def test_snapshot_repr_is_one_line_and_html_escapes():
     assert repr(snap) == "<RunSnapshot: 2 ranks, 10 steps, 10 steps/s, failed: rank 1>"
     html = snap._repr_html_()
     assert "Bad &lt;input&gt;" in html and "<svg" in html and "<table " in html
+
+
+def test_a_rank_far_behind_the_others_does_not_break_the_fold():
+    # Asynchronous training (a parameter server): rank 0 takes hundreds of steps while rank 1
+    # takes a few; steps rank 1 reports after they were given up on are simply not matched.
+    state = RunState([0, 1], history=20)
+    for n in range(60):
+        state.feed([{"rank": 0, "seq": n + 1, "events": [
+            ev.step(n, T0 + n, T0 + n + 0.5, comm_exposed_s=0.1)]}])
+    for n in range(3):
+        state.feed([{"rank": 1, "seq": n + 1, "events": [
+            ev.step(n, T0 + 10 * n, T0 + 10 * n + 5, comm_exposed_s=0.1)]}])
+    snap = state.snapshot()
+    assert [r.steps for r in snap.ranks] == [60, 3]

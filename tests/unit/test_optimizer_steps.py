@@ -110,3 +110,15 @@ def test_a_failing_memory_probe_is_dropped_not_raised(capsys):
     optimizer_step(t)
     t.end_cell()
     assert sink.kinds("memory") == [] and t.memory_probe is None
+
+
+def test_collectives_after_the_last_optimizer_step_are_no_step(tel):
+    # FSDP2's full_tensor() after training gathers parameters: not a training step.
+    sink = tel.sink
+    tel.on_collective("all_gather_single", 1.0, 1.1, 400, "float32", True)
+    optimizer_step(tel)
+    tel.on_collective("all_gather_single", 2.0, 2.1, 400, "float32", True)
+    tel.end_cell()
+    assert [s["step"] for s in sink.kinds("step")] == [0]
+    assert [c["step"] for c in sink.kinds("comm")] == [0, None]
+    assert tel.steps == 1
