@@ -132,7 +132,7 @@ class Telemetry:
         self.pipe_busy = 0.0  # pipeline stages' compute time in the running schedule step
         self.pipe_wait = 0.0  # ... and their time blocked on sends and receives
         #: returns the bytes this rank holds (installed on workers, where torch is)
-        self.memory_probe: Optional[Callable[[], dict[str, Any]]] = None
+        self.memory_probe: Optional[Callable[[], Optional[dict[str, Any]]]] = None
         self._memory_at = 0.0
 
     # ------------------------------------------------------------- cell lifecycle
@@ -263,8 +263,11 @@ class Telemetry:
             self.optim_depth += 1
             return
         self.optim_depth = max(0, self.optim_depth - 1)
-        if self.optim_depth or self.ddp_seen:
-            return  # an inner optimizer (ZeRO's), or DDP owns the steps
+        if self.optim_depth:
+            return  # an inner optimizer (ZeRO's): the outer one ends the step
+        if self.ddp_seen:
+            self.sample_memory(time.time())  # DDP owns the steps; the memory is sampled here
+            return
         self.end_step("optim")
 
     def end_step(self, source: str) -> None:
@@ -329,7 +332,8 @@ class Telemetry:
             sys.__stderr__.write(f"nbdist: memory probe failed: {exc!r}\n")
             self.memory_probe = None
             return
-        self.emit(ev.memory(now, step=self.steps - 1 if self.steps else None, **held))
+        if held is not None:
+            self.emit(ev.memory(now, step=self.steps - 1 if self.steps else None, **held))
 
     # called from nbdist.progress (main thread)
     def on_iteration(self, item: Any, t0: float) -> None:

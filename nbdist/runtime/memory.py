@@ -63,8 +63,12 @@ def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, int]:
     return {"params": params, "grads": grads, "optimizer": state}
 
 
-def probe() -> dict[str, Any]:
-    """:func:`held` plus the process's resident memory, its peak, and the GPU's peak."""
+def probe() -> Optional[dict[str, Any]]:
+    """:func:`held` plus the process's resident memory, its peak, and the GPU's peak; None
+    once every optimizer that stepped is gone (a model and optimizer local to a function):
+    the last sample taken while they lived stands."""
+    if not len(optimizers):
+        return None
     out: dict[str, Any] = dict(held())
     rss = None
     try:

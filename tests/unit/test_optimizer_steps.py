@@ -122,3 +122,14 @@ def test_collectives_after_the_last_optimizer_step_are_no_step(tel):
     assert [s["step"] for s in sink.kinds("step")] == [0]
     assert [c["step"] for c in sink.kinds("comm")] == [0, None]
     assert tel.steps == 1
+
+
+def test_memory_is_sampled_at_optimizer_steps_under_ddp_too():
+    t = Telemetry()
+    sink = Sink()
+    t.memory_probe = lambda: {"params": 1, "grads": 1, "optimizer": 2, "rss": 3, "peak": 4,
+                              "device_peak": None}
+    t.begin_cell(sink)
+    t.on_forward((None,))  # a DDP forward: DDP owns the steps
+    optimizer_step(t)
+    assert len(sink.kinds("memory")) == 1 and sink.kinds("step") == []
