@@ -237,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
                   [["ddp", ddp_slow, "1.00x"],
                    ["parameter-server", ps_slow, c.ratio(ps_slow, ddp_slow)]]))
     print(f"parameter server per rank: rank 0 {ranks[0]:.0f}, rank 1 {ranks[1]:.0f} samples/s")
+    print("samples/s ratio to DDP: " + ", ".join(
+        f"{name} {out[name]['vs_ddp']:.2f}x" for name in RUNS if name != "ddp"))
+    print(f"samples/s ratio parameter-server / DDP, rank 1 slowed 2x: {ps_slow / ddp_slow:.2f}x "
+          "(async should win: > 1)")
     out["slow"] = {"ddp": ddp_slow, "parameter_server": ps_slow,
                    "ps_vs_ddp": ps_slow / ddp_slow, "ps_per_rank": ranks}
     print("RESULT " + json.dumps(out))

@@ -260,8 +260,11 @@ class Telemetry:
             self.optim_depth += 1
             return
         self.optim_depth = max(0, self.optim_depth - 1)
-        if self.optim_depth or self.ddp_seen:
-            return  # an inner optimizer (ZeRO's), or DDP owns the steps
+        if self.optim_depth:
+            return  # an inner optimizer (ZeRO's)
+        if self.ddp_seen:  # DDP owns the steps; what the rank holds is known best now
+            self.sample_memory(time.time())
+            return
         self.end_step("optim")
 
     def end_step(self, source: str) -> None:

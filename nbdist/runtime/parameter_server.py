@@ -340,6 +340,9 @@ class ParameterServer:
             self._queue.put(None)
             for t in self._threads:
                 t.join(timeout=30)
+            # Let the master copy and its optimizer state go now, not at the next GC cycle.
+            memory.optimizers.discard(self._opt)
+            self._threads, self._master, self._opt = [], [], None
         elif self.rank == others[0]:
             stop = torch.tensor([_STOP, self.rank, 0, 0], dtype=torch.int64)
             self._group.send([stop], self.server_rank, _TAG_HEADER).wait()
