@@ -149,8 +149,14 @@ class Telemetry:
 
     def end_cell(self) -> None:
         """Report the cell's open step and memory, and stop recording."""
-        if self.step is not None:
-            self.close_step(self.step.last, final=True)
+        st = self.step
+        if st is not None and st.held is not None and self.optim_seen:
+            # Opened by collectives after the last optimizer step (full_tensor() gathers, a
+            # final pull): no optimizer step closed it, so it was no training step.
+            self.step = None
+            self.steps -= 1
+        elif st is not None:
+            self.close_step(st.last, final=True)
         if self.enabled and (self.optim_seen or self.ddp_seen):
             self.sample_memory(time.time(), force=True)
         self.enabled = False

@@ -97,6 +97,19 @@ def test_dimensions_travel_with_collectives(tel):
     assert sink.kinds("step")[0]["comm_exposed_s"] == pytest.approx(0.02)
 
 
+def test_collectives_after_the_last_optimizer_step_make_no_step(tel):
+    sink = tel.sink
+    tel.on_collective("all_reduce", T0, T0 + 0.1, 8, "float32", blocking=True, dim="tp")
+    tel.on_optimizer_step(begin=True)
+    tel.on_optimizer_step(begin=False)
+    # full_tensor() gathers the trained parameters: not a training step
+    tel.on_collective("all_gather_single", T0 + 1, T0 + 1.1, 8, "float32", blocking=True,
+                      dim="tp")
+    tel.end_cell()
+    assert len(sink.kinds("step")) == 1 and tel.steps == 1
+    assert [c["op"] for c in sink.kinds("comm")] == ["all_reduce", "all_gather_single"]
+
+
 class FakeMesh:
     def __init__(self, names, groups):
         self.mesh_dim_names = names
