@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbdist.display.html import run_summary
+from nbdist.display.html import rank_stats, run_summary
 from nbdist.display.tables import comparison_table, dims_table, pipeline_table
 from nbdist.display.text import format_line, format_summary
 from nbdist.runtime import mesh
@@ -183,6 +183,7 @@ def test_pipeline_and_dimension_tables_in_text_and_html():
     for out in (text, html):
         assert "ScheduleGPipe" in out and "stage 1/2" in out and "tp" in out
     assert "pipeline bubble 50%" in format_line(snap)
+    assert "stage 0/2 · bubble 50%" in rank_stats(snap.ranks[0])  # the live dashboard's row
     plain = snapshot({0: [ev.step(0, T0, T0 + 1, samples=4)]})
     assert pipeline_table(plain) is None and dims_table(plain) is None
     assert "bubble" not in format_summary(plain)
