@@ -22,6 +22,8 @@ BENCHMARKS = [
     ("training", "bench_training.py", [], ["--steps", "50", "--warmup", "5", "--repeats", "1"]),
     ("startup", "bench_startup.py", [], ["--repeats", "1", "--no-prime"]),
     ("strategies", "bench_strategies.py", [], ["--steps", "20", "--rounds", "1", "--pairs", "1"]),
+    ("parallelism", "bench_parallelism.py", [],
+     ["--steps", "20", "--rounds", "1", "--seconds", "1"]),
 ]
 
 

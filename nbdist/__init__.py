@@ -143,9 +143,10 @@ def dask_client() -> Any:
 
 def compare(*names: str) -> Any:
     """Named runs side by side (``%%distributed --name LABEL``): a pandas DataFrame of
-    samples/s, step time, exposed communication, bytes per step, memory per rank and the last
-    logged values, one row per run (all named runs, or ``names``). Without pandas, a
-    :class:`~nbdist.records.Comparison`, which shows itself as an HTML table and chart."""
+    samples/s, step time, exposed communication, a pipeline's bubble, bytes per step, memory
+    per rank and the last logged values, one row per run (all named runs, or ``names``).
+    Without pandas, a :class:`~nbdist.records.Comparison`, which shows itself as an HTML table
+    and chart."""
     comparison = current_session().compare(*names)
     try:
         return comparison.to_pandas()

@@ -151,8 +151,9 @@ class Telemetry:
 
     def end_cell(self) -> None:
         """Report the cell's open step and memory, and stop recording."""
-        if self.step is not None:
-            self.close_step(self.step.last, final=True)
+        st = self.step
+        if st is not None:  # a step opened by collectives alone is dropped (see close_step)
+            self.close_step(st.last, final=True)
         if self.enabled and (self.optim_seen or self.ddp_seen):
             self.sample_memory(time.time(), force=True)
         self.enabled = False

@@ -400,7 +400,10 @@ class RunState:
         elif kind == SCALARS:
             st.log(e["values"], e.get("step"))
         elif kind == MEMORY:
-            st.memory = e
+            if st.memory is None or e["params"] or e["grads"] or e["optimizer"]:
+                # A cell's last sample comes after its locals are gone: keep what the rank
+                # held while it trained.
+                st.memory = e
         elif kind == END:
             st.state = RankState.DONE if e["ok"] else RankState.FAILED
             st.error = e.get("error")

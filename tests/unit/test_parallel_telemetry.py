@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbdist.display.html import run_summary
+from nbdist.display.html import detail_tables, run_summary
 from nbdist.display.tables import comparison_table, dims_table, pipeline_table
 from nbdist.display.text import format_line, format_summary
 from nbdist.runtime import mesh
@@ -97,6 +97,19 @@ def test_dimensions_travel_with_collectives(tel):
     assert sink.kinds("step")[0]["comm_exposed_s"] == pytest.approx(0.02)
 
 
+def test_collectives_after_the_last_optimizer_step_make_no_step(tel):
+    sink = tel.sink
+    tel.on_collective("all_reduce", T0, T0 + 0.1, 8, "float32", blocking=True, dim="tp")
+    tel.on_optimizer_step(begin=True)
+    tel.on_optimizer_step(begin=False)
+    # full_tensor() gathers the trained parameters: not a training step
+    tel.on_collective("all_gather_single", T0 + 1, T0 + 1.1, 8, "float32", blocking=True,
+                      dim="tp")
+    tel.end_cell()
+    assert len(sink.kinds("step")) == 1 and tel.steps == 1
+    assert [c["op"] for c in sink.kinds("comm")] == ["all_reduce", "all_gather_single"]
+
+
 class FakeMesh:
     def __init__(self, names, groups):
         self.mesh_dim_names = names
@@ -170,6 +183,8 @@ def test_pipeline_and_dimension_tables_in_text_and_html():
     for out in (text, html):
         assert "ScheduleGPipe" in out and "stage 1/2" in out and "tp" in out
     assert "pipeline bubble 50%" in format_line(snap)
+    live = detail_tables(snap)  # what the live dashboard shows under its rows
+    assert "stage 0/2" in live and "50%" in live
     plain = snapshot({0: [ev.step(0, T0, T0 + 1, samples=4)]})
     assert pipeline_table(plain) is None and dims_table(plain) is None
     assert "bubble" not in format_summary(plain)
