@@ -66,3 +66,16 @@ def batches(rank: int, events: list[dict], per_batch: int = 7) -> list[dict]:
 
 def job_batches(job: Mapping[int, list[dict]], per_batch: int = 7) -> list[dict]:
     return [b for r, evs in job.items() for b in batches(r, evs, per_batch)]
+
+
+class Sink:
+    """What the measurement model emits into, kept in memory for tests."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def emit(self, event: dict) -> None:
+        self.events.append(event)
+
+    def kinds(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["kind"] == kind]

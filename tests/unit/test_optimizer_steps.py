@@ -4,19 +4,9 @@ measurement model: collectives are attributed to the step that an optimizer step
 from __future__ import annotations
 
 import pytest
+from synthetic import Sink
 
 from nbdist.runtime.measure import _MAX_HELD, Telemetry
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.events: list[dict] = []
-
-    def emit(self, event: dict) -> None:
-        self.events.append(event)
-
-    def kinds(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e["kind"] == kind]
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ measurement model, the fold, the trace, the tables and the comparison."""
 from __future__ import annotations
 
 import pytest
+from synthetic import Sink
 
 from nbdist.display.html import detail_tables, run_summary
 from nbdist.display.tables import comparison_table, dims_table, pipeline_table
@@ -17,17 +18,6 @@ from nbdist.telemetry.intervals import bubble_fraction
 from nbdist.telemetry.trace import chrome_trace
 
 T0 = 1_700_000_000.0
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.events: list[dict] = []
-
-    def emit(self, event: dict) -> None:
-        self.events.append(event)
-
-    def kinds(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e["kind"] == kind]
 
 
 @pytest.fixture
