@@ -32,7 +32,7 @@ __all__ = [
     "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
     "progress", "log", "export", "save_profile", "load_profile", "dask_client", "mesh",
-    "compare", "auto", "ParameterServer",
+    "compare", "auto", "ParameterServer", "elastic",
 ]
 
 
@@ -46,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from .runtime.mesh import mesh
 
         return mesh
+    if name == "elastic":  # worker-side, needs torch
+        import importlib
+
+        return importlib.import_module(".elastic", __name__)
     if name == "ParameterServer":  # worker-side, needs torch
         from .runtime.parameter_server import ParameterServer
 

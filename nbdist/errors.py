@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from .telemetry.stall import clash_sentences, missing_sentence, where_lines
 from .telemetry.units import fmt_ranks
 
 if TYPE_CHECKING:
     from .runtime.results import CellResult
+    from .telemetry.stall import Verdict
 
 #: how to get a cluster, for every "no cluster" message
 NO_CLUSTER = ("no nbdist cluster is running. Start one with `%nbdist start -n 2` "
@@ -246,15 +248,54 @@ class DistributedError(NbdistError):
         return lines
 
 
-class CellTimeoutError(NbdistError):
-    """A cell ran past its ``--timeout``."""
+def where_section(where: Optional[Verdict], label: Optional[str] = None) -> str:
+    """The "where was each rank" part of a timeout's or an interrupt's error ("" without
+    reports): a line per rank, then the ranks that never reached the collective."""
+    if where is None:
+        return ""
+    lines = ["", "", "Where each rank was when it was interrupted:"]
+    lines += [f"  {line}" for line in where_lines(where, label)]
+    lines += clash_sentences(where)
+    sentence = missing_sentence(where)
+    if sentence:
+        lines += [sentence + " Look at what those ranks do before it: a collective must be "
+                             "called by every rank of its group, in the same order."]
+    return "\n".join(lines)
 
-    def __init__(self, timeout: float, ranks: Sequence[int], hint: str = "") -> None:
+
+class CellTimeoutError(NbdistError):
+    """A cell ran past its ``--timeout``. ``where`` says where each rank was (the hang
+    doctor's :class:`~nbdist.telemetry.stall.Verdict`, None without reports)."""
+
+    def __init__(self, timeout: float, ranks: Sequence[int], hint: str = "",
+                 where: Optional[Verdict] = None, label: Optional[str] = None) -> None:
         self.ranks = list(ranks)
         self.timeout = timeout
+        self.where = where
         super().__init__(
             f"cell ran past --timeout {timeout:g} s; rank(s) {self.ranks} were still running and "
-            f"were interrupted. {REBUILD_DDP}" + (f" {hint}" if hint else ""))
+            f"were interrupted. {REBUILD_DDP}" + (f" {hint}" if hint else "")
+            + where_section(where, label))
+
+
+class CellInterrupted(KeyboardInterrupt):
+    """The kernel was interrupted (the stop button, Ctrl-C) while a cell ran on the ranks.
+
+    A ``KeyboardInterrupt``, so ``except KeyboardInterrupt`` still catches it; its message
+    names the ranks that were interrupted and says where each one was (``where``).
+    """
+
+    def __init__(self, ranks: Sequence[int], where: Optional[Verdict] = None,
+                 label: Optional[str] = None, what: str = "cell") -> None:
+        self.ranks = list(ranks)
+        self.where = where
+        super().__init__(
+            f"{what} interrupted; rank(s) {self.ranks} were still running and were interrupted. "
+            f"{REBUILD_DDP}" + where_section(where, label))
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows the message, not the kernel's frames it was raised in."""
+        return [f"\x1b[31mKeyboardInterrupt\x1b[0m: {self}"]
 
 
 class InterruptTimeoutError(ClusterError):

@@ -253,6 +253,9 @@ class NbdistMagics(Magics):
               help="time DDP steps and buckets, but not torch.distributed calls in the cell")
     @argument("--name", default=None, metavar="LABEL",
               help="label this run; %%nbdist compare shows named runs side by side")
+    @argument("--stall-after", type=float, default=None, metavar="S",
+              help="after S seconds without a completed step or collective, show where each "
+                   "rank is (default: 5 median steps, at least 10 s; 0: never)")
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
         """Run this cell on every worker as one torch.distributed data-parallel job.
@@ -268,6 +271,11 @@ class NbdistMagics(Magics):
         the cell's collectives are timed and shown live under the cell (``nbdist.progress``
         and ``nbdist.log`` add bars and values); ``%nbdist timeline FILE.json`` writes the
         last run as a Chrome trace. See docs/telemetry.md.
+
+        When no step or collective completes for a while (``--stall-after``), the hang doctor
+        shows which ranks wait in which collective and where the others are in the cell;
+        ``--timeout`` and interrupting the kernel name them in the error too. See
+        docs/fault-tolerance.md.
         """
         args = parse_argstring(self.distributed, line)
         if args.quiet and args.all_output:
@@ -279,7 +287,8 @@ class NbdistMagics(Magics):
         # Flags not given are None: the session's defaults (a profile's training section) apply.
         output = "quiet" if args.quiet else ("all" if args.all_output else None)
         try:
-            options = CellOptions(ranks=args.ranks, timeout=args.timeout, name=args.name)
+            options = CellOptions(ranks=args.ranks, timeout=args.timeout, name=args.name,
+                                  stall_after=args.stall_after)
             selected = parse_ranks(options.ranks, session.world_size)
         except OptionError as exc:  # bad --ranks / --timeout values
             raise UsageError(f"%%distributed: {exc}") from None
@@ -295,7 +304,7 @@ class NbdistMagics(Magics):
                                 time_collectives=False if args.no_collective_timing else None,
                                 first_line=first_line,
                                 execution_count=getattr(self.shell, "execution_count", None),
-                                name=options.name)
+                                name=options.name, stall_after=options.stall_after)
 
     @cell_magic
     def local(self, line: str, cell: str) -> None:

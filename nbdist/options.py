@@ -181,10 +181,15 @@ class CellOptions:
     timeout: Optional[float] = None
     output: str = "rank0"
     name: Optional[str] = None
+    #: the hang doctor's threshold in seconds (None: its default; 0: off)
+    stall_after: Optional[float] = None
 
     def __post_init__(self) -> None:
         check_choice(self.output, OUTPUT_MODES, "output mode")
         check_positive(self.timeout, "--timeout")
+        if self.stall_after is not None and not self.stall_after >= 0:
+            raise OptionError(f"--stall-after must be 0 (off) or a number of seconds, got "
+                              f"{self.stall_after}")
         if self.name is not None and not self.name.strip():
             raise OptionError("--name needs a label, e.g. --name zero1")
 

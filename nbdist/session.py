@@ -28,6 +28,7 @@ from .display import RunView, make_run_view
 from .errors import (
     PARTIAL_RANKS,
     REBUILD_DDP,
+    CellInterrupted,
     CellTimeoutError,
     ClusterError,
     DistributedError,
@@ -38,12 +39,14 @@ from .errors import (
     RankFailure,
     WorkersGone,
 )
+from .healing import Healer, Jobs
 from .history import History
 from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
 from .records import ClusterStatus, Comparison, RemoteValue, WorkerRow
+from .rendezvous import StoreHost
 from .runtime import results
 from .runtime import worker as rt
-from .runtime.env import RankPlan, plan_ranks, shared_gpus
+from .runtime.env import LOOPBACK, RankPlan, plan_ranks, shared_gpus, store_addr
 from .telemetry.aggregate import RunSnapshot
 from .telemetry.compare import compare
 from .telemetry.run import Run
@@ -82,9 +85,15 @@ class Session:
     2
     """
 
-    def __init__(self, backends: Callable[[str], Backend] = get_backend) -> None:
+    def __init__(self, backends: Callable[[str], Backend] = get_backend,
+                 stores: Optional[Callable[[str, float], StoreHost]] = StoreHost) -> None:
         #: makes a fresh backend for an engine name (tests pass a scripted one)
         self._backends = backends
+        #: starts the notebook-side rendezvous store (None: rank 0's worker hosts it)
+        self._stores = stores
+        self._store: Optional[StoreHost] = None
+        self._infos: dict[Any, dict[str, Any]] = {}
+        self._master: Optional[str] = None
         self.backend: Optional[Backend] = None
         self.options = ClusterOptions()
         self.plans: list[RankPlan] = []
@@ -165,6 +174,10 @@ class Session:
         """Start workers (``target`` None) or attach to ``target``; then form the job."""
         self.stop()
         backend = self._backends(options.engine)
+        if target is None and options.launch.local and self._stores is not None:
+            # Workers on this host reach a store here on loopback; it starts (importing torch)
+            # while the engine starts its workers.
+            self._store = self._stores(LOOPBACK, options.timeout)
         if target is None:
             backend.launch = options.launch
             backend.start(options.n or 2, options.timeout)
@@ -192,11 +205,9 @@ class Session:
                            timeout, "describe workers")
         for w, info in zip(ids, infos):
             info["worker_id"] = w
-        self.plans = plan_ranks(infos, threads=self.options.threads,
-                                use_gpus=self.options.device != "cpu")
-        if self.options.env:  # the profile's variables, set and restored with torchrun's
-            self.plans = [replace(p, extra={**self.options.env, **p.extra})
-                          for p in self.plans]
+        self._infos = {w: info for w, info in zip(ids, infos)}
+        self._master = self._store_addr(infos)
+        self.plans = self._plan(infos)
         if self.options.device == "cuda" and any(p.gpu is None for p in self.plans):
             bad = sorted({p.hostname for p in self.plans if p.gpu is None})
             raise ClusterError(f"--device cuda, but no GPU is visible on {', '.join(bad)}")
@@ -209,10 +220,7 @@ class Session:
                 "--dist-backend gloo to share GPUs, or --device cpu.")
         self._call([Call(p.worker_id, rt.set_transport, (backend.transport(),))
                     for p in self.plans], timeout, "install event channel")
-        rank0 = self.plans[0]
-        [self.port] = self._call([Call(rank0.worker_id, rt.open_store,
-                                       (rank0.master_addr, "cluster", timeout))],
-                                 timeout, "open the rendezvous store")
+        self.port = self._open_store(infos, timeout)
         self.generation += 1
         joined = self._call(
             [Call(p.worker_id, rt.join, (p, self.port, self.options.device,
@@ -221,6 +229,46 @@ class Session:
              for p in self.plans], timeout + 30, "form the process group")
         self._joined = {j["rank"]: j for j in joined}
         self.history.reset()  # a new group: what ran before is not this job's script
+
+    def _plan(self, infos: list[dict[str, Any]]) -> list[RankPlan]:
+        """Ranks for ``infos`` (``describe()`` records), with the profile's variables."""
+        plans = plan_ranks(infos, threads=self.options.threads,
+                           use_gpus=self.options.device != "cpu", master=self._master)
+        if self.options.env:  # the profile's variables, set and restored with torchrun's
+            plans = [replace(p, extra={**self.options.env, **p.extra}) for p in plans]
+        return plans
+
+    def _store_addr(self, infos: list[dict[str, Any]]) -> Optional[str]:
+        """Where the notebook hosts the store, if every worker reaches it (see
+        :func:`~nbdist.runtime.env.store_addr`); None leaves it to rank 0's worker."""
+        if self._stores is None:
+            return None
+        addr = store_addr(rt.describe(self.backend.controller_ip if self.backend else None),
+                          infos)
+        if addr is None:
+            return None
+        if self._store is not None and (self._store.host != addr or not self._store.alive):
+            self._store.close()
+            self._store = None
+        if self._store is None:
+            self._store = self._stores(addr, self.options.timeout)
+        return addr
+
+    def _open_store(self, infos: list[dict[str, Any]], timeout: float) -> int:
+        """The port of the job's store: the notebook's own when the plan's ``MASTER_ADDR``
+        is its host's, else a store rank 0's worker opens (rank 0's death then ends the job
+        for good; elastic training says so)."""
+        rank0 = self.plans[0]
+        if self._store is not None and self._master is not None and (
+                self._store.host == self._master == rank0.master_addr):
+            return self._store.port(timeout)
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        [port] = self._call([Call(rank0.worker_id, rt.open_store,
+                                  (rank0.master_addr, "cluster", timeout))],
+                            timeout, "open the rendezvous store")
+        return port
 
     def _invalidate_group(self) -> None:
         """Some rank's group is gone or suspect: every rank forms a new one at the next full
@@ -235,6 +283,9 @@ class Session:
         backend, self.backend = self.backend, None
         n = len(self.plans)
         self.plans, self._joined, self.port = [], {}, None
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
         if backend is None:
             return None
         what, owned = backend.describe(), backend.owns_cluster
@@ -296,7 +347,8 @@ class Session:
                  timeout: Optional[float] = None, output: Optional[str] = None,
                  telemetry: Optional[bool] = None, time_collectives: Optional[bool] = None,
                  first_line: int = 1, execution_count: Optional[int] = None,
-                 name: Optional[str] = None) -> Optional[RemoteValue]:
+                 name: Optional[str] = None, stall_after: Optional[float] = None
+                 ) -> Optional[RemoteValue]:
         """Run ``code`` on every rank (or ``ranks``, e.g. ``"0,2-3"``) as one job.
 
         Returns the value of the last expression on the lowest selected rank, for display.
@@ -306,7 +358,9 @@ class Session:
         ``time_collectives=False``; see ``docs/telemetry.md``. Options left at None take the
         session's :attr:`defaults` (a profile's ``training`` section). A ``name`` labels the
         run: named runs are all kept (a name used again is replaced) and :meth:`compare` shows
-        them.
+        them. ``stall_after`` is the hang doctor's threshold in seconds (default five median
+        steps, at least 10 s; 0: off): past it without a completed step or collective, the
+        dashboard says where each rank is (``docs/fault-tolerance.md``).
 
         Tracebacks number lines from ``first_line`` (``%%distributed`` passes 2: its own line
         is the editor's line 1) and name the cell ``In [execution_count]`` when given.
@@ -316,7 +370,8 @@ class Session:
         telemetry = d.telemetry if telemetry is None else telemetry
         time_collectives = d.collective_timing if time_collectives is None else time_collectives
         timeout = d.timeout if timeout is None else timeout
-        opts = CellOptions(ranks=ranks, timeout=timeout, output=output, name=name)
+        opts = CellOptions(ranks=ranks, timeout=timeout, output=output, name=name,
+                           stall_after=stall_after)
         self._require()
         selected = parse_ranks(opts.ranks, self.world_size)
         with self._lock:
@@ -328,20 +383,24 @@ class Session:
         shipped = "\n" * max(0, first_line - 1) + code
         ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
         cell_id = uuid.uuid4().hex
+        elastic = self._store is not None and len(selected) == self.world_size
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
                       (shipped, cell.filename, cell_id, self.generation, list(selected),
                        r == selected[0]),
-                      {"telemetry": telemetry, "collectives": time_collectives})
+                      {"telemetry": telemetry, "collectives": time_collectives,
+                       "coordinated": elastic, "stall_after": opts.stall_after})
                  for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
-                  name=opts.name)
+                  name=opts.name, stall_after=opts.stall_after)
         run.label = cell.label
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
         hint = ""
         if len(selected) < self.world_size:
             hint = PARTIAL_RANKS.format(ranks=", ".join(map(str, selected)))
         try:
-            outcomes = self._run(calls, run, view, opts.timeout, hint)
+            outcomes = self._run(calls, run, view, opts.timeout, hint,
+                                 elastic={"telemetry": telemetry,
+                                          "collectives": time_collectives} if elastic else None)
         finally:
             if run.recorded:
                 self.runs.append(run)
@@ -364,9 +423,13 @@ class Session:
         except OSError as exc:
             raise FileNotFoundError(f"cannot read script {path!r}: {exc.strerror}") from exc
         rank0 = self.plans[0]
-        [port] = self._call([Call(rank0.worker_id, rt.open_store,
-                                  (rank0.master_addr, "run", self.options.timeout))],
-                            self.options.timeout, "open the script's rendezvous store")
+        store = self._store
+        if store is not None:
+            port = store.open("run")
+        else:
+            [port] = self._call([Call(rank0.worker_id, rt.open_store,
+                                      (rank0.master_addr, "run", self.options.timeout))],
+                                self.options.timeout, "open the script's rendezvous store")
         try:
             run_id = uuid.uuid4().hex[:12]  # fresh per launch, as torchrun --standalone does
             calls = [Call(p.worker_id, rt.run_script,
@@ -377,7 +440,11 @@ class Session:
                       world_size=self.world_size, generation=self.generation)
             self._run(calls, run, make_run_view(output, 0, self.world_size), timeout)
         finally:
-            self._call([Call(rank0.worker_id, rt.close_store, ("run",))], 30, "close store")
+            if store is not None:
+                store.close_store("run")
+            else:
+                self._call([Call(rank0.worker_id, rt.close_store, ("run",))], 30,
+                           "close store")
 
     @property
     def last_run(self) -> Optional[RunSnapshot]:
@@ -408,35 +475,58 @@ class Session:
         return Comparison(compare(chosen))
 
     def _run(self, calls: list[Call], run: Run, view: RunView, timeout: Optional[float],
-             hint: str = "") -> list[results.CellResult]:
+             hint: str = "", elastic: Optional[dict[str, Any]] = None
+             ) -> list[results.CellResult]:
         """Submit per-rank calls, stream their events into ``run`` and ``view``, and turn
-        failures into one error. Returns each call's result, in call order."""
+        failures into one error. Returns each call's result, in call order.
+
+        With ``elastic`` (the cell's telemetry options), ``nbdist.elastic.run`` calls in the
+        cell are coordinated (see :mod:`nbdist.healing`)."""
         rank_of = {p.worker_id: p.rank for p in self.plans}
+        hosts = {p.worker_id: p.hostname for p in self.plans}
         job = self._submit(calls)
+        healer = None
+        if elastic is not None:
+            healer = self._healer(job, elastic)
+            job = Jobs(job, healer)
+
+        def slot_of(w: Any) -> int:  # a replacement worker reports as the rank it replaced
+            return healer.slots[w] if healer is not None else rank_of[w]
         start = time.monotonic()
         try:
-            while not job.wait(_POLL):
-                self._pump(job, run, view)
+            while True:
+                done = job.wait(_POLL)
+                self._pump(job, run, view, healer)
+                if done:
+                    break
+                if healer is not None and healer.wrap_up_needed(job.pending()):
+                    healer.wrap_up()  # training ended before a replacement got in
                 if timeout is not None and time.monotonic() - start > timeout:
-                    late = sorted(rank_of[w] for w in job.pending())
+                    late = sorted(slot_of(w) for w in job.pending())
                     self._interrupt(job)
                     self._invalidate_group()
-                    raise CellTimeoutError(timeout, late, hint)
+                    self._finish(job, run, view, healer)  # with where each rank said it was
+                    raise CellTimeoutError(timeout, late, hint, run.where(), run.label)
         except KeyboardInterrupt:
+            late = sorted(slot_of(w) for w in job.pending())
             self._interrupt(job)
             self._invalidate_group()
-            raise
+            self._finish(job, run, view, healer)
+            raise CellInterrupted(late, run.where(), run.label, run.what) from None
         finally:
-            self._finish(job, run, view)
+            self._finish(job, run, view, healer)
         outcomes = job.outcomes()
+        if healer is not None and healer.final() is not None:
+            outcomes = self._after_elastic(healer, outcomes)
+            rank_of = dict(healer.slots)
+            hosts.update({w: i.get("hostname", "?") for w, i in healer.infos.items()})
         out = [o.value if o.engine_error is None else results.engine_failure(o.engine_error)
                for o in outcomes]
         # The engine failed these calls: their worker may be gone; check before the next job.
         self._suspect.update(o.worker for o in outcomes if o.engine_error is not None)
         if any(not r.get("group_alive", True) for r in out):
             self._invalidate_group()
-        failures = [RankFailure.from_result(rank_of[o.worker],
-                                            self.plans[rank_of[o.worker]].hostname, r,
+        failures = [RankFailure.from_result(rank_of[o.worker], hosts.get(o.worker, "?"), r,
                                             cell=run.label)
                     for o, r in zip(outcomes, out) if not r["ok"]]
         if failures:
@@ -448,32 +538,79 @@ class Session:
         return out
 
     @staticmethod
-    def _pump(job: Job, run: Run, view: RunView) -> None:
+    def _pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None) -> None:
         """Move the batches received so far into the run's record and onto the screen."""
         batches = job.drain_events()
+        changed = False
         if batches:
             view.output(batches)
-            if run.feed(batches):
-                view.refresh(run.snapshot)
+            changed = run.feed(batches)
+        news = run.stall_news()  # the hang doctor's verdict appeared or changed: show it now
+        if changed or news:
+            view.refresh(run.snapshot, force=news)
+        if healer is not None:
+            healer.feed(batches)
+            healer.tick()
+            for line in healer.new_lines():
+                print(line, flush=True)
+                run.notes.append(line)
 
-    def _finish(self, job: Job, run: Run, view: RunView) -> None:
+    def _healer(self, job: Job, opts: dict[str, Any]) -> Healer:
+        backend, store = self._require(), self._store
+        assert store is not None
+
+        def next_generation() -> int:
+            self.generation += 1
+            return self.generation
+
+        def join_call(w: Any, plan: RankPlan, eplan: Any, key: str, slot: int,
+                      seq_base: int) -> Call:
+            return Call(w, rt.elastic_join,
+                        (plan, self.port, self.options.device, self.options.dist_backend,
+                         self.options.timeout, eplan, key, slot, seq_base, False),
+                        {"telemetry": opts["telemetry"], "collectives": opts["collectives"]})
+
+        return Healer(backend, store, self.plans, self._infos, job, replan=self._plan,
+                      next_generation=next_generation, join_call=join_call,
+                      default_max_failures=self.defaults.elastic_max_failures,
+                      timeout=self.options.timeout)
+
+    def _after_elastic(self, healer: Healer, outcomes: list[Any]) -> list[Any]:
+        """An elastic run re-formed the group: the job is now its last membership. Calls of
+        workers it lost are not failures of the cell (it carried on without them)."""
+        final = healer.final()
+        assert final is not None
+        members = set(final.members)
+        self.plans = sorted(final.plans.values(), key=lambda p: p.rank)
+        self._infos.update(healer.infos)
+        if final.generation is not None:
+            self.generation = final.generation
+        self.history.reset()  # a new group: the exported script starts after it
+        lost = [o for o in outcomes if o.worker not in members and o.engine_error is not None]
+        return [o for o in outcomes if o not in lost]
+
+    def _finish(self, job: Job, run: Run, view: RunView,
+                healer: Optional[Healer] = None) -> None:
         """Show every batch the finished calls sent (their results say how many), then close.
 
         The run's record counts what was already drained while the calls ran: a rank that
         finished early may have had its last batch drained before the others returned.
         """
+        if run.ended is not None:
+            return  # finished already (a timeout or an interrupt shows its view first)
         if not job.pending():
-            wanted = {self._rank_of(o.worker): o.value["seq"] for o in job.outcomes()
+            slot = (healer.slots.get if healer is not None else self._rank_of)
+            wanted = {slot(o.worker): o.value["seq"] for o in job.outcomes()
                       if o.engine_error is None and o.value.get("seq")}
 
             def drained() -> bool:
-                self._pump(job, run, view)
+                self._pump(job, run, view, healer)
                 return run.has_all(wanted)
 
             # Batches arrive on the engine's IO thread, which offers nothing to wait on.
             poll_until(drained, _EVENT_GRACE, interval=0.01)
         else:
-            self._pump(job, run, view)
+            self._pump(job, run, view, healer)
         run.finish()
         view.close(run.snapshot())
 

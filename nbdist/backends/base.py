@@ -155,6 +155,18 @@ class Backend(abc.ABC, Generic[ClientT]):
         """Stop the workers ``ids``; :meth:`scale` then waits until they are gone."""
         raise ClusterError(f"the {self.name} engine cannot remove workers")
 
+    def add_worker(self, known: set) -> None:
+        """Start one more worker without waiting for it (elastic training's replacement); it
+        shows up in :meth:`worker_ids` as an id not in ``known``. Only where the cluster is
+        nbdist's own."""
+        raise ClusterError(f"nbdist did not start this {self.name} cluster, so it cannot add "
+                           "a worker to it")
+
+    def exit_cause(self, worker: WorkerId, pid: Optional[int]) -> Optional[str]:
+        """How a worker process ended (``"SIGKILL"``, ``"exit status 1"``), where the engine
+        knows; None otherwise."""
+        return None
+
     def _close_client(self, client: ClientT) -> None:
         client.close()  # type: ignore[attr-defined]
 

@@ -300,6 +300,21 @@ class DaskBackend(Backend[distributed.Client]):
             cluster.scale(want)
             client.wait_for_workers(want, timeout=timeout)
 
+    def add_worker(self, known: set) -> None:
+        cluster = self.cluster
+        if not self.owns_cluster or cluster is None:
+            super().add_worker(known)
+        # A nanny starts a new worker process when its worker dies; only a lost nanny needs
+        # the cluster to start one.
+        spec = getattr(cluster, "worker_spec", None)
+        workers = getattr(cluster, "workers", {})
+        if spec is not None and all(getattr(w, "status", None) is not None
+                                    and str(w.status).endswith(("running", "init"))
+                                    for w in workers.values()):
+            return
+        with _worker_process_config():
+            cluster.scale(len(self.live_workers()) + 1)
+
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
         cluster = self.cluster
         assert cluster is not None  # scale() checked

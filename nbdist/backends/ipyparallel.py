@@ -24,6 +24,17 @@ _KEY = "nbdist:"
 _HEARTBEAT_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=20"]
 
 
+def _returncode_text(code: Optional[int]) -> Optional[str]:
+    if code is None:
+        return None
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
 def publish(batch: Batch) -> None:
     """Worker side: send one event batch over the engine's IOPub channel."""
     from ipyparallel.datapub import publish_data
@@ -140,6 +151,25 @@ class IpyparallelBackend(Backend[ipp.Client]):
         want = len(client.ids) + k
         cluster.start_engines_sync(k, **self._engine_kwargs)
         client.wait_for_engines(want, timeout=timeout, interactive=False)
+
+    def add_worker(self, known: set) -> None:
+        if not self.owns_cluster or self.cluster is None:
+            super().add_worker(known)
+        self.cluster.start_engines_sync(1, **self._engine_kwargs)
+
+    def exit_cause(self, worker: WorkerId, pid: Optional[int]) -> Optional[str]:
+        if self.cluster is None or pid is None:
+            return None
+        for engine_set in list(self.cluster.engines.values()):
+            for launcher in list(getattr(engine_set, "launchers", {}).values()):
+                if getattr(launcher, "pid", None) != pid:
+                    continue
+                # The launcher's own waiter reaps the process and records how it ended once
+                # the cluster's event loop runs (a second wait, e.g. Popen.poll, would read 0
+                # for a child already reaped); never wait for it here.
+                return _returncode_text((getattr(launcher, "stop_data", None) or {})
+                                        .get("exit_code"))
+        return None
 
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
         # Returns once the engines were told; they leave client.ids at their unregistration.

@@ -27,6 +27,7 @@ from .tables import (
     pipeline_table,
     progress_phrases,
     run_table,
+    stall_lines,
     status_rows,
 )
 
@@ -215,12 +216,27 @@ def legend() -> str:
 
 
 def failures(snap: RunSnapshot) -> str:
-    """Each failed or stopped rank's reason in full, in red."""
+    """What the session noted (ranks elastic training lost and healed), then each failed or
+    stopped rank's reason in full, in red."""
     lines = failure_lines(snap)
+    notes = ("<div class='nbdist-notes' style='font-size:12px'>"
+             + "<br>".join(warning_text(n) for n in snap.notes) + "</div>") if snap.notes else ""
+    if not lines:
+        return notes
+    return (notes + "<div class='nbdist-failures' style='font-size:12px'>"
+            + "<br>".join(error_text(line) for line in lines) + "</div>")
+
+
+def stall(snap: RunSnapshot) -> str:
+    """The hang doctor's verdict: its headline in bold, then where each rank is ("" when the
+    run is not stalled)."""
+    lines = stall_lines(snap)
     if not lines:
         return ""
-    return ("<div class='nbdist-failures' style='font-size:12px'>"
-            + "<br>".join(error_text(line) for line in lines) + "</div>")
+    ranks = escape("\n".join(lines[1:]))
+    return (f"<div class='nbdist-stall' style='font-size:12px;margin:4px 0'>"
+            f"{warning_text(lines[0])}"
+            f"<pre style='margin:2px 0;white-space:pre-wrap'>{ranks}</pre></div>")
 
 
 def _svg(cls: str, width: int, height: int, title: str, hover: str, body: str) -> str:
@@ -361,7 +377,8 @@ def run_summary(snap: RunSnapshot) -> str:
     """A static summary of a run (header, table, pipeline, mesh dimensions and memory per
     rank, legend, charts) that renders without widgets."""
     return (f"<div class='nbdist-summary'>{run_header(snap, final=snap.finished)}"
-            f"{run_table_html(snap)}{detail_tables(snap)}{failures(snap)}{legend()}"
+            f"{stall(snap)}{run_table_html(snap)}{detail_tables(snap)}{failures(snap)}"
+            f"{legend()}"
             f"{charts(snap)}</div>")
 
 

@@ -46,9 +46,10 @@ class RunView:
         """Write the workers' stdout/stderr that these batches carry."""
         self.stream.feed(batches)
 
-    def refresh(self, snapshot: Callable[[], RunSnapshot]) -> None:
-        """Redraw the dashboard if it is due; ``snapshot`` is only called then."""
-        if self.dashboard is not None and self._throttle.due():
+    def refresh(self, snapshot: Callable[[], RunSnapshot], force: bool = False) -> None:
+        """Redraw the dashboard if it is due (or ``force``: news that cannot wait, such as the
+        hang doctor's verdict); ``snapshot`` is only called then."""
+        if self.dashboard is not None and (self._throttle.due() or force):
             self.dashboard.update(snapshot())
 
     def close(self, snap: RunSnapshot) -> None:

@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
+from ..telemetry.stall import headline, where_lines
 from ..telemetry.states import RankState
 from ..telemetry.units import (
     fmt_bytes,
@@ -262,6 +263,14 @@ def failure_lines(snap: RunSnapshot) -> list[str]:
     """``rank 1 failed: ValueError: ...`` for every rank that failed or stopped."""
     return [f"rank {r.rank} {r.state}: {' '.join((r.error or str(r.state)).split())}"
             for r in snap.ranks if r.state.broken]
+
+
+def stall_lines(snap: RunSnapshot) -> list[str]:
+    """The hang doctor's verdict: a headline, then where each rank is (empty: no stall)."""
+    v = snap.stall
+    if v is None:
+        return []
+    return [f"hang doctor: {headline(v)}", *where_lines(v)]
 
 
 def memory_table(snap: RunSnapshot) -> Optional[Table]:

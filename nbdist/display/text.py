@@ -19,6 +19,7 @@ from .tables import (
     pipeline_table,
     progress_phrases,
     run_table,
+    stall_lines,
     status_rows,
 )
 
@@ -116,6 +117,9 @@ def format_summary(snap: RunSnapshot) -> str:
     for table in (pipeline_table(snap), dims_table(snap), memory_table(snap)):
         if table is not None:
             extra += ["", *_lay_out(table)]
+    stall = stall_lines(snap)
+    if stall:
+        extra += ["", *stall]
     return "\n".join([head, *_lay_out(run_table(snap)), *extra])
 
 
@@ -142,10 +146,21 @@ class TextDashboard:
         self._throttle = Throttle(self.interval)
         self.lines = 0
         self._last = ""
+        self._stall: Optional[tuple] = None  # the verdict printed last
 
     def update(self, snap: RunSnapshot) -> None:
+        self._print_stall(snap)
         if snap.has_telemetry and self._throttle.due():
             self._print(format_line(snap))
+
+    def _print_stall(self, snap: RunSnapshot) -> None:
+        """The hang doctor's verdict, as soon as it appears or changes (not on the line's
+        schedule): it is what the user needs while a cell hangs."""
+        key = snap.stall.key if snap.stall is not None else None
+        if key != self._stall and key is not None:
+            self._print("\n".join("nbdist: " + line if i == 0 else "  " + line
+                                  for i, line in enumerate(stall_lines(snap))))
+        self._stall = key
 
     def close(self, snap: RunSnapshot) -> None:
         if not snap.has_telemetry:

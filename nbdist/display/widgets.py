@@ -31,6 +31,7 @@ from .html import (
     run_header,
     run_summary,
     run_table_html,
+    stall,
     status_table,
 )
 from .text import format_status, format_summary
@@ -65,6 +66,8 @@ class RunWidget(VBox):
     def __init__(self, ranks: list[int]):
         self.ranks = list(ranks)
         self.header = HTML("<b>nbdist</b> starting")
+        self.stall = HTML("")  # the hang doctor's verdict, while the run is stalled
+        self.stall.add_class("nbdist-stall-box")
         self.table = HTML("")
         self.table.add_class("nbdist-rows")
         self.memory = HTML("")  # pipeline stages, mesh dimensions, what each rank holds
@@ -73,16 +76,18 @@ class RunWidget(VBox):
         self.legend = HTML(legend())
         self.chart = HTML("")
         self.chart.add_class("nbdist-chart")
-        super().__init__([self.header, self.table, self.memory, self.failures, self.legend,
-                          self.chart])
+        super().__init__([self.header, self.stall, self.table, self.memory, self.failures,
+                          self.legend, self.chart])
         self.add_class("nbdist-dashboard")
         self.snapshot: Optional[RunSnapshot] = None
 
     def show(self, snap: RunSnapshot, final: bool = False) -> None:
         """Draw ``snap``; ``final`` when the run is over (the header then says finished)."""
         self.snapshot = snap
-        with _held(self.header, self.table, self.memory, self.failures, self.chart):
+        with _held(self.header, self.stall, self.table, self.memory, self.failures,
+                   self.chart):
             _set(self.header, run_header(snap, final))
+            _set(self.stall, stall(snap))
             _set(self.table, run_table_html(snap))
             _set(self.memory, detail_tables(snap))
             _set(self.failures, failures(snap))

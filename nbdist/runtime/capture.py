@@ -34,6 +34,8 @@ class EventSink:
         self._send_lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
+        #: called by the sending thread before each flush (the hang doctor's look at the cell)
+        self.on_tick: Optional[Callable[[], None]] = None
         self._thread = threading.Thread(target=self._loop, name="nbdist-events", daemon=True)
         self._thread.start()
 
@@ -60,6 +62,13 @@ class EventSink:
     def _loop(self) -> None:
         while not self._closed:
             self._wake.wait(self.interval)
+            tick = self.on_tick
+            if tick is not None:
+                try:
+                    tick()
+                except Exception as exc:  # a diagnosis bug must not stop the events; once
+                    sys.__stderr__.write(f"nbdist: hang doctor error: {exc!r}\n")
+                    self.on_tick = None
             try:
                 self.flush()
             except Exception as exc:  # a broken channel must not kill training; say so once

@@ -43,6 +43,7 @@ from torch.optim.optimizer import (
 )
 
 from . import memory
+from .hang import watch as hang_watch
 from .measure import _Bucket, telemetry
 from .mesh import dim_of
 
@@ -169,6 +170,7 @@ def _mark_done(rec: _Bucket) -> None:
         rec.cuda = (rec.cuda[0], end)
     else:
         rec.done = time.time()
+    hang_watch.progress()
 
 
 def _forward_pre(_module: Any, args: tuple) -> None:
@@ -263,7 +265,11 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
             else args[group_at]
         dim = dim_of(group)  # the mesh dimension of an explicit group (FSDP2's, a 2-D mesh's)
         t0 = time.time()
-        work = fn(*args, **kwargs)
+        hang_watch.enter(name, nbytes, dtype, t0)  # where the hang doctor finds it
+        try:
+            work = fn(*args, **kwargs)
+        finally:
+            hang_watch.leave()
         if is_async and work is not None:
             try:
                 work.get_future().then(lambda _f: tel.on_collective(

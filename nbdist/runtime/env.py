@@ -85,10 +85,11 @@ def _iface_for(worker: Mapping[str, Any], peer_ip: str) -> Optional[str]:
 
 
 def choose_master_addr(host0_workers: Sequence[Mapping[str, Any]],
-                       other_hosts: Sequence[Sequence[Mapping[str, Any]]]) -> str:
+                       other_hosts: Sequence[Sequence[Mapping[str, Any]]],
+                       fallback: bool = True) -> str:
     """Pick an address of rank 0's host that every other host shares a network with.
 
-    Falls back to the address rank 0 uses to reach the controller (its route address).
+    Falls back (with ``fallback``) to the address rank 0 uses to reach the controller.
     """
     w0 = host0_workers[0]
     candidates = []
@@ -101,7 +102,7 @@ def choose_master_addr(host0_workers: Sequence[Mapping[str, Any]],
             continue
         if all(any(addr in net for net in _networks(h[0])) for h in other_hosts):
             return ip
-    if w0.get("route_ip") and not ipaddress.ip_address(w0["route_ip"]).is_loopback:
+    if fallback and w0.get("route_ip") and not ipaddress.ip_address(w0["route_ip"]).is_loopback:
         return w0["route_ip"]
     raise ValueError(
         f"no address of rank 0's host {w0.get('hostname')!r} is reachable from the other hosts; "
@@ -109,8 +110,27 @@ def choose_master_addr(host0_workers: Sequence[Mapping[str, Any]],
     )
 
 
+def store_addr(kernel: Mapping[str, Any], workers: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    """An address of the notebook's host (``kernel``, a ``describe()`` record) that every
+    worker reaches, for a rendezvous store that outlives any rank; None when there is none.
+
+    Loopback when every worker runs on the notebook's host; else an address of the notebook's
+    host on a network each worker host shares.
+    """
+    hosts = {w["hostname"] for w in workers}
+    if hosts == {kernel.get("hostname")}:
+        return LOOPBACK
+    by_host: dict[str, list[Mapping[str, Any]]] = {}
+    for w in workers:
+        by_host.setdefault(w["hostname"], []).append(w)
+    try:
+        return choose_master_addr([kernel], list(by_host.values()), fallback=False)
+    except ValueError:
+        return None
+
+
 def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] = None,
-               use_gpus: bool = True) -> list[RankPlan]:
+               use_gpus: bool = True, master: Optional[str] = None) -> list[RankPlan]:
     """Assign ranks to workers, grouped by host, in the order the workers are given.
 
     Parameters
@@ -122,6 +142,9 @@ def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] =
         torch intra-op threads per worker; default: the host's cores divided among its workers.
     use_gpus : bool
         Pin each worker to GPU ``local_rank % gpu_count`` where its host has GPUs.
+    master : str, optional
+        ``MASTER_ADDR`` when the store is hosted elsewhere than rank 0's host (see
+        :func:`store_addr`); default: an address of rank 0's host.
     """
     if not workers:
         raise ValueError("no workers to plan ranks for")
@@ -130,10 +153,9 @@ def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] =
         hosts.setdefault(w["hostname"], []).append(w)
     host_list = list(hosts.values())
     world = len(workers)
-    if len(host_list) == 1:
-        master = LOOPBACK
-    else:
-        master = choose_master_addr(host_list[0], host_list[1:])
+    if master is None:
+        master = (LOOPBACK if len(host_list) == 1
+                  else choose_master_addr(host_list[0], host_list[1:]))
     plans = []
     rank = 0
     for node_rank, members in enumerate(host_list):

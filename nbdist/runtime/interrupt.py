@@ -11,6 +11,11 @@ blocked in a gloo or NCCL wait would ignore an interrupt until the collective's 
 SIGINT, or through :func:`request` — and, if the cell is still running after a short grace,
 cuts this rank's connections to its peers: the collective fails at once and the interrupt
 lands.
+
+Before an interrupt lands or the connections are cut, a hook (:func:`set_hook`, the hang
+doctor's) is told, so it can note where the cell was while its stack is still whole: from the
+watcher thread, from a SIGINT handler in the cell's own thread, or from the thread that raises
+the interrupt by thread.
 """
 
 from __future__ import annotations
@@ -19,14 +24,34 @@ import ctypes
 import os
 import select
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Callable, Optional
 
 # How long an interrupted cell may take to stop by itself before its connections are cut.
 GRACE = 1.0
 _REQUEST = b"!"
+# Told of an interrupt before it lands, with the interrupted frame when known.
+_hook: Optional[Callable[[Optional[FrameType]], None]] = None
+
+
+def set_hook(hook: Optional[Callable[[Optional[FrameType]], None]]) -> None:
+    """Call ``hook`` (from any thread) when an interrupt is about to reach the running cell,
+    before it unwinds or is cut loose; None removes it."""
+    global _hook
+    _hook = hook
+
+
+def _before_interrupt(frame: Optional[FrameType] = None) -> None:
+    hook = _hook
+    if hook is not None:
+        try:
+            hook(frame)
+        except Exception as exc:  # a diagnosis must never stand in the interrupt's way
+            sys.__stderr__.write(f"nbdist: could not note where the cell was: {exc!r}\n")
 
 
 class _Watcher:
@@ -50,6 +75,8 @@ class _Watcher:
                 except OSError:
                     pass
             wanted = _REQUEST in data or bytes([signal.SIGINT]) in data
+            if wanted and not self.idle.is_set():
+                _before_interrupt()  # while the cell's stack is still whole
             # idle.wait returns at once when no cell runs, or as soon as the cell ends.
             if wanted and not self.idle.wait(GRACE):
                 sever = self.sever
@@ -81,9 +108,13 @@ def interruptible(sever: Callable[[], None]) -> Iterator[_Watcher]:
     w.sever, w.severed = sever, False
     in_main = threading.current_thread() is threading.main_thread()
     previous = -1
+    handler = None
     if in_main:
         previous = signal.set_wakeup_fd(w.write_fd, warn_on_full_buffer=False)
         w.forward_fd = previous
+        handler = _noting_handler(signal.getsignal(signal.SIGINT))
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
     w.idle.clear()
     try:
         yield w
@@ -92,6 +123,23 @@ def interruptible(sever: Callable[[], None]) -> Iterator[_Watcher]:
         if in_main:
             signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
             w.forward_fd = -1
+            if handler is not None and signal.getsignal(signal.SIGINT) is handler:
+                signal.signal(signal.SIGINT, handler.previous)  # type: ignore[attr-defined]
+
+
+def _noting_handler(previous: object) -> Optional[Callable[[int, Optional[FrameType]], None]]:
+    """A SIGINT handler that tells the hook where the cell is, then does what ``previous``
+    does (raise KeyboardInterrupt); None when ``previous`` is not a Python handler (the
+    signal is ignored or fatal: not ours to change)."""
+    if not callable(previous):
+        return None
+
+    def handler(signum: int, frame: Optional[FrameType]) -> None:
+        _before_interrupt(frame)
+        previous(signum, frame)
+
+    handler.previous = previous  # type: ignore[attr-defined]
+    return handler
 
 
 def request() -> None:
@@ -137,6 +185,10 @@ def interrupt_calls(tag: str) -> int:
     returns; one blocked in a collective is cut loose by the watcher after :data:`GRACE`.
     """
     hit = 0
+    with _calls_lock:
+        busy = tag in _running.values()
+    if busy:
+        _before_interrupt()  # the cell's thread is still where it stood
     with _calls_lock:
         for ident, t in _running.items():
             if t == tag:

@@ -66,6 +66,7 @@ from typing import Any, Callable, Optional
 
 from ..telemetry import events as ev
 from ..telemetry.intervals import exposed_seconds
+from .hang import watch as hang_watch
 
 # Collectives held for an optimizer step to claim; past this many, the cell is not training.
 _MAX_HELD = 512
@@ -164,6 +165,8 @@ class Telemetry:
         sink = self.sink
         if sink is not None:
             sink.emit(event)
+            if event["kind"] in ev.PROGRESS_KINDS:  # the hang doctor's clock restarts
+                hang_watch.progress()
 
     # ------------------------------------------------------------- steps
     def open_step(self, t0: float, source: str) -> _Step:
@@ -214,6 +217,7 @@ class Telemetry:
             bwd = (start, max(x for x in (comm_end, ready_last, start) if x is not None))
         if final:
             t1 = max(x for x in (t1, comm_end, st.fwd1, st.t0) if x is not None)
+        hang_watch.step(t1 - st.t0)
         self.emit(ev.step(st.n, st.t0, t1, samples=st.samples, comm_total_s=total,
                           comm_exposed_s=exposed, comm_bytes=nbytes, buckets=len(st.buckets),
                           fwd=(st.fwd0, st.fwd1) if st.fwd0 and st.fwd1 else None, bwd=bwd,
@@ -361,6 +365,7 @@ class Telemetry:
         closes (FSDP's all-gathers start a step in its forward).
         """
         exposed = t1 - t0 if blocking else exposed_s
+        hang_watch.progress()  # even when its event waits for an optimizer step to claim it
         if where.get("peer") is not None:
             self.pipe_wait += exposed
         with self.lock:

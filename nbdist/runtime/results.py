@@ -53,6 +53,8 @@ class CellResult(TypedDict, total=False):
     seq: int  # last event batch the call sent (0: none to wait for)
     returncode: Optional[int]  # scripts: the child's exit status
     interrupted: bool  # scripts: stopped by an interrupt or timeout
+    elastic_gen: Optional[int]  # the generation an elastic run re-formed the group at, if any
+    rank: int  # this worker's rank when the call returned (elastic runs renumber ranks)
 
 
 class PullResult(TypedDict, total=False):
@@ -107,9 +109,12 @@ def error_info(exc: BaseException, filename: str, *, communication: Optional[boo
         walk = walk.tb_next
     comm = is_communication_failure(exc) if communication is None else communication
     text = str(exc) if evalue is None else evalue
+    # An error raised because a peer ended the run (elastic training stopping every rank for
+    # one rank's error) says so itself.
+    by_peer = bool(getattr(exc, "caused_by_peer", False)) or (comm and bool(_PEER_LOSS.search(
+        f"{type(exc).__name__}: {exc}")))
     return ErrorInfo(ename=type(exc).__name__, evalue=text, traceback="".join(lines), line=line,
-                     communication=comm, caused_by_peer=comm and bool(_PEER_LOSS.search(
-                         f"{type(exc).__name__}: {exc}")), timestamp=None)
+                     communication=comm, caused_by_peer=by_peer, timestamp=None)
 
 
 def plain_error(ename: str, evalue: str, traceback_text: str = "", *,

@@ -23,6 +23,7 @@ from . import env as envmod
 from . import results
 from .capture import EventSink, Transport, captured_output
 from .execute import mimebundle, run_code
+from .hang import enable_flight_recorder, watching
 from .interrupt import interruptible
 
 
@@ -41,6 +42,12 @@ class _State:
         self.sink: Optional[EventSink] = None
         self.transport: Optional[Transport] = None
         self.lock = threading.Lock()
+        #: the running cell (cell_id, filename, source, elastic_calls), for elastic training
+        self.cell: Optional[dict[str, Any]] = None
+        #: the notebook coordinates elastic recovery (it hosts the store)
+        self.coordinated = False
+        #: set when an elastic run re-formed the group during the running cell
+        self.elastic_gen: Optional[int] = None
 
 
 _state = _State()
@@ -111,7 +118,8 @@ def close_store(purpose: str) -> None:
 
 
 def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeout: float,
-         gen: int, warm: bool = True, working_dir: Optional[str] = None) -> dict[str, Any]:
+         gen: int, warm: bool = True, working_dir: Optional[str] = None,
+         form: bool = True) -> dict[str, Any]:
     """Take ``plan``'s rank: set torchrun's env, pin threads and GPU, form the group, warm up.
 
     With ``working_dir``, cells run there (the previous directory comes back on leave).
@@ -149,9 +157,11 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     ddp_hooks.install()  # DDP and collective timing; each cell switches it on or off
     parallel_hooks.install()  # pipelines, DTensor's collectives, mesh dimensions
     tqdm_bars.install()  # tqdm loops in cells report as bars, like nbdist.progress
+    enable_flight_recorder()  # before the first group: torch reads its size then
     t0 = time.perf_counter()
-    group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr, port,
-               timeout, _state.device)
+    if form:  # a replacement worker forms its group with the survivors, when they get there
+        group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr, port,
+                   timeout, _state.device)
     t_group = time.perf_counter() - t0
     if warm:
         _warm_up()
@@ -188,8 +198,15 @@ def leave() -> None:
 
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
              want_result: bool, grace: float = 3.0, telemetry: bool = True,
-             collectives: bool = True) -> results.CellResult:
-    """Run one cell on this rank. ``peers`` are the ranks running the same cell."""
+             collectives: bool = True, coordinated: bool = False,
+             slot: Optional[int] = None, keep_cell: bool = False,
+             stall_after: Optional[float] = None) -> results.CellResult:
+    """Run one cell on this rank. ``peers`` are the ranks running the same cell.
+
+    ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
+    fails; ``slot``: the rank this worker's events report as (a replacement worker takes the
+    slot of the rank it replaces); ``stall_after`` is the hang doctor's threshold (None: its
+    default, 0: off)."""
     from ..telemetry import events
     from . import group
     from .measure import telemetry as tel
@@ -203,6 +220,11 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
     with _state.lock:
         t0 = time.perf_counter()
         seq0 = _state.sink.flush()
+        _state.sink.rank = plan.rank if slot is None else slot
+        _state.coordinated = coordinated
+        if not keep_cell or _state.cell is None:
+            _state.cell = {"cell_id": cell_id, "filename": filename, "source": source,
+                           "elastic_calls": 0}
         if full and group.generation() != gen:
             # A failure or a user's destroy_process_group() left the group gone or stale.
             try:
@@ -214,7 +236,8 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                 return results.cell_failed(err, group_alive=False, seq=_state.sink.flush())
         out = results.cell_ok()
         tel.begin_cell(_state.sink, telemetry, collectives)
-        with interruptible(group.sever) as watch, captured_output(_state.sink):
+        with interruptible(group.sever) as watch, captured_output(_state.sink), \
+                watching(_state.sink, filename, telemetry, stall_after):
             try:
                 value = run_code(source, filename, _state.namespace)
                 if want_result:
@@ -244,7 +267,13 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                     # closing our side of the group makes their collective fail now.
                     group.teardown(sever=True)
         seq = _state.sink.flush()
-        return results.finish(out, seconds=seconds, group_alive=group.generation() == gen,
+        _state.cell = None
+        alive = group.generation() is not None and (group.generation() == gen
+                                                    or _state.elastic_gen is not None)
+        out["elastic_gen"] = _state.elastic_gen
+        out["rank"] = plan.rank if _state.plan is None else _state.plan.rank
+        _state.elastic_gen = None
+        return results.finish(out, seconds=seconds, group_alive=alive,
                               seq=seq if seq > seq0 else 0)  # 0: this cell sent nothing
 
 
@@ -350,6 +379,38 @@ def status() -> dict[str, Any]:
     return {"rank": plan.rank if plan else None, "hostname": socket.gethostname(),
             "pid": os.getpid(), "device": str(_state.device) if _state.device else None,
             "group": group.generation() is not None, "rss": mem}
+
+
+def elastic_join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str,
+                 timeout: float, elastic_plan: Any, key: str, slot: int, seq_base: int,
+                 want_result: bool, telemetry: bool = True,
+                 collectives: bool = True) -> results.CellResult:
+    """On a replacement worker: take ``plan``'s rank without forming a group, join the
+    survivors of an elastic run at a commit, heal from a live peer, then run the rest of the
+    cell as every rank does."""
+    from . import elastic_loop
+
+    try:
+        join(plan, port, device, dist_backend, timeout, gen=-1, warm=False, form=False)
+        _state.coordinated = True
+        if _state.sink is not None:
+            _state.sink.rank = slot
+        step = elastic_loop.join(_state, elastic_plan, key, slot, seq_base)
+    except BaseException as exc:  # reported like a cell's error, for this rank
+        return results.cell_failed(results.error_info(exc, "<elastic join>"),
+                                   group_alive=False, seq=_state.sink.flush() if _state.sink
+                                   else 0)
+    if not step["joined"]:
+        return results.finish(results.cell_ok(), seconds=0.0, group_alive=False,
+                              seq=_state.sink.flush() if _state.sink else 0) | {
+            "not_joined": step["why"]}
+    from . import group
+
+    gen = group.generation()
+    world = _state.plan.world_size if _state.plan else 1
+    return run_cell(step["source"], step["filename"], _state.cell["cell_id"], gen,
+                    list(range(world)), want_result, telemetry=telemetry,
+                    collectives=collectives, coordinated=True, slot=slot, keep_cell=True)
 
 
 def call_in_namespace(fn: Callable[..., Any], *args: Any) -> Any:

@@ -21,7 +21,9 @@ from .events import (
     MEMORY,
     PIPELINE,
     PROGRESS,
+    PROGRESS_KINDS,
     SCALARS,
+    STACK,
     STAGE,
     STEP,
     TELEMETRY,
@@ -40,6 +42,7 @@ from .matching import (
     match_step,
     straggler_scores,
 )
+from .stall import StallWatch, Verdict
 from .states import RankState
 from .units import fmt_rate
 
@@ -219,6 +222,10 @@ class RunSnapshot:
     #: wall-clock seconds since the run started (until it ended); set by the run's record
     wall_s: Optional[float] = None
     dims: tuple[DimPoint, ...] = ()  # collectives by mesh dimension
+    #: the hang doctor's verdict once the run has made no progress past its threshold
+    stall: Optional[Verdict] = None
+    #: what the session noted during the run (e.g. a rank elastic training lost and healed)
+    notes: tuple[str, ...] = ()
 
     @property
     def bubble(self) -> Optional[float]:
@@ -228,7 +235,8 @@ class RunSnapshot:
 
     @property
     def has_telemetry(self) -> bool:
-        return any(r.steps or r.bar or r.scalars or r.collectives for r in self.ranks)
+        return self.stall is not None or any(r.steps or r.bar or r.scalars or r.collectives
+                                             for r in self.ranks)
 
     @property
     def failed(self) -> tuple[RankSnapshot, ...]:
@@ -329,9 +337,16 @@ class RunState:
         Ranks expected to report (others are added as they appear).
     history : int
         Steps kept for the per-step series and scalar curves (the charts' x-axis).
+    started : float, optional
+        When the run started (``time.time()``): the hang doctor counts a run that never made
+        progress as idle from then.
+    stall_after : float, optional
+        The user's stall threshold in seconds (0: no stall verdict); default
+        :func:`~nbdist.telemetry.stall.stall_threshold`'s.
     """
 
-    def __init__(self, ranks: Iterable[int] = (), history: int = 300):
+    def __init__(self, ranks: Iterable[int] = (), history: int = 300,
+                 started: Optional[float] = None, stall_after: Optional[float] = None):
         self._history = history
         self._ranks: dict[int, _Rank] = {r: _Rank(history) for r in ranks}
         self._pending: dict[int, dict[int, RankStep]] = {}  # step → reports so far
@@ -346,6 +361,8 @@ class RunState:
         self._bytes = 0
         self._ncomm = 0
         self._dims: dict[str, list] = {}  # dim -> [ops, calls, bytes, seconds]
+        #: progress, step times and where each rank said it was (the hang doctor's input)
+        self.stall = StallWatch(started, stall_after)
 
     def feed(self, batches: Iterable[Batch]) -> bool:
         """Fold batches in (any order of ranks; per rank in ``seq`` order). True if telemetry."""
@@ -364,6 +381,11 @@ class RunState:
         if st is None:
             st = self._ranks[rank] = _Rank(self._history)
         kind = e["kind"]
+        if kind == STACK:  # where the rank is: not a timed event, kept apart from the trace
+            self.stall.stack(rank, e)
+            if st.state == RankState.WAITING:
+                st.state = RankState.RUNNING
+            return
         if kind != END:
             self._record(rank, e)
         t = e.get("t1", e.get("t"))
@@ -372,7 +394,10 @@ class RunState:
             self._t1 = max(self._t1, t) if self._t1 is not None else t
         if st.state == RankState.WAITING and kind != END:
             st.state = RankState.RUNNING
+        if kind in PROGRESS_KINDS and t is not None:
+            self.stall.progress(t, rank)
         if kind == STEP:
+            self.stall.step(e["t1"] - e["t0"], e["t1"], rank)
             self._step(rank, st, e)
         elif kind == COMM:
             self._bytes += e["bytes"]
@@ -407,6 +432,7 @@ class RunState:
         elif kind == END:
             st.state = RankState.DONE if e["ok"] else RankState.FAILED
             st.error = e.get("error")
+            self.stall.end(rank, e["t"], e["ok"], st.error)
             self._settle_all()  # steps this rank will never report no longer wait for it
 
     def _record(self, rank: int, e: Event) -> None:
@@ -502,8 +528,9 @@ class RunState:
         self._settle_all()
 
     # ------------------------------------------------------------- snapshot
-    def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
-        """The current summary; ``now`` (worker clock) makes progress ETAs count down."""
+    def snapshot(self, now: Optional[float] = None, at: Optional[float] = None) -> RunSnapshot:
+        """The current summary; ``now`` (worker clock) makes progress ETAs count down, ``at``
+        (the notebook's ``time.time()``) is when a stall is judged (None: not judged)."""
         matched = list(self._matched)
         scores = straggler_scores(matched, sorted(self._ranks))
         slow = flagged(scores, len(matched))
@@ -524,8 +551,22 @@ class RunState:
                 curves.setdefault(name, {})[r] = tuple(pts)
         dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3])
                      for dim, d in sorted(self._dims.items()))
+        stall = self.verdict(at) if at is not None else None
         return RunSnapshot(tuple(rows), tuple(self._series[s] for s in sorted(self._series)),
-                           tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims)
+                           tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims,
+                           stall=stall)
+
+    def _states(self) -> dict[int, RankState]:
+        return {r: st.state for r, st in self._ranks.items()}
+
+    def verdict(self, at: float) -> Optional[Verdict]:
+        """The hang doctor's verdict at ``at`` (None: no stall past the threshold)."""
+        return self.stall.verdict(self._ranks, self._states(), at)
+
+    def where(self, at: float) -> Optional[Verdict]:
+        """Where each rank was by its last report, threshold or not (for the error a timeout
+        or an interrupt raises); None when no rank reported where it was."""
+        return self.stall.where(self._ranks, self._states(), at)
 
     def _rank_snapshot(self, r: int, st: _Rank, matched: Sequence[MatchedStep],
                        now: Optional[float], straggler: bool, score: float,

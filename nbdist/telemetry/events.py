@@ -19,7 +19,12 @@ MEMORY = "memory"  # bytes this rank holds for training; see memory()
 STAGE = "stage"  # a pipeline stage's forward or backward of one microbatch; see stage()
 PIPELINE = "pipeline"  # one step of a pipeline schedule on one rank; see pipeline()
 END = "end"  # the cell finished on this rank: {"ok", "error", "t"}
-TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, STAGE, PIPELINE, END})
+# Elastic training on this rank: {"what": begin|failed|healed|stopped, "t", "run", "epoch", ...}
+ELASTIC = "elastic"
+STACK = "stack"  # where a rank's cell was when it stopped making progress; see stack()
+TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, STAGE, PIPELINE, END, STACK})
+#: what counts as progress for the hang doctor: a step, a collective or a bar moved
+PROGRESS_KINDS = frozenset({STEP, COMM, PROGRESS, STAGE, PIPELINE})
 
 Event = dict[str, Any]
 Batch = dict[str, Any]
@@ -74,6 +79,18 @@ def comm(op: str, t0: float, t1: float, nbytes: int, *, step: Optional[int] = No
     return event
 
 
+def elastic(what: str, t: float, **info: Any) -> Event:
+    """What happened to this rank in an ``nbdist.elastic.run`` call.
+
+    ``begin`` (``world``, ``commit``, ``max_failures``), ``failed`` (a collective failed:
+    ``error``, ``commit``), ``healed`` (back in a group: ``commit`` restored, ``rolled_back``
+    commits, ``discarded`` optimizer steps, ``seconds``, ``world_before``, ``world``,
+    ``failures``, ``joined``: the worker that joined), ``stopped`` (this rank's own ``error``
+    ended the run).
+    """
+    return {"kind": ELASTIC, "what": what, "t": t, **info}
+
+
 def stage(op: str, mb: int, stage_index: int, t0: float, t1: float) -> Event:
     """Pipeline stage ``stage_index`` ran ``op`` (``"forward"``, ``"backward"`` or ``"weight"``,
     the deferred weight gradient of zero-bubble schedules) on microbatch ``mb``."""
@@ -113,3 +130,23 @@ def memory(t: float, *, params: int, grads: int, optimizer: int, rss: Optional[i
 
 def end(ok: bool, t: float, error: Optional[str] = None) -> Event:
     return {"kind": END, "ok": ok, "t": t, "error": error}
+
+
+def stack(t: float, reason: str, idle_s: float, frames: list[dict[str, Any]], *,
+          collective: Optional[dict[str, Any]] = None,
+          flight: Optional[list[dict[str, Any]]] = None,
+          calls: Optional[dict[str, int]] = None) -> Event:
+    """Where this rank's cell was at ``t``: ``reason`` is ``"stall"`` (no progress for
+    ``idle_s`` seconds) or ``"interrupt"`` (taken before an interrupt unwound it).
+
+    ``frames`` run outermost first, as a traceback does; each is ``{"file", "line", "name",
+    "cell", "code"}`` and the innermost one also has ``"call"``, the call expression it is in
+    (``"time.sleep(0.05)"``). ``collective`` is the ``torch.distributed`` call the rank is
+    inside by nbdist's own count (``{"op", "seq", "bytes", "dtype", "since"}``: ``seq`` counts
+    calls of that op in the cell from 1); ``flight`` is the tail of torch's Flight Recorder
+    (``{"group", "op", "seq", "sizes", "dtypes", "state", "done", "p2p"}``; ``seq`` is the
+    group's collective number), None where it is not available. ``calls`` counts the
+    collectives of each op the cell entered so far.
+    """
+    return {"kind": STACK, "t": t, "reason": reason, "idle_s": idle_s, "frames": frames,
+            "collective": collective, "flight": flight, "calls": calls or {}}

@@ -16,6 +16,7 @@ from typing import Optional, Union
 
 from .aggregate import RunSnapshot, RunState
 from .events import Batch, Event
+from .stall import Verdict
 from .trace import write_trace
 
 
@@ -34,10 +35,14 @@ class Run:
         The process group's generation when it started.
     name : str, optional
         The label the user gave it (``%%distributed --name``).
+    stall_after : float, optional
+        Seconds without progress before the hang doctor gives its verdict (0: never);
+        default five median steps, at least 10 s.
     """
 
     def __init__(self, what: str, ranks: Sequence[int], *, world_size: int,
-                 generation: int = 0, name: Optional[str] = None) -> None:
+                 generation: int = 0, name: Optional[str] = None,
+                 stall_after: Optional[float] = None) -> None:
         self.what = what
         self.name = name
         #: how error headlines name it: ``In [12]`` for a cell the kernel numbered
@@ -47,8 +52,12 @@ class Run:
         self.generation = generation
         self.started = time.time()
         self.ended: Optional[float] = None
-        self._state = RunState(self.ranks)
+        self._state = RunState(self.ranks, started=self.started, stall_after=stall_after)
         self._seq: dict[int, int] = {}  # rank -> highest batch seq received
+        #: lines the session added (e.g. what elastic training survived), in order
+        self.notes: list[str] = []
+        self._stall_key: Optional[tuple] = None  # what the last stall verdict said
+        self._stalled = False  # a stall verdict was given at some point
 
     def feed(self, batches: Iterable[Batch]) -> bool:
         """Take batches (any ranks, any order); True if any carried telemetry."""
@@ -69,12 +78,33 @@ class Run:
     def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
         """The run's numbers now, with its wall-clock time so far; views draw this."""
         end = self.ended if self.ended is not None else time.time()
-        return replace(self._state.snapshot(now), wall_s=max(0.0, end - self.started))
+        return replace(self._state.snapshot(now, at=end), wall_s=max(0.0, end - self.started),
+                       notes=tuple(self.notes))
+
+    def stall_news(self) -> bool:
+        """True once each time the stall verdict appears, changes or goes (views redraw
+        then, without waiting for their next turn)."""
+        v = self._state.verdict(self.ended if self.ended is not None else time.time())
+        key = v.key if v is not None else None
+        if key == self._stall_key:
+            return False
+        self._stall_key = key
+        self._stalled = self._stalled or key is not None
+        return True
+
+    def where(self) -> Optional[Verdict]:
+        """Where each rank was by its last report (None: none reported): what the errors of
+        a timeout or an interrupt say."""
+        return self._state.where(self.ended if self.ended is not None else time.time())
 
     @property
     def recorded(self) -> bool:
-        """True when the run recorded telemetry events (steps, collectives, bars, scalars)."""
-        return bool(self._state.recorded)
+        """True when the run recorded telemetry events (steps, collectives, bars, scalars), or
+        the hang doctor has something to say about it (a stall, where an interrupt found the
+        ranks)."""
+        interrupted = any(e.get("reason") == "interrupt"
+                          for e in self._state.stall.stacks.values())
+        return bool(self._state.recorded) or self._stalled or interrupted
 
     @property
     def dropped(self) -> int:

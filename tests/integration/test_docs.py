@@ -70,8 +70,11 @@ def test_every_public_function_is_in_the_reference(site):
     ref = page(site, "reference.html")
     for name in nbdist.__all__:
         if not name.startswith("_") and name != "unload_ipython_extension":
-            assert f'id="nbdist.{name}"' in ref, name
+            # Submodules (nbdist.elastic) get Sphinx's module anchor.
+            assert f'id="nbdist.{name}"' in ref or f'id="module-nbdist.{name}"' in ref, name
     assert 'id="nbdist.session.Session.run_cell"' in ref
+    for name in ("State", "State.commit", "State.persist", "run", "ElasticError"):
+        assert f'id="nbdist.elastic.{name}"' in ref, name
 
 
 def test_notebook_pages_show_the_outputs_of_the_run(site):

@@ -1,5 +1,6 @@
-"""No orphans: every process nbdist started exits within 30 s of its kernel being SIGKILLed,
-on both engines (the kernel here is a child Python process that starts a cluster)."""
+"""No orphans: every process nbdist started exits within 30 s of its kernel being SIGKILLed in
+the middle of a cell, on both engines (the kernel here is a child Python process that starts a
+cluster: controller or scheduler, engines or nannies and workers, the rendezvous store)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def main():
     nbdist.start(2, engine=sys.argv[1], timeout=60)
     nbdist.run_cell("x = rank")
     print("READY", flush=True)
-    time.sleep(600)
+    nbdist.run_cell("import time; time.sleep(600)")  # killed in the middle of this cell
 
 if __name__ == "__main__":
     main()
@@ -31,11 +32,13 @@ if __name__ == "__main__":
 def test_every_process_exits_after_the_kernel_is_killed(engine, tmp_path):
     script = tmp_path / "kernel.py"
     script.write_text(KERNEL)
-    kernel = subprocess.Popen([sys.executable, str(script), engine], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+    log = tmp_path / "kernel.log"
+    with open(log, "w") as err:
+        kernel = subprocess.Popen([sys.executable, str(script), engine],
+                                  stdout=subprocess.PIPE, stderr=err, text=True)
     started: list[psutil.Process] = []
     try:
-        assert kernel.stdout.readline().strip() == "READY"
+        assert kernel.stdout.readline().strip() == "READY", log.read_text()[-3000:]
         started = psutil.Process(kernel.pid).children(recursive=True)
         assert len(started) >= 3, "the cluster's processes should be running"
         kernel.kill()  # SIGKILL: no cleanup runs in the kernel

@@ -79,3 +79,37 @@ class Sink:
 
     def kinds(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["kind"] == kind]
+
+
+CELL_FILE = "<distributed cell 1>"
+
+
+def stack_waiting(t: float, seq: int = 5, *, reason: str = "stall", line: int = 6,
+                  flight: bool = True, last_done: Optional[int] = None) -> dict:
+    """A rank inside ``dist.all_reduce`` at cell ``line``, as a worker reports it: the
+    group's collective ``seq`` unfinished in the Flight Recorder (``flight``) and nbdist's own
+    record of the call."""
+    frames = [{"file": CELL_FILE, "line": line, "name": "<module>", "cell": True,
+               "code": "dist.all_reduce(t)", "call": "dist.all_reduce(t)"},
+              {"file": "/x/torch/distributed/distributed_c10d.py", "line": 3252,
+               "name": "torch.distributed.distributed_c10d.all_reduce", "cell": False,
+               "code": "work.wait()", "call": "work.wait()"}]
+    fr = None
+    if flight:
+        fr = [{"group": "default_pg", "op": "all_reduce", "seq": s, "sizes": [[4]],
+               "dtypes": ["Float"], "state": "scheduled", "done": True, "p2p": False}
+              for s in ([last_done] if last_done else [])]
+        fr.append({"group": "default_pg", "op": "all_reduce", "seq": seq, "sizes": [[4]],
+                   "dtypes": ["Float"], "state": "scheduled", "done": False, "p2p": False})
+    return ev.stack(t, reason, 1.0, frames,
+                    collective={"op": "all_reduce", "seq": 1, "bytes": 16, "dtype": "float32",
+                                "since": t - 1},
+                    flight=fr, calls={"all_reduce": 1})
+
+
+def stack_sleeping(t: float, *, reason: str = "stall", line: int = 5,
+                   flight: Optional[list] = None, calls: Optional[dict] = None) -> dict:
+    """A rank in ``time.sleep(0.05)`` at cell ``line``, not inside any collective."""
+    frames = [{"file": CELL_FILE, "line": line, "name": "<module>", "cell": True,
+               "code": "time.sleep(0.05)", "call": "time.sleep(0.05)"}]
+    return ev.stack(t, reason, 1.0, frames, flight=flight, calls=calls)

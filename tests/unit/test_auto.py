@@ -61,7 +61,7 @@ def backend() -> ScriptedBackend:
 
 @pytest.fixture
 def shell(backend, monkeypatch):
-    session = Session(backends=lambda engine: backend).start(2, timeout=5)
+    session = Session(backends=lambda engine: backend, stores=None).start(2, timeout=5)
     monkeypatch.setattr(session_mod, "_default", session)
     sh = InteractiveShell.instance()
     sh.run_line_magic("load_ext", "nbdist")

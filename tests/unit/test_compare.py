@@ -61,7 +61,7 @@ def test_without_pandas_compare_returns_the_html_table(monkeypatch):
     import nbdist
 
     backend = ScriptedBackend(2)
-    s = Session(backends=lambda engine: backend).start(2)
+    s = Session(backends=lambda engine: backend, stores=None).start(2)
     monkeypatch.setattr(nbdist, "current_session", lambda: s)
     backend.script(r0=Scripted(ok(seq=1), batches=run_batches((1, 1))[:1]),
                    r1=Scripted(ok(seq=1), batches=run_batches((1, 1))[1:]))
@@ -73,7 +73,7 @@ def test_without_pandas_compare_returns_the_html_table(monkeypatch):
 
 def test_session_keeps_every_named_run_and_refuses_unknown_names():
     backend = ScriptedBackend(2)
-    s = Session(backends=lambda engine: backend).start(2)
+    s = Session(backends=lambda engine: backend, stores=None).start(2)
     with pytest.raises(NbdistError, match="--name"):
         s.compare()
     for name in ("a", "b", "c", "d", "a"):  # more than the 3 latest; "a" re-run

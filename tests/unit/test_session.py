@@ -29,7 +29,8 @@ def backend() -> ScriptedBackend:
 
 @pytest.fixture
 def session(backend) -> Session:
-    s = Session(backends=lambda engine: backend).start(2, engine="ipyparallel", timeout=5)
+    s = Session(backends=lambda engine: backend, stores=None).start(2, engine="ipyparallel",
+                                                                    timeout=5)
     assert backend.calls == ["describe", "describe", "set_transport", "set_transport",
                              "open_store", "join", "join"]
     return s
@@ -149,7 +150,7 @@ def test_usage_errors_are_option_errors(session):
 
 
 def test_no_cluster_and_status(backend):
-    s = Session(backends=lambda engine: backend)
+    s = Session(backends=lambda engine: backend, stores=None)
     with pytest.raises(NoClusterError, match="nbdist start"):
         s.run_cell("x")
     assert "not running" in s._repr_html_()
@@ -162,7 +163,7 @@ def test_no_cluster_and_status(backend):
 
 
 def test_stopping_a_connected_cluster_says_its_workers_keep_running(backend):
-    s = Session(backends=lambda engine: backend).connect(profile="x")
+    s = Session(backends=lambda engine: backend, stores=None).connect(profile="x")
     assert s.stop() == "disconnected from scripted; its 2 workers keep running"
 
 
@@ -187,7 +188,7 @@ def test_cells_are_named_and_numbered_as_the_editor_shows_them(session, backend)
 
 
 def test_restart_of_a_connected_cluster_connects_again(backend):
-    s = Session(backends=lambda engine: backend).connect(profile="x")
+    s = Session(backends=lambda engine: backend, stores=None).connect(profile="x")
     gen = s.generation
     s.restart()
     assert backend.owns_cluster is False and s.generation == gen + 1

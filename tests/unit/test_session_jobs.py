@@ -64,7 +64,7 @@ def make(n: int = 3):
         made.append(RecordingBackend(n))
         return made[-1]
 
-    return Session(backends=factory), made
+    return Session(backends=factory, stores=None), made
 
 
 def test_start_from_a_profile_with_overrides(profile, tmp_path):
@@ -85,7 +85,8 @@ def test_cells_take_the_profiles_training_defaults(profile):
     session.start(profile=profile)
     backend = made[0]
     session.run_cell("x = 1")
-    assert backend.kwargs["run_cell"][-1] == {"telemetry": False, "collectives": True}
+    assert backend.kwargs["run_cell"][-1] == {"telemetry": False, "collectives": True,
+                                             "coordinated": False, "stall_after": None}
     session.run_cell("x = 1", telemetry=True)  # the cell's own flag wins
     assert backend.kwargs["run_cell"][-1]["telemetry"] is True
     backend.script(r0=Scripted(hang=True))

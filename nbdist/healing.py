@@ -1,0 +1,473 @@
+"""The notebook's side of elastic training (``nbdist.elastic.run``) during one cell.
+
+Workers report what happens to them as ``elastic`` events; the :class:`Healer` decides who is
+in the group next — the workers that reported the failure and are still alive — and writes
+that membership as a plan into the rendezvous store, which the notebook hosts. Where nbdist
+started the cluster it also brings in a replacement worker, which joins the survivors at a
+commit and heals from one of them. The Session feeds it batches and calls :meth:`tick` while the
+cell runs; what happened is kept as :class:`Recovery` records for the cell's output.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from .backends.base import Backend, Call, Job, WorkerId
+from .runtime import worker as rt
+from .runtime.elastic import Plan
+from .runtime.env import RankPlan
+from .telemetry.events import ELASTIC, Batch
+from .telemetry.units import fmt_seconds
+
+#: how long a member may take to report a failure the others saw before it counts as gone
+REPORT_DEADLINE = 60.0
+#: the default failure budget of an elastic run
+DEFAULT_MAX_FAILURES = 3
+
+
+@dataclass
+class Recovery:
+    """One failure an elastic run survived (or did not), or one replacement that joined."""
+
+    t: float
+    kind: str  # "failure" | "joined" | "stopped"
+    lost: list[str] = field(default_factory=list)  # "rank 1 on host (pid 123): SIGKILL"
+    world_before: int = 0
+    world_after: int = 0
+    commit: Optional[int] = None
+    discarded: int = 0  # optimizer steps thrown away (done after the commit restored)
+    seconds: Optional[float] = None  # from the failure to steps flowing again
+    why: Optional[str] = None
+
+    def line(self) -> str:
+        when = time.strftime("%H:%M:%S", time.localtime(self.t))
+        if self.kind == "joined":
+            took = f" in {fmt_seconds(self.seconds)}" if self.seconds is not None else ""
+            return (f"nbdist.elastic {when}: a replacement worker joined at commit "
+                    f"{self.commit}{took}, healed from a live peer; world "
+                    f"{self.world_before} -> {self.world_after}")
+        if self.kind == "stopped":
+            return f"nbdist.elastic {when}: stopped: {self.why}"
+        lost = "; ".join(self.lost) or "a collective failed"
+        back = (f"rolled back to commit {self.commit} ({self.discarded} optimizer step"
+                f"{'s' if self.discarded != 1 else ''} repeated)" if self.commit is not None
+                else "re-forming")
+        took = f", healed in {fmt_seconds(self.seconds)}" if self.seconds is not None else ""
+        return (f"nbdist.elastic {when}: {lost}; {back}{took}; world {self.world_before} -> "
+                f"{self.world_after}")
+
+
+@dataclass
+class _Run:
+    """One elastic run (one ``elastic.run`` call across the ranks)."""
+
+    key: str
+    members: list[WorkerId]
+    plans: dict[WorkerId, RankPlan]
+    slots: dict[WorkerId, int]
+    target: int
+    epoch: int = 0
+    generation: Optional[int] = None
+    failures: int = 0
+    max_failures: Optional[int] = None
+    failed: dict[WorkerId, dict] = field(default_factory=dict)  # reports since the last plan
+    first_report: Optional[float] = None
+    stopped: dict[WorkerId, str] = field(default_factory=dict)
+    joiner: Optional[WorkerId] = None  # a replacement waiting to join
+    replacing: Optional[float] = None  # when a replacement was asked for
+    asked: dict[WorkerId, float] = field(default_factory=dict)  # replacement -> asked at
+    joined: set = field(default_factory=set)  # replacements that healed
+    open_recovery: Optional[Recovery] = None
+    ended: bool = False
+
+
+class Healer:
+    """Coordinates the elastic runs of one cell; see the module docstring."""
+
+    def __init__(self, backend: Backend, store: Any, plans: list[RankPlan],
+                 infos: dict[WorkerId, dict], job: Job, *,
+                 replan: Callable[[list[dict]], list[RankPlan]],
+                 next_generation: Callable[[], int], join_call: Callable[..., Call],
+                 default_max_failures: Optional[int], timeout: float) -> None:
+        self.backend, self.store = backend, store
+        self.start_plans = list(plans)
+        self.infos = dict(infos)
+        self.job = job
+        self.replan, self.next_generation, self.join_call = replan, next_generation, join_call
+        self.default_max_failures = default_max_failures
+        self.timeout = timeout
+        self.by_name = {str(p.worker_id): p.worker_id for p in plans}
+        self.runs: dict[str, _Run] = {}
+        self.records: list[Recovery] = []
+        self.joiner_jobs: list[tuple[WorkerId, Job]] = []
+        self.slots = {p.worker_id: p.rank for p in plans}  # worker -> telemetry slot
+        self._printed = 0
+        self._known = {p.worker_id for p in plans}
+        self._pids = {w: (i.get("hostname"), i.get("pid")) for w, i in infos.items()}
+        self.seq_base = 1_000_000
+        self._oom = _oom_kills()
+
+    # ------------------------------------------------------------------ events
+    def feed(self, batches: list[Batch]) -> None:
+        for b in batches:
+            for ev in b.get("events", ()):
+                if ev.get("kind") == ELASTIC:
+                    self._event(ev)
+
+    def _event(self, ev: dict) -> None:
+        w = self.by_name.get(ev.get("worker"))
+        if w is None:
+            return
+        key = ev["run"]
+        r = self.runs.get(key)
+        what = ev["what"]
+        if r is None:
+            r = self.runs[key] = _Run(key, [p.worker_id for p in self.start_plans],
+                                      {p.worker_id: p for p in self.start_plans},
+                                      dict(self.slots), len(self.start_plans))
+        if what == "begin" and ev.get("max_failures") is not None:
+            r.max_failures = ev["max_failures"]
+        elif what == "failed":
+            r.failed[w] = ev
+            r.first_report = r.first_report or time.monotonic()
+            if r.open_recovery is None:
+                r.open_recovery = Recovery(t=ev["t"], kind="failure",
+                                           world_before=ev.get("world") or len(r.members))
+        elif what == "stopped":
+            r.stopped[w] = ev.get("error") or "an error"
+        elif what == "healed":
+            joined = self.by_name.get(ev["joined"]) if ev.get("joined") is not None else None
+            if joined is not None:
+                if w == joined and joined not in r.joined:
+                    r.joined.add(joined)
+                    self.records.append(Recovery(
+                        t=ev["t"], kind="joined", commit=ev.get("commit"),
+                        seconds=self._since(r.asked.get(joined), ev),
+                        world_before=ev.get("world_before") or 0,
+                        world_after=ev.get("world") or 0))
+                if r.joiner == joined:
+                    r.joiner, r.replacing = None, None
+            elif r.open_recovery is not None:
+                rec = r.open_recovery
+                rec.commit = ev.get("commit")
+                rec.discarded = max(rec.discarded, int(ev.get("discarded") or 0))
+                rec.seconds = max(rec.seconds or 0.0, float(ev.get("seconds") or 0.0))
+                rec.world_after = ev.get("world") or rec.world_after
+                if rec not in self.records:
+                    self.records.append(rec)
+                if w == r.members[0]:  # every member reports; the first closes the record
+                    r.open_recovery = None
+
+    @staticmethod
+    def _since(start: Optional[float], ev: dict) -> Optional[float]:
+        if start is None:
+            return ev.get("seconds")
+        return max(0.0, ev["t"] - start)
+
+    # ------------------------------------------------------------------ decisions
+    def tick(self) -> None:
+        """Decide what the notebook can decide now; cheap when nothing happened."""
+        for r in list(self.runs.values()):
+            if r.ended:
+                continue
+            if r.failed or r.stopped:
+                self._decide(r)
+            elif r.joiner is not None and self._join_job(r.joiner).wait(0):
+                if self._join_failed(r.joiner):
+                    self._joiner_ended(r)
+                else:  # it joined and finished; its report is on its way
+                    r.joiner, r.replacing = None, None
+            if r.joiner is None and r.replacing is not None:
+                self._admit(r)
+
+    def _alive(self) -> set[WorkerId]:
+        try:
+            live = set(self.backend.worker_ids())
+        except Exception:  # the engine cannot say: trust only the processes we can see
+            live = set(self.slots)
+        here = socket.gethostname()
+        for w in list(live):
+            host, pid = self._pids.get(w, (None, None))
+            if host == here and pid and not _pid_alive(pid):
+                live.discard(w)
+        return live
+
+    def _decide(self, r: _Run) -> None:
+        live = self._alive()
+        pending = set(self.job.pending()) | {w for w, j in self.joiner_jobs if not j.wait(0)}
+        undecided = [w for w in r.members if w in live and w not in r.failed
+                     and w not in r.stopped and w != r.joiner and w in pending]
+        late = (r.first_report is not None
+                and time.monotonic() - r.first_report > REPORT_DEADLINE)
+        if undecided and not r.stopped and not late:
+            return
+        if r.joiner is not None and r.joiner not in pending:
+            r.joiner, r.replacing = None, None  # its join call ended: it is not coming
+        keep = [w for w in r.members if w in live and (w in r.failed or w == r.joiner)]
+        lost = [w for w in r.members if w not in keep and w not in r.stopped]
+        budget = r.max_failures if r.max_failures is not None else (
+            self.default_max_failures if self.default_max_failures is not None
+            else DEFAULT_MAX_FAILURES)
+        r.failures += 1
+        abort, stopped_by = None, None
+        if r.stopped:
+            w, why = next(iter(r.stopped.items()))
+            stopped_by = r.slots.get(w)
+            abort = (f"rank {r.slots.get(w, '?')} stopped the elastic run with its own error "
+                     f"({why}); elastic training recovers from lost ranks and failed "
+                     "collectives, not from errors in the code")
+        elif r.failures > budget:
+            abort = (f"{r.failures} failures, over this run's budget (max_failures={budget}); "
+                     "look at why ranks fail before raising it")
+        elif not keep:
+            abort = "no rank is left to continue"
+        rec = r.open_recovery or Recovery(t=time.time(), kind="failure",
+                                          world_before=len(r.members))
+        rec.lost = [self._lost_text(r, w) for w in lost]
+        r.open_recovery = rec
+        epoch = r.epoch + 1
+        if abort is not None:
+            self._write(r, Plan(epoch=epoch, generation=-1, abort=abort, failures=r.failures,
+                                stopped_by=stopped_by))
+            rec.kind, rec.why = "stopped", abort
+            if rec not in self.records:
+                self.records.append(rec)
+            r.ended = True
+            return
+        infos = [self.infos[w] for w in keep]
+        plans = self.replan(infos)
+        gen = self.next_generation()
+        want_more = (self.backend.owns_cluster and len(keep) < r.target
+                     and r.joiner is None)
+        joiner = r.joiner if r.joiner in keep else None
+        plan = Plan(epoch=epoch, generation=gen,
+                    ranks={str(p.worker_id): p for p in plans}, failures=r.failures,
+                    join_expected=want_more or joiner is not None and len(keep) < r.target,
+                    joiner=str(joiner) if joiner is not None else None,
+                    joiner_slot=r.slots.get(joiner) if joiner is not None else None)
+        rec.world_after = len(keep)
+        self._write(r, plan)
+        r.members = [p.worker_id for p in plans]
+        r.plans = {p.worker_id: p for p in plans}
+        r.generation = gen
+        r.failed, r.first_report = {}, None
+        r.open_recovery = rec
+        if want_more:
+            self._replace(r, lost)
+
+    def _lost_text(self, r: _Run, w: WorkerId) -> str:
+        host, pid = self._pids.get(w, (None, None))
+        try:
+            cause = self.backend.exit_cause(w, pid)
+        except Exception:  # how it died is a detail; that it died is the news
+            cause = None
+        if cause == "SIGKILL" and _oom_kills() > self._oom:
+            cause = "SIGKILL, by the kernel's out-of-memory killer"
+        where = f"rank {r.slots.get(w, '?')} on {host or '?'}" + (f" (pid {pid})" if pid else "")
+        return f"{where} died" + (f": {cause}" if cause else "")
+
+    def _write(self, r: _Run, plan: Plan) -> None:
+        self.store.set(f"{r.key}/plan/{plan.epoch}", pickle.dumps(plan))
+        r.epoch = plan.epoch
+
+    # ------------------------------------------------------------------ replacements
+    def _replace(self, r: _Run, lost: list[WorkerId]) -> None:
+        """Ask the engine for a worker to take a lost rank's slot."""
+        r.replacing = time.time()
+        r.replace_slot = r.slots.get(lost[0]) if lost else None  # type: ignore[attr-defined]
+        try:
+            self.backend.add_worker(self._known)
+        except Exception as exc:  # no replacement: the run carries on at the smaller size
+            self._give_up_join(r, f"could not start a replacement worker: {exc}")
+
+    def _give_up_join(self, r: _Run, why: str) -> None:
+        r.replacing = None
+        self.store.set(f"{r.key}/join", b"-1")
+        self.records.append(Recovery(t=time.time(), kind="stopped", why=why))
+
+    def _admit(self, r: _Run) -> None:
+        """A new worker is up: make it the next member and let the survivors take it in."""
+        try:
+            live = set(self.backend.worker_ids())
+        except Exception:
+            return
+        fresh = sorted((w for w in live if w not in self._known), key=str)
+        if not fresh:
+            if time.time() - (r.replacing or time.time()) > self.timeout:
+                self._give_up_join(r, "no replacement worker came up within "
+                                      f"{self.timeout:g} s; the run carries on smaller")
+            return
+        w = fresh[0]
+        self._known.add(w)
+        try:
+            [info] = _call(self.backend,
+                           [Call(w, rt.describe, (self.backend.controller_ip,))], self.timeout)
+            info["worker_id"] = w
+            _call(self.backend, [Call(w, rt.set_transport, (self.backend.transport(),))],
+                  self.timeout)
+        except Exception:  # it went away as it came up (e.g. a worker restarted again): wait
+            return  # for the next one, within the same time limit
+        self.infos[w] = info
+        self._pids[w] = (info.get("hostname"), info.get("pid"))
+        self.by_name[str(w)] = w
+        slot = getattr(r, "replace_slot", None)
+        if slot is None:
+            slot = max(r.slots.values(), default=-1) + 1
+        r.slots[w] = slot
+        self.slots[w] = slot
+        members = r.members + [w]
+        plans = self.replan([self.infos[m] for m in members])
+        gen = self.next_generation()
+        plan = Plan(epoch=r.epoch + 1, generation=gen, ranks={str(p.worker_id): p for p in plans},
+                    failures=r.failures, join_expected=len(members) < r.target,
+                    joiner=str(w), joiner_slot=slot)
+        self._write(r, plan)
+        r.members = [p.worker_id for p in plans]
+        r.plans = {p.worker_id: p for p in plans}
+        r.generation = gen
+        r.joiner = w
+        r.asked[w] = r.replacing or time.time()
+        self.seq_base += 1_000_000
+        mine = r.plans[w]
+        self.joiner_jobs.append((w, self.backend.submit([self.join_call(w, mine, plan, r.key,
+                                                                        slot, self.seq_base)])))
+        self.store.set(f"{r.key}/join", str(plan.epoch).encode())
+
+    def _join_job(self, w: WorkerId) -> Job:
+        return next(j for x, j in self.joiner_jobs if x == w)
+
+    def _join_failed(self, w: WorkerId) -> bool:
+        try:
+            [o] = self._join_job(w).outcomes()
+        except Exception:
+            return True
+        return (o.engine_error is not None or not o.value.get("ok")
+                or bool(o.value.get("not_joined")))
+
+    def _joiner_ended(self, r: _Run) -> None:
+        """A replacement's join call ended before it healed (it failed): the members go on
+        without it, through a newer plan (those waiting for it follow that plan)."""
+        w = r.joiner
+        why = "it ended"
+        try:
+            [o] = self._join_job(w).outcomes()
+            if o.engine_error is not None:
+                why = o.engine_error.splitlines()[0]
+            elif not o.value.get("ok") and o.value.get("error"):
+                why = f"{o.value['error']['ename']}: {o.value['error']['evalue']}"
+        except Exception:  # the reason is a detail; going on without it is what matters
+            pass
+        r.joiner, r.replacing = None, None
+        r.failures += 1
+        self.records.append(Recovery(t=time.time(), kind="stopped",
+                                     why=f"a replacement worker failed to join ({why})"))
+        members = [m for m in r.members if m != w]
+        plans = self.replan([self.infos[m] for m in members])
+        budget = r.max_failures if r.max_failures is not None else (
+            self.default_max_failures if self.default_max_failures is not None
+            else DEFAULT_MAX_FAILURES)
+        again = self.backend.owns_cluster and r.failures <= budget
+        plan = Plan(epoch=r.epoch + 1, generation=self.next_generation(),
+                    ranks={str(p.worker_id): p for p in plans}, failures=r.failures,
+                    join_expected=again)
+        self._write(r, plan)
+        r.members = [p.worker_id for p in plans]
+        r.plans = {p.worker_id: p for p in plans}
+        r.generation = plan.generation
+        if again:
+            self._replace(r, [w])
+
+    # ------------------------------------------------------------------ the end
+    def wrap_up(self) -> None:
+        """The survivors' calls returned: a replacement still waiting will not be let in."""
+        for r in self.runs.values():
+            if r.joiner is not None and not r.ended:
+                self._write(r, Plan(epoch=r.epoch + 1, generation=-1,
+                                    abort="the run finished before the replacement joined"))
+                self.store.set(f"{r.key}/join", b"-1")
+                r.members = [m for m in r.members if m != r.joiner]
+                r.plans.pop(r.joiner, None)
+                r.joiner = None
+                r.ended = True
+
+    def wrap_up_needed(self, pending: list[WorkerId]) -> bool:
+        """True when only replacements waiting to join are still running: the members
+        finished, and nobody will let them in."""
+        waiting = {r.joiner for r in self.runs.values() if r.joiner is not None and not r.ended}
+        return bool(waiting) and set(pending) <= waiting
+
+    def final(self) -> Optional[_Run]:
+        """The last elastic run that re-formed the group, if any."""
+        changed = [r for r in self.runs.values() if r.generation is not None]
+        return changed[-1] if changed else None
+
+    def new_lines(self) -> list[str]:
+        lines = [r.line() for r in self.records[self._printed:]]
+        self._printed = len(self.records)
+        return lines
+
+
+def _oom_kills() -> int:
+    """The out-of-memory kills this host's cgroup has seen (0 where it cannot be read)."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+def _call(backend: Backend, calls: list[Call], timeout: float) -> list[Any]:
+    job = backend.submit(calls)
+    if not job.wait(timeout):
+        raise TimeoutError(f"worker did not answer within {timeout:g} s")
+    out = []
+    for o in job.outcomes():
+        if o.engine_error is not None:
+            raise RuntimeError(o.engine_error)
+        out.append(o.value)
+    return out
+
+
+class Jobs(Job):
+    """The cell's job plus the jobs of replacement workers that joined it, as one."""
+
+    def __init__(self, first: Job, healer: Healer) -> None:
+        self.first, self.healer = first, healer
+
+    def _all(self) -> list[Job]:
+        return [self.first] + [j for _, j in self.healer.joiner_jobs]
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for j in self._all():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not j.wait(left):
+                return False
+        return True
+
+    def pending(self) -> list[WorkerId]:
+        return [w for j in self._all() for w in j.pending()]
+
+    def outcomes(self) -> list[Any]:
+        return [o for j in self._all() for o in j.outcomes()]
+
+    def drain_events(self) -> list[Batch]:
+        return [b for j in self._all() for b in j.drain_events()]

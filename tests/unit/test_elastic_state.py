@@ -1,0 +1,144 @@
+"""``nbdist.elastic.State`` on one process: commit, restore, persist, and the code a
+replacement worker runs to resume a cell."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from nbdist.elastic import ElasticError, State, run
+from nbdist.runtime.elastic import joiner_source, picklable_namespace
+
+
+def model_and_opt():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2)
+    return m, torch.optim.Adam(m.parameters(), lr=0.1)
+
+
+def step(m, opt):
+    loss = m(torch.ones(3, 4)).pow(2).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def test_restore_brings_back_parameters_optimizer_state_and_values():
+    m, opt = model_and_opt()
+    s = State(model=m, optimizer=opt, step=0)
+    step(m, opt)
+    s.step = 1
+    s.commit()
+    saved = [p.detach().clone() for p in m.parameters()]
+    exp_avg = opt.state[m.weight]["exp_avg"].clone()
+    for _ in range(3):
+        step(m, opt)
+    s.step = 4
+    s.extra = ["set later"]  # attributes set later are committed from the next commit on
+    assert s.restore() == 1
+    assert s.step == 1 and s.extra == ["set later"]  # not in commit 1: left as it is
+    s.commit()
+    s.extra.append("changed")
+    assert s.restore() == 2 and s.extra == ["set later"]
+    for p, q in zip(m.parameters(), saved):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    torch.testing.assert_close(opt.state[m.weight]["exp_avg"], exp_avg, rtol=0, atol=0)
+
+
+def test_the_commit_is_not_changed_by_training_after_a_restore():
+    # Optimizers keep the tensors load_state_dict gives them: the commit must hand a copy.
+    m, opt = model_and_opt()
+    step(m, opt)
+    s = State(model=m, optimizer=opt)
+    s.commit()
+    first = [p.detach().clone() for p in m.parameters()]
+    s.restore()
+    step(m, opt)
+    step(m, opt)
+    s.restore()
+    for p, q in zip(m.parameters(), first):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_commits_reuse_their_buffers():
+    m, opt = model_and_opt()
+    s = State(model=m)
+    s.commit()
+    s.commit()
+    ptr = s._commit[1]["model"][1]["weight"].data_ptr()
+    s.commit()
+    s.commit()
+    assert s._commit[1]["model"][1]["weight"].data_ptr() == ptr  # two buffers, alternating
+    assert s.commits == 4
+
+
+def test_restore_without_a_commit_says_what_to_do():
+    with pytest.raises(ElasticError, match="call state.commit"):
+        State(step=0).restore()
+
+
+def test_persist_writes_atomically_and_a_new_state_restores(tmp_path):
+    m, opt = model_and_opt()
+    s = State(model=m, optimizer=opt, step=0).persist(str(tmp_path), every=2)
+    for i in range(5):
+        step(m, opt)
+        s.step = i + 1
+        s.commit()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["nbdist-elastic-state.pt"]  # no temporary file left behind
+    m2, opt2 = model_and_opt()
+    s2 = State(model=m2, optimizer=opt2, step=0).persist(str(tmp_path), every=2)
+    assert s2.step == 4 and s2.commits == 4  # the 4th commit was the last one written
+    with pytest.raises(ValueError):
+        State().persist(str(tmp_path), every=0)
+
+
+def test_outside_a_cluster_run_is_a_plain_call_that_commits_first():
+    calls = []
+
+    @run(max_failures=2)
+    def train(state, n):
+        calls.append(state.commits)
+        return n * 2
+
+    s = State(step=0)
+    assert train(s, 21) == 42 and calls == [1]
+    with pytest.raises(TypeError, match="nbdist.elastic.State"):
+        train(object(), 1)
+    with pytest.raises(ValueError):
+        run(max_failures=-1)(lambda s: None)
+
+
+def test_state_pickles_without_its_commit():
+    s = State(step=3, name="x")
+    s.commit()
+    back = pickle.loads(pickle.dumps(s))
+    assert back.step == 3 and back.name == "x" and back._commit is None
+    assert back.commits == 1
+
+
+def test_the_replacement_resumes_at_the_calling_statement_with_its_assignment():
+    source = "\n".join([
+        "import torch",                     # 1
+        "def f(s):",                        # 2
+        "    return 1",                     # 3
+        "losses = train(",                  # 4
+        "    state)",                       # 5
+        "print(losses)",                    # 6
+    ])
+    out = joiner_source(source, 5, "RESUME")
+    lines = out.split("\n")
+    assert lines[3] == "losses = RESUME()" and lines[5] == "print(losses)"
+    assert lines[:3] == ["", "", ""]  # line numbers stay the cell's own
+    assert joiner_source(source, None, "RESUME") == "RESUME()\n"
+    compile(out, "<cell>", "exec")
+
+
+def test_names_that_cannot_travel_are_left_out_with_the_reason():
+    import threading
+
+    ns = {"__builtins__": {}, "rank": 0, "a": 1, "lock": threading.Lock()}
+    kept, dropped = picklable_namespace(ns, pickle.dumps)
+    assert kept == {"a": 1} and "lock" in dropped and "pickle" in dropped["lock"]
