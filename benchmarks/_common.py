@@ -132,13 +132,15 @@ def deadline(seconds: float) -> Iterator[None]:
 
 
 def run_torchrun(script: str, args: Sequence[str], nproc: int, timeout: float,
-                 env: Optional[dict[str, str]] = None) -> tuple[float, str, str]:
+                 env: Optional[dict[str, str]] = None,
+                 launcher_args: Sequence[str] = ()) -> tuple[float, str, str]:
     """Launch ``torchrun --nproc_per_node=nproc script args``; return (launch time, out, err).
 
     The launcher runs in its own process group, which is killed if it outlives ``timeout``.
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), script, *args]
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *launcher_args,
+           script, *args]
     full_env = dict(os.environ)
     full_env.pop("OMP_NUM_THREADS", None)  # torchrun sets 1 per process when nproc > 1
     full_env.update(env or {})

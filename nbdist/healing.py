@@ -227,10 +227,10 @@ class Healer:
             abort = "no rank is left to continue"
         rec = r.open_recovery or Recovery(t=time.time(), kind="failure",
                                           world_before=len(r.members))
-        rec.lost = [self._lost_text(r, w) for w in lost]
         r.open_recovery = rec
         epoch = r.epoch + 1
         if abort is not None:
+            rec.lost = [self._lost_text(r, w) for w in lost]
             self._write(r, Plan(epoch=epoch, generation=-1, abort=abort, failures=r.failures,
                                 stopped_by=stopped_by))
             rec.kind, rec.why = "stopped", abort
@@ -251,6 +251,8 @@ class Healer:
                     joiner_slot=r.slots.get(joiner) if joiner is not None else None)
         rec.world_after = len(keep)
         self._write(r, plan)
+        # After the plan is out: the survivors re-form while the engine is asked how it died.
+        rec.lost = [self._lost_text(r, w) for w in lost]
         r.members = [p.worker_id for p in plans]
         r.plans = {p.worker_id: p for p in plans}
         r.generation = gen

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import abc
 import logging
+import os
+import signal
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -167,6 +169,22 @@ class Backend(abc.ABC, Generic[ClientT]):
         knows; None otherwise."""
         return None
 
+    @staticmethod
+    def child_exit(pid: Optional[int]) -> Optional[str]:
+        """How a child of this process ended, read without reaping it (its launcher still
+        will), or None when it is not our child, still runs or was reaped already."""
+        if pid is None or not hasattr(os, "waitid"):
+            return None
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (ChildProcessError, OSError):
+            return None
+        if info is None:
+            return None
+        if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+            return signal_text(info.si_status)
+        return f"exit status {info.si_status}"
+
     def _close_client(self, client: ClientT) -> None:
         client.close()  # type: ignore[attr-defined]
 
@@ -264,3 +282,11 @@ def _reason(exc: BaseException) -> str:
     """``Type: message``, or the type alone for an exception without a message."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def signal_text(number: int) -> str:
+    """``9`` -> ``"SIGKILL"``."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import socket
 import time
 import traceback
@@ -34,7 +35,7 @@ from ..errors import ClusterError, MissingPackageError
 from ..options import LaunchOptions
 from ..runtime.interrupt import forget_call, interrupt_calls, register_call
 from ..telemetry.events import Batch
-from .base import Backend, Call, Job, Outcome, WorkerId
+from .base import Backend, Call, Job, Outcome, WorkerId, signal_text
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
@@ -315,6 +316,27 @@ class DaskBackend(Backend[distributed.Client]):
         with _worker_process_config():
             cluster.scale(len(self.live_workers()) + 1)
 
+    def exit_cause(self, worker: WorkerId, pid: Optional[int],
+                   wait: float = 1.0) -> Optional[str]:
+        """Read from the nannies' logs, which note how each worker process they ran ended
+        (a nanny notices within a fraction of a second; wait that long for it)."""
+        if pid is None or self.client is None:
+            return None
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                logs = self.client.get_worker_logs(nanny=True)
+            except Exception:  # the cluster cannot say; the death itself is the news
+                return None
+            for lines in logs.values():
+                for _level, line in lines:
+                    cause = _nanny_exit(line, pid)
+                    if cause:
+                        return cause
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)  # the nanny's log line is what we wait for; nothing signals it
+
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
         cluster = self.cluster
         assert cluster is not None  # scale() checked
@@ -469,3 +491,17 @@ def _worker_process_config() -> dask.config.set:
                             "distributed.worker.profile.enabled": False,
                             "distributed.worker.preload": [lifeline.__name__],
                             "distributed.nanny.preload": [lifeline.__name__]})
+
+
+_NANNY_EXIT = re.compile(r"Worker process (\d+) (?:was killed by signal (\d+)|exited with "
+                         r"status (-?\d+))")
+
+
+def _nanny_exit(line: str, pid: int) -> Optional[str]:
+    """A nanny's log line about worker process ``pid`` ending, as ``"SIGKILL"``."""
+    m = _NANNY_EXIT.search(line)
+    if not m or int(m.group(1)) != pid:
+        return None
+    if m.group(2) is not None:
+        return signal_text(int(m.group(2)))
+    return f"exit status {m.group(3)}"

@@ -15,7 +15,7 @@ from traitlets.config import Config
 from ..errors import ClusterError, MissingPackageError
 from ..options import LaunchOptions
 from ..telemetry.events import Batch
-from .base import Backend, Call, Job, Outcome, WorkerGone, WorkerId
+from .base import Backend, Call, Job, Outcome, WorkerGone, WorkerId, signal_text
 
 _KEY = "nbdist:"
 # The controller confirms new engines at its next heart beat; ipyparallel's default period
@@ -28,10 +28,7 @@ def _returncode_text(code: Optional[int]) -> Optional[str]:
     if code is None:
         return None
     if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
+        return signal_text(-code)
     return f"exit status {code}"
 
 
@@ -167,8 +164,9 @@ class IpyparallelBackend(Backend[ipp.Client]):
                 # The launcher's own waiter reaps the process and records how it ended once
                 # the cluster's event loop runs (a second wait, e.g. Popen.poll, would read 0
                 # for a child already reaped); never wait for it here.
-                return _returncode_text((getattr(launcher, "stop_data", None) or {})
-                                        .get("exit_code"))
+                return (_returncode_text((getattr(launcher, "stop_data", None) or {})
+                                         .get("exit_code"))
+                        or self.child_exit(pid))
         return None
 
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:

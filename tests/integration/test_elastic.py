@@ -129,7 +129,7 @@ def test_a_rank_killed_mid_training_heals_and_the_result_is_exact(session, victi
                "done = (rank, world_size, state.step)")
     out = capsys.readouterr().out
     assert os.path.exists(flag(s, "k"))  # the kill happened
-    assert f"rank {victim} on " in out and "died" in out
+    assert f"rank {victim} on " in out and "died: SIGKILL" in out, out
     assert "rolled back to commit 6" in out and "world 2 -> 1" in out
     assert "a replacement worker joined" in out and "world 1 -> 2" in out, out
     assert s.world_size == 2
