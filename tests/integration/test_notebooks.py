@@ -153,6 +153,7 @@ def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_note
     [joined] = [line for line in train.splitlines() if "a replacement worker joined" in line]
     assert "healed from a live peer" in joined and joined.endswith("world 1 -> 2"), joined
     assert "rank 0 of 2: trained to step 40" in train
+    assert "IPEngine" not in train  # not the killed engine's own log: nbdist said what happened
     # both ranks at the last step after it, one of them the replacement
     after = outputs_text(cell_with(nb, "step {state.step}, {state}"))
     assert "[0] rank 0 of 2, pid " in after and "[1] rank 1 of 2, pid " in after
