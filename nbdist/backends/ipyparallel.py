@@ -32,6 +32,33 @@ def _returncode_text(code: Optional[int]) -> Optional[str]:
     return f"exit status {code}"
 
 
+class _KilledEngineLog(logging.Filter):
+    """Hides the engine log ipyparallel shows for an engine that a signal killed.
+
+    ipyparallel warns with the tail of an engine's own log (its registration lines) whenever
+    an engine exits non-zero. For an engine killed by a signal (SIGKILL, the OOM killer),
+    nbdist already names the rank, host, pid and signal, in the cell's error or in elastic
+    training's healing line; the engine's log would push that out of sight. An engine that
+    exited with a status of its own keeps ipyparallel's warning. The record names the engine
+    only by its index within its engine set, so an index shared with a killed engine of an
+    earlier set is hidden too.
+    """
+
+    def __init__(self, cluster: ipp.Cluster) -> None:
+        super().__init__()
+        self.cluster = cluster
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.startswith("Output for %s")
+                and isinstance(record.args, tuple) and record.args):
+            return True
+        return not any(
+            getattr(launcher, "identifier", None) == record.args[0]
+            and ((getattr(launcher, "stop_data", None) or {}).get("exit_code") or 0) < 0
+            for engine_set in list(self.cluster.engines.values())
+            for launcher in list(getattr(engine_set, "launchers", {}).values()))
+
+
 def publish(batch: Batch) -> None:
     """Worker side: send one event batch over the engine's IOPub channel."""
     from ipyparallel.datapub import publish_data
@@ -99,6 +126,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
         cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch)
         self.cluster = ipp.Cluster(n=n, controller_ip=ip, log_level=logging.WARNING,
                                    controller_args=_HEARTBEAT_ARGS, **cluster_kwargs)
+        self.cluster.log.addFilter(_KilledEngineLog(self.cluster))
         self.cluster.start_controller_sync()
         self.cluster.start_engines_sync(n, **self._engine_kwargs)
         self.client = self.cluster.connect_client_sync()

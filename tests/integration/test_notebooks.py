@@ -6,6 +6,8 @@ measure fails in nbclient); these tests check what a reader sees in the saved ou
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import NOTEBOOKS, outputs_text
 
@@ -34,7 +36,7 @@ def test_the_notebooks_are_numbered_and_complete():
     assert NOTEBOOKS == ["00-quickstart.ipynb", "01-telemetry.ipynb", "02-scaling.ipynb",
                          "03-torchrun-scripts.ipynb", "04-dask-and-existing-clusters.ipynb",
                          "05-auto-mode-and-output.ipynb", "06-strategies.ipynb",
-                         "07-parallelism.ipynb"]
+                         "07-parallelism.ipynb", "08-elastic.ipynb"]
 
 
 def test_quickstart_trains_on_two_workers(run_notebook):
@@ -138,3 +140,40 @@ def test_parallelism_notebook_compares_five_runs(run_notebook):
     assert ">bubble</th>" in compare[-1]
     # the pipeline cell's summary shows each stage and its bubble
     assert any("ScheduleGPipe" in h and "stage 1/2" in h for h in html)
+
+
+def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_notebook):
+    nb = run_notebook("08-elastic.ipynb")  # its own asserts check the weights and the notes
+    # the healing, printed under the training cell while it ran
+    train = outputs_text(cell_with(nb, "train(state, STEPS)\n"))
+    [died] = [line for line in train.splitlines() if "died" in line]
+    assert died.startswith("nbdist.elastic ") and "rank 1 on " in died, died
+    assert "rolled back to commit 11 (0 optimizer steps repeated), healed in " in died, died
+    assert died.endswith("world 2 -> 1"), died
+    [joined] = [line for line in train.splitlines() if "a replacement worker joined" in line]
+    assert "healed from a live peer" in joined and joined.endswith("world 1 -> 2"), joined
+    assert "rank 0 of 2: trained to step 40" in train
+    assert "IPEngine" not in train  # not the killed engine's own log: nbdist said what happened
+    # both ranks at the last step after it, one of them the replacement
+    after = outputs_text(cell_with(nb, "step {state.step}, {state}"))
+    assert "[0] rank 0 of 2, pid " in after and "[1] rank 1 of 2, pid " in after
+    assert after.count(": step 40, State(") == 2, after
+    # the comparison with uninterrupted training, and the checkpoint restored from disk
+    assert "40 steps, 1 rank killed, 1 replacement: the weights equal uninterrupted training's" in (
+        outputs_text(cell_with(nb, "expected = uninterrupted(STEPS)")))
+    assert "nbdist.elastic: restored commit " in outputs_text(cell_with(nb, "restored = "))
+    assert "the weights equal uninterrupted training's" in outputs_text(
+        cell_with(nb, "expected = uninterrupted(restored_step)"))
+    # the hang: the cell's error says where each rank was, in the cell's own line numbers
+    hang = cell_with(nb, "--timeout 5")
+    [error] = [o for o in hang.outputs if o["output_type"] == "error"]
+    assert error["ename"] == "CellTimeoutError"
+    where = error["evalue"]
+    assert "Where each rank was when it was interrupted:" in where
+    assert re.search(r"rank 0: waiting in all_reduce \(seq \d+, float32 \[4\]\) at "
+                     r"In \[\d+\], line 7: dist\.all_reduce\(t\)", where), where
+    assert re.search(r"rank 1: in time\.sleep\(0\.05\) at In \[\d+\], line 6; it never "
+                     r"reached the all_reduce the others wait in", where), where
+    assert "Rank 1 never reached the all_reduce" in where
+    # and the job runs the next cell at full width
+    assert "all_reduce gives 3.0" in outputs_text(cell_with(nb, "all_reduce gives"))

@@ -5,6 +5,7 @@ distributed, dask-jobqueue or dask-kubernetes with its arguments. Nothing is sta
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 import ipyparallel as ipp
 import pytest
@@ -134,3 +135,28 @@ def test_missing_package_from_a_profile_leaves_the_session_stopped(no_jobqueue, 
     with pytest.raises(MissingPackageError, match="pip install dask-jobqueue"):
         session.start(profile=path)
     assert session.backend is None and not session.running
+
+
+@pytest.mark.parametrize("exit_code, shown", [(-9, False), (1, True)])
+def test_the_log_of_an_engine_killed_by_a_signal_is_not_shown(tmp_path, exit_code, shown):
+    # nbdist names a killed rank itself; ipyparallel's warning with the engine's own log
+    # (registration lines) stays only for an engine that exited with a status of its own.
+    from nbdist.backends.ipyparallel import _KilledEngineLog
+
+    cluster = ipp.Cluster(n=2, profile_dir=str(tmp_path))
+    cluster.log.addFilter(_KilledEngineLog(cluster))
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    cluster.log.addHandler(handler)
+    engines = cluster.engine_launcher_class(work_dir=str(tmp_path), parent=cluster,
+                                            log=cluster.log, profile_dir=str(tmp_path),
+                                            cluster_id="c1")
+    cluster.engines["set1"] = engines
+    log_file = tmp_path / "ipengine-1.log"
+    log_file.write_text("[IPEngine.1] Completed registration with id 1\n")
+    engine = engines.launchers["1"] = engines.launcher_class(
+        work_dir=str(tmp_path), parent=engines, log=cluster.log, profile_dir=str(tmp_path),
+        cluster_id="c1", identifier="1", output_file=str(log_file))
+    engine.notify_stop({"exit_code": exit_code, "pid": 12345})
+    assert any(m.startswith("Output for 1:") for m in seen) is shown, seen
