@@ -21,7 +21,7 @@ import cloudpickle
 from ..telemetry.units import fmt_bytes
 from . import env as envmod
 from . import results
-from .capture import EventSink, Transport, captured_output
+from .capture import EventSink, Transport, captured_output, flush_interval
 from .execute import mimebundle, run_code
 from .hang import enable_flight_recorder, watching
 from .interrupt import interruptible
@@ -151,6 +151,7 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     if _state.sink is None:
         _state.sink = EventSink(plan.rank, _state.transport)
     _state.sink.rank = plan.rank
+    _state.sink.interval = flush_interval(plan.world_size)  # fewer batches from big jobs
     group.install_guard()
     from . import ddp_hooks, parallel_hooks, tqdm_bars
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 #: a difference in waiting below this (seconds) is timer noise: nobody is named for it
 WAIT_NOISE_S = 1e-4
@@ -38,9 +38,8 @@ STRAGGLER_MIN_S = 0.001
 STRAGGLER_MIN_STEPS = 5
 
 
-@dataclass(frozen=True)
-class RankStep:
-    """One rank's report of one step."""
+class RankStep(NamedTuple):
+    """One rank's report of one step (a tuple: the fold makes one per rank and step)."""
 
     step_s: float
     exposed_s: float  # communication compute did not hide (waiting + transfer)
@@ -123,6 +122,43 @@ class StragglerScore:
     last_share: float  # share of the steps in which this rank arrived last
 
 
+def blame(m: MatchedStep) -> Optional[tuple[int, float, float]]:
+    """Who the others waited for in ``m``: ``(rank, mean share of their step spent waiting,
+    mean seconds waiting)``; None when nobody waited measurably (or nobody else reported)."""
+    r = m.last
+    others = [q for q in m.reports if q != r]
+    if r is None or not others:
+        return None
+    return (r, statistics.fmean(m.waiting_share(q) for q in others),
+            statistics.fmean(m.waiting[q] for q in others))
+
+
+_ZERO = StragglerScore(0.0, 0.0, 0.0)
+
+
+def scores_of(blames: Sequence[Optional[tuple[int, float, float]]], ranks: Sequence[int]
+              ) -> dict[int, StragglerScore]:
+    """:func:`straggler_scores` from the :func:`blame` of each step (the fold keeps those,
+    so a snapshot does not go over every rank of every recent step again)."""
+    n = len(blames)
+    out = dict.fromkeys(ranks, _ZERO)
+    if not n:
+        return out
+    score: dict[int, float] = {}
+    caused: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for b in blames:  # summed in step order, as straggler_scores always did
+        if b is None or b[0] not in out:
+            continue
+        r = b[0]
+        last[r] = last.get(r, 0.0) + 1
+        score[r] = score.get(r, 0.0) + b[1]
+        caused[r] = caused.get(r, 0.0) + b[2]
+    for r in last:
+        out[r] = StragglerScore(score[r] / n, caused[r] / n, last[r] / n)
+    return out
+
+
 def straggler_scores(steps: Sequence[MatchedStep], ranks: Sequence[int]
                      ) -> dict[int, StragglerScore]:
     """Score every rank by how long the others waited for it over ``steps``.
@@ -131,20 +167,7 @@ def straggler_scores(steps: Sequence[MatchedStep], ranks: Sequence[int]
     other ranks spent waiting; in other steps it scores 0. The score is the mean over ``steps``:
     0 for a rank nobody waits for, 0.25 when the others lose a quarter of every step to it.
     """
-    n = len(steps)
-    score = dict.fromkeys(ranks, 0.0)
-    caused = dict.fromkeys(ranks, 0.0)
-    last = dict.fromkeys(ranks, 0.0)
-    for m in steps:  # only the rank that arrived last scores in a step: one pass suffices
-        r = m.last
-        others = [q for q in m.reports if q != r]
-        if r is None or r not in score or not others:
-            continue
-        last[r] += 1
-        score[r] += statistics.fmean(m.waiting_share(q) for q in others)
-        caused[r] += statistics.fmean(m.waiting[q] for q in others)
-    return {r: StragglerScore(score[r] / n, caused[r] / n, last[r] / n) if n
-            else StragglerScore(0.0, 0.0, 0.0) for r in ranks}
+    return scores_of([blame(m) for m in steps], ranks)
 
 
 def flagged(scores: Mapping[int, StragglerScore], steps: int, *,

@@ -302,6 +302,26 @@ class StallWatch:
         if t is None or not self._unwinding(rank, t):
             self.step_s.append(seconds)
 
+    def progress_all(self, ts: Sequence[float], rank: int) -> None:
+        """:meth:`progress` at each of ``ts`` (a table's events), in one call."""
+        if self.interrupted(rank):
+            ts = [t for t in ts if t < self.stacks[rank].get("t", 0)]
+        if ts:
+            self.progress(max(ts), rank)
+
+    def steps_all(self, seconds: Sequence[float], ts: Sequence[float], rank: int) -> None:
+        """:meth:`step` for each step of ``seconds`` ending at ``ts`` (a table's steps)."""
+        if self.interrupted(rank):
+            for s, t in zip(seconds, ts):
+                self.step(s, t, rank)
+        else:
+            self.step_s.extend(seconds)
+
+    def interrupted(self, rank: int) -> bool:
+        """``rank`` reported an interrupt (what it sends after that is not progress)."""
+        e = self.stacks.get(rank)
+        return e is not None and e.get("reason") == "interrupt"
+
     def _unwinding(self, rank: Optional[int], t: float) -> bool:
         e = self.stacks.get(rank) if rank is not None else None
         return e is not None and e.get("reason") == "interrupt" and t >= e.get("t", 0)

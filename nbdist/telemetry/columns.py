@@ -1,0 +1,182 @@
+"""Tables of events: the form in which a worker sends its high-rate events.
+
+A training rank sends tens of events a second (a step, a collective per gradient bucket, a
+memory sample); a thousand ranks would send the notebook fifty thousand dicts a second. In a
+batch, each run of consecutive :data:`~.events.TABLED` events is therefore one ``table``
+event (:func:`pack`), built on the worker:
+
+* events of one kind with the same keys form a *part*, one column per field; a column of
+  floats or of integers travels as the bytes of an ``array`` (no object per value to
+  unpickle), any other as a list;
+* ``order`` has one character per event, the index of its part, so :func:`rows` gives the
+  events back exactly, in their order (what a trace file and the tests read);
+* a part of collectives that belong to a step (gradient buckets, collectives called in the
+  step) also carries what the notebook's fold needs of them, folded on the worker: per step,
+  their bytes, the bytes of the timed ones, whether one had no time, and the union of their
+  times as disjoint intervals (:func:`~.intervals.merge`), with the part's total bytes and
+  time span. The fold reads that summary and never the part's rows.
+
+Everything here is plain data (dicts, lists, str, bytes), as the transports carry it.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from .events import COMM, TABLE, TABLED, Event
+from .intervals import merge
+
+__all__ = ["column", "columns", "pack", "rows", "table", "table_rows", "unpack"]
+
+_BIG = sys.byteorder == "big"  # arrays travel little-endian
+
+
+def _encode(values: list[Any]) -> Any:
+    """A column as ``b"d" + float64 bytes`` or ``b"q" + int64 bytes``, else the list."""
+    kinds = {type(v) for v in values}
+    code = "d" if kinds == {float} else "q" if kinds == {int} else None
+    if code is None:
+        return values
+    try:
+        a = array(code, values)
+    except OverflowError:  # an int beyond 64 bits
+        return values
+    if _BIG:
+        a.byteswap()
+    return code.encode() + a.tobytes()
+
+
+def _decode(col: Any) -> list[Any]:
+    if isinstance(col, (bytes, bytearray)):
+        a = array(chr(col[0]))
+        a.frombytes(memoryview(col)[1:])
+        if _BIG:
+            a.byteswap()
+        return a.tolist()
+    return list(col)
+
+
+def columns(part: Event) -> dict[str, list[Any]]:
+    """A part's columns by field name, as lists."""
+    return {f: _decode(c) for f, c in zip(part["fields"], part["columns"])}
+
+
+def column(part: Event, name: str) -> list[Any]:
+    """One of a part's columns, as a list (KeyError: the part has no such field)."""
+    return _decode(part["columns"][part["fields"].index(name)])
+
+
+def _summarized(e: Event) -> bool:
+    """A collective the fold only needs in sum, per step (not one called outside a step, whose
+    peers' calls are matched one by one, nor one of a mesh dimension, counted per dimension)."""
+    return e["kind"] == COMM and e.get("step") is not None and e.get("dim") is None
+
+
+def table(events: Sequence[Event]) -> Event:
+    """Pack ``events`` (of :data:`~.events.TABLED` kinds) into one table event.
+
+    >>> from nbdist.telemetry import events as ev
+    >>> t = table([ev.comm("all_reduce", 1.0, 1.5, 8, step=0), ev.step(0, 0.5, 2.0)])
+    >>> [p["of"] for p in t["parts"]], t["order"], t["parts"][0]["steps"]
+    (['comm', 'step'], '01', [[0, 8, 8, False, 1.0, 1.5]])
+    >>> list(rows(t)) == [ev.comm("all_reduce", 1.0, 1.5, 8, step=0), ev.step(0, 0.5, 2.0)]
+    True
+    """
+    parts: list[dict[str, Any]] = []
+    index: dict[tuple, int] = {}
+    order = []
+    for e in events:
+        summed = _summarized(e)
+        key = (summed, *e)
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(parts)
+            fields = [k for k in e if k != "kind"]
+            parts.append({"of": e["kind"], "fields": fields, "columns": [[] for _ in fields],
+                          "n": 0, "summed": summed})
+        part = parts[i]
+        for col, k in zip(part["columns"], part["fields"]):
+            col.append(e[k])
+        part["n"] += 1
+        order.append(chr(48 + i))
+    for part in parts:
+        if part.pop("summed"):
+            _summarize(part)
+        part["columns"] = [_encode(c) for c in part["columns"]]
+    return {"kind": TABLE, "parts": parts, "order": "".join(order)}
+
+
+def _summarize(part: dict[str, Any]) -> None:
+    """What the fold needs of a part of step collectives (see the module's docstring)."""
+    cols = dict(zip(part["fields"], part["columns"]))
+    t0s, t1s, nbytes = cols["t0"], cols["t1"], cols["bytes"]
+    measured = cols.get("measured") or [""] * len(t0s)
+    steps: dict[int, list[Any]] = {}
+    for s, a, z, b, m in zip(cols["step"], t0s, t1s, nbytes, measured):
+        acc = steps.get(s)
+        if acc is None:
+            acc = steps[s] = [0, 0, False, []]
+        acc[0] += b
+        if z > a:
+            acc[1] += b
+            acc[3].append((a, z))
+        if m == "untimed":
+            acc[2] = True
+    part["steps"] = [[s, nb, tb, untimed, *(x for span in merge(spans) for x in span)]
+                     for s, (nb, tb, untimed, spans) in steps.items()]
+    part["bytes"] = sum(nbytes)
+    part["t0"], part["t1"] = min(t0s), max(t1s)
+
+
+def table_rows(t: Event) -> int:
+    """How many events a table holds."""
+    return len(t["order"])
+
+
+def rows(t: Event) -> Iterator[Event]:
+    """The events a :func:`table` holds, as dicts, in the order they were packed."""
+    parts = [(p["of"], p["fields"], list(zip(*(_decode(c) for c in p["columns"]))))
+             for p in t["parts"]]
+    taken = [0] * len(parts)
+    for ch in t["order"]:
+        i = ord(ch) - 48
+        kind, fields, values = parts[i]
+        e = {"kind": kind}
+        e.update(zip(fields, values[taken[i]]))
+        taken[i] += 1
+        yield e
+
+
+def pack(events: Iterable[Event]) -> list[Event]:
+    """A batch's events with each run of consecutive :data:`~.events.TABLED` events as one
+    table (a lone high-rate event between two others stays as it is)."""
+    out: list[Event] = []
+    run: list[Event] = []
+
+    def close() -> None:
+        if len(run) > 1:
+            out.append(table(run))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for e in events:
+        if e.get("kind") in TABLED:
+            run.append(e)
+        else:
+            close()
+            out.append(e)
+    close()
+    return out
+
+
+def unpack(events: Iterable[Event]) -> Iterator[Event]:
+    """A batch's events with every table expanded back into its events."""
+    for e in events:
+        if e.get("kind") == TABLE:
+            yield from rows(e)
+        else:
+            yield e
