@@ -268,52 +268,69 @@ def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, ra
     run = Run("cell", ranks, world_size=world)
     feed = _Feed()
 
-    redraws: list[float] = []
+    snaps: list[float] = []  # CPU seconds of each snapshot the dashboard asked for
+    draws: list[float] = []  # ... and of each redraw with it
     snapshot, update = run.snapshot, dashboard.update
 
     def timed_update(snap: Any) -> None:
-        t = time.perf_counter()
+        t = time.process_time()
         update(snap)
-        redraws.append(time.perf_counter() - t)
+        draws.append(time.process_time() - t)
 
     def timed_snapshot(*a: Any, **kw: Any) -> Any:
-        t = time.perf_counter()
+        t = time.process_time()
         s = snapshot(*a, **kw)
-        redraws.append(-(time.perf_counter() - t))  # negative: a snapshot's share
+        snaps.append(time.process_time() - t)
         return s
 
     dashboard.update = timed_update
     run.snapshot = timed_snapshot  # type: ignore[method-assign]
 
-    cpu = wall = 0.0
-    nmsg = nbytes = 0
-    first = round(warmup / tick)
     transport = Wire()
     # The workers' side, all of it before the timed part: its garbage must not be collected
     # on the notebook's time.
     stream = list(messages(job, seconds + warmup, wire, tick, transport))
+    first = round(warmup / tick)
+    nmsg = sum(len(m) for m in stream[first:])
+    nbytes = sum(len(f) for msgs in stream[first:] for m in msgs for f in m)
+    decode = pump = 0.0
+    collecting = {"since": 0.0, "s": 0.0}
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            collecting["since"] = time.perf_counter()
+        else:
+            collecting["s"] += time.perf_counter() - collecting["since"]
+
     gc.collect()
     for k, msgs in enumerate(stream):
         clock.t = (k + 1) * tick
         if k == first:
-            redraws.clear()
+            snaps.clear()
+            draws.clear()
             sent["messages"] = sent["bytes"] = 0
-        c0, w0 = time.process_time(), time.perf_counter()
+            gc.callbacks.append(on_gc)
+        c0 = time.process_time()
         feed.batches = [b for m in msgs for b in transport.receive(m)]
+        c1 = time.process_time()
         Session._pump(feed, run, rv)
         if k >= first:
-            cpu += time.process_time() - c0
-            wall += time.perf_counter() - w0
-            nmsg += len(msgs)
-            nbytes += sum(len(f) for m in msgs for f in m)
-    snaps = [-x for x in redraws if x < 0]
-    draws = [x for x in redraws if x >= 0]
+            decode += c1 - c0
+            pump += time.process_time() - c1
+    gc.callbacks.remove(on_gc)
     t = time.perf_counter()
     run.finish()
     rv.close(run.snapshot())
     close_s = time.perf_counter() - t
     shown = dashboard.summary if view == "widget" else dashboard._stream.getvalue()
-    return {"cpu_percent": 100 * cpu / seconds, "wall_percent": 100 * wall / seconds,
+    redraw = sum(snaps) + sum(draws)
+
+    def share(x: float) -> float:
+        return 100 * x / seconds
+
+    return {"cpu_percent": share(decode + pump), "decode_percent": share(decode),
+            "fold_percent": share(pump - redraw), "redraw_percent": share(redraw),
+            "gc_percent": share(collecting["s"]),
             "messages_per_s": nmsg / seconds, "kib_per_s": nbytes / 1024 / seconds,
             "redraws": len(draws),
             "snapshot_ms": 1000 * statistics.median(snaps) if snaps else None,
@@ -361,7 +378,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
     cpu = [r["cpu_percent"] for r in runs]
     return {"cpu_percent": statistics.median(cpu), "cpu_min": min(cpu), "cpu_max": max(cpu),
-            **{k: med(k) for k in ("messages_per_s", "kib_per_s", "redraws", "snapshot_ms",
+            **{k: med(k) for k in ("decode_percent", "fold_percent", "redraw_percent",
+                                   "gc_percent", "messages_per_s", "kib_per_s", "redraws",
+                                   "snapshot_ms",
                                    "draw_ms", "close_ms", "summary_kib",
                                    "widget_kib_per_s")}}
 

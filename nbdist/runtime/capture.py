@@ -30,7 +30,7 @@ Transport = Callable[[Batch], None]
 #: seconds between a rank's batches in a small job (and between the sending thread's ticks)
 TICK = 0.1
 #: batches per second the notebook should receive from all ranks together ...
-NOTEBOOK_BATCHES_PER_S = 1000
+NOTEBOOK_BATCHES_PER_S = 500
 #: ... unless that would hold a rank's events back longer than this (seconds)
 MAX_INTERVAL = 2.0
 #: kinds sent at the next tick, whatever the interval
@@ -39,11 +39,11 @@ URGENT = frozenset({ELASTIC, STACK})
 
 def flush_interval(world: int) -> float:
     """Seconds between one rank's batches in a job of ``world`` ranks: :data:`TICK` up to
-    100 ranks, then growing so the notebook gets about :data:`NOTEBOOK_BATCHES_PER_S`
+    50 ranks, then growing so the notebook gets about :data:`NOTEBOOK_BATCHES_PER_S`
     batches a second, at most :data:`MAX_INTERVAL`.
 
-    >>> flush_interval(2), flush_interval(256), flush_interval(1024), flush_interval(10**5)
-    (0.1, 0.256, 1.024, 2.0)
+    >>> flush_interval(2), flush_interval(64), flush_interval(256), flush_interval(4096)
+    (0.1, 0.128, 0.512, 2.0)
     """
     return min(MAX_INTERVAL, max(TICK, world / NOTEBOOK_BATCHES_PER_S))
 

@@ -47,7 +47,6 @@ from .matching import (
     STRAGGLER_MIN_STEPS,
     STRAGGLER_SCORE,
     MatchedCollective,
-    RankStep,
     blame,
     flagged,
     match_step,
@@ -81,13 +80,15 @@ _MAX_PENDING_COLLECTIVES = 10_000
 class _StepComm:
     """One rank's collectives of one step, until the step's own report lands."""
 
-    __slots__ = ("spans", "nbytes", "timed_bytes", "untimed")
+    __slots__ = ("spans", "nbytes", "timed_bytes", "untimed", "busy")
 
     def __init__(self) -> None:
         self.spans: list[tuple[float, float]] = []  # of the timed ones
         self.nbytes = 0
         self.timed_bytes = 0
         self.untimed = False  # one of them had no time (a GPU bucket not completed yet)
+        #: the union of the spans' time, when one worker's summary told all of it
+        self.busy: Optional[float] = None
 
 
 class _Rank:
@@ -95,13 +96,12 @@ class _Rank:
         self.state = RankState.WAITING
         self.error: Optional[str] = None
         self.steps = 0
-        # its last WINDOW steps: start, length, samples, exposed (at most the length), compute
+        # its last WINDOW steps: start, length, samples, exposed (at most the length)
         self.t0s: deque[float] = deque(maxlen=WINDOW)
         self.t1 = 0.0  # the end of its latest step
         self.step_s: deque[float] = deque(maxlen=WINDOW)
         self.samples: deque[int] = deque(maxlen=WINDOW)
         self.exposed: deque[float] = deque(maxlen=WINDOW)
-        self.compute: deque[float] = deque(maxlen=WINDOW)
         self.comm: dict[int, _StepComm] = {}  # step → its collectives, until the step lands
         # the matched steps it took part in: the run's match number, its waiting, the
         # step's transfer, its bandwidth (None: no bytes)
@@ -114,23 +114,37 @@ class _Rank:
         self.bar_points: deque[tuple[float, float]] = deque(maxlen=WINDOW)
         self.scalars: dict[str, float] = {}
         self.history = history
-        self.scalar_points: dict[str, deque[tuple[float, float]]] = {}
+        # name -> (step, value) points, the last ``history``; and their tuple, until a new
+        # one arrives (a snapshot at a thousand ranks must not copy every curve every time)
+        self.scalar_points: dict[str, list[tuple[float, float]]] = {}
+        self.scalar_curves: dict[str, tuple[tuple[float, float], ...]] = {}
         self.free_seq: dict[str, int] = {}  # op → collectives outside steps seen so far
         self.free = 0
         self.free_waiting = 0.0
         self.free_transfer = 0.0
         self.free_bw: deque[float] = deque(maxlen=WINDOW)
         self.memory: Optional[Event] = None
+        self.memory_point: Optional[MemoryPoint] = None  # of ``memory``, once asked for
+        self.scalars_copy: Optional[dict[str, float]] = None  # of ``scalars``, likewise
         self.step_bytes: deque[int] = deque(maxlen=WINDOW)
         self.pipes: deque[Event] = deque(maxlen=WINDOW)  # schedule steps
         self.stage_s: dict[str, deque[float]] = {}  # "forward"/"backward" -> per microbatch
 
-    def log(self, values: Mapping[str, float], step: Optional[int]) -> None:
+    def log(self, values: Mapping[str, float], step: Optional[int]
+            ) -> list[tuple[str, float, float]]:
+        """Take logged values; returns each as ``(name, step, value)``."""
         self.scalars.update(values)
+        self.scalars_copy = None
+        out = []
         for k, v in values.items():
-            pts = self.scalar_points.setdefault(k, deque(maxlen=self.history))
+            pts = self.scalar_points.setdefault(k, [])
             x = float(step) if step is not None else (pts[-1][0] + 1 if pts else 0.0)
             pts.append((x, v))
+            if len(pts) > self.history:
+                del pts[0]
+            self.scalar_curves.pop(k, None)
+            out.append((k, x, v))
+        return out
 
 
 class RunState:
@@ -157,7 +171,7 @@ class RunState:
         self._active = 0  # ranks not finished: a step is matched once all of them reported
         for r in ranks:
             self._rank(r)
-        # step → reports so far: RankStep's fields, as a tuple
+        # step → reports so far: a RankStep's fields, as a plain tuple
         self._pending: dict[int, dict[int, tuple[float, float, float, int, bool]]] = {}
         # who was waited for in each of the last WINDOW matched steps, and how many matched
         self._blames: deque[Optional[tuple[int, float, float]]] = deque(maxlen=WINDOW)
@@ -173,6 +187,11 @@ class RunState:
         self._bytes = 0
         self._ncomm = 0
         self._dims: dict[str, list] = {}  # dim -> [ops, calls, bytes, seconds]
+        # logged values: name -> step -> rank -> value, and their spread over ranks per step
+        self._scalar_at: dict[str, dict[float, dict[int, float]]] = {}
+        self._spread: dict[str, dict[float, tuple[float, float, float, float]]] = {}
+        self._spread_series: dict[str, tuple[tuple[float, float, float, float], ...]] = {}
+        self._spread_dirty: set[tuple[str, float]] = set()
         #: progress, step times and where each rank said it was (the hang doctor's input)
         self.stall = StallWatch(started, stall_after)
 
@@ -235,6 +254,7 @@ class RunState:
                 if acc is None:
                     acc = st.comm[e["step"]] = _StepComm()
                 acc.nbytes += e["bytes"]
+                acc.busy = None
                 if e["t1"] > e["t0"]:
                     acc.spans.append((e["t0"], e["t1"]))
                     acc.timed_bytes += e["bytes"]
@@ -255,7 +275,8 @@ class RunState:
             st.bar = e
             st.bar_points.append((e["t"], e["n"]))
         elif kind == SCALARS:
-            st.log(e["values"], e.get("step"))
+            for name, x, v in st.log(e["values"], e.get("step")):
+                self._scalar(rank, name, x, v)
         elif kind == MEMORY:
             self._memory(st, e)
         elif kind == END:
@@ -270,6 +291,36 @@ class RunState:
             # A cell's last sample comes after its locals are gone: keep what the rank
             # held while it trained.
             st.memory = e
+            st.memory_point = None
+
+    def _scalar(self, rank: int, name: str, x: float, v: float) -> None:
+        """Keep the value for the spread over ranks at step ``x`` (the chart above a few
+        ranks), recomputed at the next snapshot for that step only."""
+        at = self._scalar_at.setdefault(name, {})
+        col = at.get(x)
+        if col is None:
+            col = at[x] = {}
+            if len(at) > self._history:
+                oldest = min(at)
+                del at[oldest]
+                self._spread.get(name, {}).pop(oldest, None)
+        col[rank] = v
+        self._spread_dirty.add((name, x))
+
+    def _scalar_spread(self) -> dict[str, tuple[tuple[float, float, float, float], ...]]:
+        changed = set()
+        for name, x in self._spread_dirty:
+            col = self._scalar_at[name].get(x)
+            if col is not None:
+                vals = sorted(col.values())
+                self._spread.setdefault(name, {})[x] = (x, vals[0], statistics.median(vals),
+                                                        vals[-1])
+                changed.add(name)
+        self._spread_dirty.clear()
+        for name in changed:
+            by_x = self._spread[name]
+            self._spread_series[name] = tuple(by_x[x] for x in sorted(by_x))
+        return dict(self._spread_series)
 
     def _span(self, t0: float, t1: float) -> None:
         self._t0 = t0 if self._t0 is None else min(self._t0, t0)
@@ -284,10 +335,17 @@ class RunState:
 
     def _record(self, rank: int, e: Event, n: int) -> None:
         rec = self.recorded.setdefault(rank, deque())
-        # A table is kept as its rows' count and its pickle: bytes the garbage collector
-        # never scans (at a thousand ranks, tables of dicts and lists would make its full
-        # collections the notebook's largest cost).
-        rec.append((n, pickle.dumps(e, pickle.HIGHEST_PROTOCOL)) if n > 1 else e)
+        if e["kind"] == TABLE:
+            # Kept as its rows' count and the pickle of its rows (not the summaries), bytes
+            # the garbage collector never scans: at a thousand ranks, tables of dicts and
+            # lists kept for the trace would make its full collections the notebook's
+            # largest cost.
+            rows_only = {"kind": TABLE, "order": e["order"],
+                         "parts": [{"of": p["of"], "fields": p["fields"],
+                                    "columns": p["columns"]} for p in e["parts"]]}
+            rec.append((n, pickle.dumps(rows_only, pickle.HIGHEST_PROTOCOL)))
+        else:
+            rec.append(e)
         self._nrecorded += n
         while self._nrecorded > MAX_RECORDED and rec:
             old = rec.popleft()
@@ -336,10 +394,13 @@ class RunState:
         self._bytes += part["bytes"]
         self._ncomm += part["n"]
         comm = st.comm
-        for s, nbytes, timed_bytes, untimed, *flat in part["steps"]:
+        for s, nbytes, timed_bytes, untimed, busy, *flat in part["steps"]:
             acc = comm.get(s)
             if acc is None:
                 acc = comm[s] = _StepComm()
+                acc.busy = busy  # the union of these spans: all of them, so far
+            else:
+                acc.busy = None
             acc.nbytes += nbytes
             acc.timed_bytes += timed_bytes
             if untimed:
@@ -362,6 +423,7 @@ class RunState:
             if acc is None:
                 acc = comm[s] = _StepComm()
             acc.nbytes += b
+            acc.busy = None
             if z > a:
                 acc.spans.append((a, z))
                 acc.timed_bytes += b
@@ -393,7 +455,6 @@ class RunState:
         st.step_s.append(step_s)
         st.samples.append(samples)
         st.exposed.append(exposed)
-        st.compute.append(step_s - exposed)
         acc = st.comm.pop(n, None)
         # A plain tuple of numbers until the step is matched: the garbage collector stops
         # tracking it at once (reports wait for the last rank's, a second at large scale).
@@ -402,8 +463,8 @@ class RunState:
             report = (step_s, exposed, 0.0, 0, True)
         else:
             st.step_bytes.append(acc.nbytes)
-            report = (step_s, exposed, union_seconds(acc.spans), acc.timed_bytes,
-                      not acc.untimed)
+            busy = acc.busy if acc.busy is not None else union_seconds(acc.spans)
+            report = (step_s, exposed, busy, acc.timed_bytes, not acc.untimed)
         reports = self._pending.get(n)
         if reports is None:
             reports = self._pending[n] = {}
@@ -424,25 +485,27 @@ class RunState:
         if self._waiting_on(reports):
             return
         del self._pending[step]
-        m = match_step(step, {r: RankStep(*rep) for r, rep in reports.items()})
+        m = match_step(step, reports)
         self._blames.append(blame(m))
         index = self._nmatched
         self._nmatched += 1
         bws = []
-        for r in reports:
+        tt = m.transfer_time_s
+        waiting, transfer = m.waiting, m.transfer_s
+        for r, rep in reports.items():
             st = self._ranks[r]
-            bw = m.bandwidth(r)
+            bw = rep[3] / tt if rep[3] and tt else None  # m.bandwidth(r), inline
             if bw is not None:
                 bws.append(bw)
             st.m_index.append(index)
-            st.m_waiting.append(m.waiting[r])
-            st.m_transfer.append(m.transfer_s)
+            st.m_waiting.append(waiting[r])
+            st.m_transfer.append(transfer)
             st.m_bw.append(bw)
-        reps = list(m.reports.values())
+        reps = list(reports.values())
         k = len(reps)
         self._series[step] = StepPoint(
-            step, sum(p.step_s for p in reps) / k, sum(p.compute_s for p in reps) / k,
-            sum(m.waiting.values()) / k, m.transfer_s, sum(p.nbytes for p in reps) // k,
+            step, sum(p[0] for p in reps) / k, sum(max(0.0, p[0] - p[1]) for p in reps) / k,
+            sum(waiting.values()) / k, transfer, sum(p[3] for p in reps) // k,
             statistics.median(bws) if bws else None, k, m.last)
         while len(self._series) > self._history:
             del self._series[min(self._series)]
@@ -499,27 +562,31 @@ class RunState:
         scores = scores_of(list(self._blames), ranks)
         slow = flagged(scores, len(self._blames))
         flagged_set = set(slow)
-        compute = {r: _mean(st.compute) for r, st in self._ranks.items()}
-        known = sorted(c for c in compute.values() if c is not None)
         cutoff = self._nmatched - WINDOW  # match numbers of the run's last WINDOW matches
+        figures = [_figures(self._ranks[r], cutoff) for r in ranks]
+        known = sorted(f[3] for f in figures if f[3] is not None)  # compute per step
         out = []
-        for r in ranks:
-            c = compute[r]
+        for r, f in zip(ranks, figures):
+            c = f[3]
             others = _median_without(known, c) if c is not None else None
-            out.append(self._rank_snapshot(r, self._ranks[r], cutoff, now, r in flagged_set,
+            out.append(self._rank_snapshot(r, self._ranks[r], f, now, r in flagged_set,
                                            scores[r].score,
                                            c - others if others is not None else None))
         elapsed = (self._t1 - self._t0) if self._t0 is not None and self._t1 is not None else 0.0
         curves: dict[str, dict[int, tuple[tuple[float, float], ...]]] = {}
         for r in ranks:
-            for name, pts in self._ranks[r].scalar_points.items():
-                curves.setdefault(name, {})[r] = tuple(pts)
+            st = self._ranks[r]
+            for name, pts in st.scalar_points.items():
+                curve = st.scalar_curves.get(name)
+                if curve is None:
+                    curve = st.scalar_curves[name] = tuple(pts)
+                curves.setdefault(name, {})[r] = curve
         dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3])
                      for dim, d in sorted(self._dims.items()))
         stall = self.verdict(at) if at is not None else None
         return RunSnapshot(tuple(out), tuple(self._series[s] for s in sorted(self._series)),
                            tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims,
-                           stall=stall)
+                           stall=stall, scalar_spread=self._scalar_spread())
 
     def _states(self) -> dict[int, RankState]:
         return {r: st.state for r, st in self._ranks.items()}
@@ -533,27 +600,9 @@ class RunState:
         or an interrupt raises); None when no rank reported where it was."""
         return self.stall.where(self._ranks, self._states(), at)
 
-    def _rank_snapshot(self, r: int, st: _Rank, cutoff: int, now: Optional[float],
+    def _rank_snapshot(self, r: int, st: _Rank, figures: tuple, now: Optional[float],
                        straggler: bool, score: float, gap: Optional[float]) -> RankSnapshot:
-        n = len(st.step_s)
-        sps = smp = step_s = exposed = compute = None
-        if n:
-            span = st.t1 - st.t0s[0]
-            if span > 0:
-                sps = n / span
-                smp = sum(st.samples) / span
-            step_s = fsum(st.step_s) / n
-            exposed = fsum(st.exposed) / n
-            compute = step_s - exposed
-        waits: Sequence[float] = st.m_waiting
-        transfers: Sequence[float] = st.m_transfer
-        bws_all: Sequence[Optional[float]] = st.m_bw
-        if st.m_index and st.m_index[0] < cutoff:  # some are older than the run's window
-            keep = [i for i, g in enumerate(st.m_index) if g >= cutoff]
-            waits = [st.m_waiting[i] for i in keep]
-            transfers = [st.m_transfer[i] for i in keep]
-            bws_all = [st.m_bw[i] for i in keep]
-        bws = [b for b in bws_all if b is not None] or list(st.free_bw)
+        sps, smp, step_s, compute, exposed, waiting, transfer, bw = figures
         bar = None
         if st.bar is not None:
             b = st.bar
@@ -564,15 +613,20 @@ class RunState:
                 if now is not None:  # count down between progress reports
                     eta = max(0.0, eta - max(0.0, now - b["t"]))
             bar = BarState(b["desc"], b["n"], b["total"], rt, eta, b["done"])
-        mem = None
-        if st.memory is not None:
+        # Records that did not change are the same objects from one snapshot to the next:
+        # less to build, and less for the garbage collector to follow.
+        mem = st.memory_point
+        if mem is None and st.memory is not None:
             m = st.memory
-            mem = MemoryPoint(m["params"], m["grads"], m["optimizer"], m.get("rss"),
-                              m.get("peak"), m.get("device_peak"))
+            mem = st.memory_point = MemoryPoint(m["params"], m["grads"], m["optimizer"],
+                                                m.get("rss"), m.get("peak"),
+                                                m.get("device_peak"))
+        if st.scalars_copy is None:
+            st.scalars_copy = dict(st.scalars)
         return RankSnapshot(
-            r, st.state, st.error, st.steps, sps, smp, step_s, compute, exposed, _mean(waits),
-            _mean(transfers), statistics.median(bws) if bws else None, bar, dict(st.scalars),
-            straggler, score, gap, st.free, st.free_waiting, st.free_transfer, memory=mem,
+            r, st.state, st.error, st.steps, sps, smp, step_s, compute, exposed, waiting,
+            transfer, bw, bar, st.scalars_copy, straggler, score, gap, st.free,
+            st.free_waiting, st.free_transfer, memory=mem,
             bytes_per_step=_mean(st.step_bytes), pipeline=_pipeline_point(st))
 
     def events(self) -> dict[int, list[Event]]:
@@ -580,6 +634,33 @@ class RunState:
         return {r: [x for e in d
                     for x in (rows(pickle.loads(e[1])) if isinstance(e, tuple) else (e,))]
                 for r, d in self.recorded.items()}
+
+
+def _figures(st: _Rank, cutoff: int) -> tuple:
+    """A rank's rates and means over its recent steps and matched steps: steps/s, samples/s,
+    step, compute, exposed, waiting, transfer (seconds) and bandwidth (``cutoff``: the match
+    number of the run's oldest match in the window)."""
+    n = len(st.step_s)
+    sps = smp = step_s = exposed = compute = None
+    if n:
+        span = st.t1 - st.t0s[0]
+        if span > 0:
+            sps = n / span
+            smp = sum(st.samples) / span
+        step_s = fsum(st.step_s) / n
+        exposed = fsum(st.exposed) / n
+        compute = step_s - exposed
+    waits: Sequence[float] = st.m_waiting
+    transfers: Sequence[float] = st.m_transfer
+    bws_all: Sequence[Optional[float]] = st.m_bw
+    if st.m_index and st.m_index[0] < cutoff:  # some are older than the run's window
+        keep = [i for i, g in enumerate(st.m_index) if g >= cutoff]
+        waits = [st.m_waiting[i] for i in keep]
+        transfers = [st.m_transfer[i] for i in keep]
+        bws_all = [st.m_bw[i] for i in keep]
+    bws = [b for b in bws_all if b is not None] or list(st.free_bw)
+    return (sps, smp, step_s, compute, exposed, _mean(waits), _mean(transfers),
+            statistics.median(bws) if bws else None)
 
 
 def _mean(xs: Sequence[float]) -> Optional[float]:

@@ -2,19 +2,20 @@
 
 A training rank sends tens of events a second (a step, a collective per gradient bucket, a
 memory sample); a thousand ranks would send the notebook fifty thousand dicts a second. In a
-batch, each run of consecutive :data:`~.events.TABLED` events is therefore one ``table``
-event (:func:`pack`), built on the worker:
+batch, the :data:`~.events.TABLED` events are therefore one ``table`` event (:func:`pack`),
+built on the worker:
 
 * events of one kind with the same keys form a *part*, one column per field; a column of
-  floats or of integers travels as the bytes of an ``array`` (no object per value to
-  unpickle), any other as a list;
+  floats or of integers (or of pairs of floats) travels as the bytes of an ``array`` (no
+  object per value to unpickle), any other as a list;
 * ``order`` has one character per event, the index of its part, so :func:`rows` gives the
   events back exactly, in their order (what a trace file and the tests read);
 * a part of collectives that belong to a step (gradient buckets, collectives called in the
   step) also carries what the notebook's fold needs of them, folded on the worker: per step,
-  their bytes, the bytes of the timed ones, whether one had no time, and the union of their
-  times as disjoint intervals (:func:`~.intervals.merge`), with the part's total bytes and
-  time span. The fold reads that summary and never the part's rows.
+  their bytes, the bytes of the timed ones, whether one had no time, the time any of them
+  was running (:func:`~.intervals.union_seconds`) and that union as disjoint intervals
+  (:func:`~.intervals.merge`, to join a step whose collectives came in two batches), with
+  the part's total bytes and time span. The fold reads that summary, never the part's rows.
 
 Everything here is plain data (dicts, lists, str, bytes), as the transports carry it.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
+from math import fsum
 from typing import Any
 
 from .events import COMM, TABLE, TABLED, Event
@@ -35,26 +37,38 @@ _BIG = sys.byteorder == "big"  # arrays travel little-endian
 
 
 def _encode(values: list[Any]) -> Any:
-    """A column as ``b"d" + float64 bytes`` or ``b"q" + int64 bytes``, else the list."""
+    """A column as ``b"d" + float64 bytes`` or ``b"q" + int64 bytes``; a column of
+    same-length lists of floats (a step's forward span) as ``b"D", k`` and their floats; any
+    other as the list."""
     kinds = {type(v) for v in values}
-    code = "d" if kinds == {float} else "q" if kinds == {int} else None
-    if code is None:
+    head = b"d" if kinds == {float} else b"q" if kinds == {int} else None
+    if head is None and kinds == {list}:
+        sizes = {len(v) for v in values}
+        k = sizes.pop() if len(sizes) == 1 else 0
+        flat = [x for v in values for x in v]
+        if 0 < k < 256 and {type(x) for x in flat} == {float}:
+            head, values = b"D" + bytes([k]), flat
+    if head is None:
         return values
     try:
-        a = array(code, values)
+        a = array(chr(head[0]).lower(), values)
     except OverflowError:  # an int beyond 64 bits
         return values
     if _BIG:
         a.byteswap()
-    return code.encode() + a.tobytes()
+    return head + a.tobytes()
 
 
 def _decode(col: Any) -> list[Any]:
     if isinstance(col, (bytes, bytearray)):
-        a = array(chr(col[0]))
-        a.frombytes(memoryview(col)[1:])
+        lists = col[0] == ord("D")
+        a = array("d" if lists else chr(col[0]))
+        a.frombytes(memoryview(col)[2 if lists else 1:])
         if _BIG:
             a.byteswap()
+        if lists:
+            k = col[1]
+            return [a[i:i + k].tolist() for i in range(0, len(a), k)]
         return a.tolist()
     return list(col)
 
@@ -81,7 +95,7 @@ def table(events: Sequence[Event]) -> Event:
     >>> from nbdist.telemetry import events as ev
     >>> t = table([ev.comm("all_reduce", 1.0, 1.5, 8, step=0), ev.step(0, 0.5, 2.0)])
     >>> [p["of"] for p in t["parts"]], t["order"], t["parts"][0]["steps"]
-    (['comm', 'step'], '01', [[0, 8, 8, False, 1.0, 1.5]])
+    (['comm', 'step'], '01', [[0, 8, 8, False, 0.5, 1.0, 1.5]])
     >>> list(rows(t)) == [ev.comm("all_reduce", 1.0, 1.5, 8, step=0), ev.step(0, 0.5, 2.0)]
     True
     """
@@ -125,8 +139,12 @@ def _summarize(part: dict[str, Any]) -> None:
             acc[3].append((a, z))
         if m == "untimed":
             acc[2] = True
-    part["steps"] = [[s, nb, tb, untimed, *(x for span in merge(spans) for x in span)]
-                     for s, (nb, tb, untimed, spans) in steps.items()]
+    out = []
+    for s, (nb, tb, untimed, spans) in steps.items():
+        union = merge(spans)
+        out.append([s, nb, tb, untimed, float(fsum(b - a for a, b in union)),
+                    *(x for span in union for x in span)])
+    part["steps"] = out
     part["bytes"] = sum(nbytes)
     part["t0"], part["t1"] = min(t0s), max(t1s)
 
@@ -151,26 +169,21 @@ def rows(t: Event) -> Iterator[Event]:
 
 
 def pack(events: Iterable[Event]) -> list[Event]:
-    """A batch's events with each run of consecutive :data:`~.events.TABLED` events as one
-    table (a lone high-rate event between two others stays as it is)."""
-    out: list[Event] = []
-    run: list[Event] = []
+    """A batch's events with its :data:`~.events.TABLED` events as one table, where the last
+    of them was (a lone one stays as it is).
 
-    def close() -> None:
-        if len(run) > 1:
-            out.append(table(run))
-        else:
-            out.extend(run)
-        run.clear()
-
-    for e in events:
-        if e.get("kind") in TABLED:
-            run.append(e)
-        else:
-            close()
-            out.append(e)
-    close()
-    return out
+    Only the high-rate events' order among themselves is kept exactly: the others that came
+    between them (a logged value, a progress bar, the hang doctor's report) now come before
+    them, which the fold does not mind (it orders a rank's reports by their times, not by
+    their place in a batch; an end of cell comes after every step anyway).
+    """
+    events = list(events)
+    high = [i for i, e in enumerate(events) if e.get("kind") in TABLED]
+    if len(high) < 2:
+        return events
+    keep = set(high)
+    return ([e for i, e in enumerate(events[:high[-1]]) if i not in keep]
+            + [table([events[i] for i in high])] + events[high[-1] + 1:])
 
 
 def unpack(events: Iterable[Event]) -> Iterator[Event]:

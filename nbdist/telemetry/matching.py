@@ -56,7 +56,11 @@ class RankStep(NamedTuple):
 
 @dataclass(frozen=True)
 class MatchedStep:
-    """One step as every rank that ran it reported it, with the waiting/transfer split."""
+    """One step as every rank that ran it reported it, with the waiting/transfer split.
+
+    ``reports`` are :class:`RankStep` tuples, or plain tuples of its fields in its order
+    (what the fold keeps while a step waits for its last report).
+    """
 
     step: int
     reports: Mapping[int, RankStep]
@@ -68,27 +72,30 @@ class MatchedStep:
     def bandwidth(self, rank: int) -> Optional[float]:
         """``rank``'s bytes in this step over the step's transfer time (bytes/s)."""
         rep = self.reports.get(rank)
-        if rep is None or not rep.nbytes or not self.transfer_time_s:
+        if rep is None or not rep[_NBYTES] or not self.transfer_time_s:
             return None
-        return rep.nbytes / self.transfer_time_s
+        return rep[_NBYTES] / self.transfer_time_s
 
     def waiting_share(self, rank: int) -> float:
         """The share of ``rank``'s step it spent waiting."""
-        rep = self.reports[rank]
-        return min(1.0, self.waiting[rank] / rep.step_s) if rep.step_s > 0 else 0.0
+        step_s = self.reports[rank][_STEP_S]
+        return min(1.0, self.waiting[rank] / step_s) if step_s > 0 else 0.0
+
+
+# RankStep's fields by position: the fold hands match_step plain tuples
+_STEP_S, _EXPOSED, _BUSY, _NBYTES, _TIMED = range(5)
 
 
 def match_step(step: int, reports: Mapping[int, RankStep]) -> MatchedStep:
     """Split step ``step``'s exposed communication on every rank that reported it."""
-    timed = [r for r in reports if reports[r].timed] or list(reports)
-    last = min(timed, key=lambda r: (reports[r].exposed_s, r))
-    transfer = reports[last].exposed_s
-    waiting = {r: max(0.0, rep.exposed_s - transfer) for r, rep in reports.items()}
+    timed = [r for r, rep in reports.items() if rep[_TIMED]] or list(reports)
+    transfer, last = min((reports[r][_EXPOSED], r) for r in timed)
+    waiting = {r: max(0.0, rep[_EXPOSED] - transfer) for r, rep in reports.items()}
     if max(waiting.values()) < WAIT_NOISE_S:
         waited_for: Optional[int] = None
     else:
         waited_for = last
-    busy = [rep.busy_s for rep in reports.values() if rep.busy_s > 0]
+    busy = [rep[_BUSY] for rep in reports.values() if rep[_BUSY] > 0]
     return MatchedStep(step, dict(reports), waiting, transfer, waited_for,
                        min(busy) if busy else None)
 
@@ -129,8 +136,10 @@ def blame(m: MatchedStep) -> Optional[tuple[int, float, float]]:
     others = [q for q in m.reports if q != r]
     if r is None or not others:
         return None
-    return (r, statistics.fmean(m.waiting_share(q) for q in others),
-            statistics.fmean(m.waiting[q] for q in others))
+    waiting, reports = m.waiting, m.reports
+    shares = [min(1.0, waiting[q] / reports[q][_STEP_S]) if reports[q][_STEP_S] > 0 else 0.0
+              for q in others]  # waiting_share, inline: this runs for every rank and step
+    return (r, statistics.fmean(shares), statistics.fmean([waiting[q] for q in others]))
 
 
 _ZERO = StragglerScore(0.0, 0.0, 0.0)

@@ -187,6 +187,9 @@ class RunSnapshot:
     stall: Optional[Verdict] = None
     #: what the session noted during the run (e.g. a rank elastic training lost and healed)
     notes: tuple[str, ...] = ()
+    #: name -> ((step, min, median, max), ...) over the ranks that logged it at that step
+    scalar_spread: dict[str, tuple[tuple[float, float, float, float], ...]] = field(
+        default_factory=dict)
 
     @property
     def bubble(self) -> Optional[float]:
