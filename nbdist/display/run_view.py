@@ -42,7 +42,7 @@ class RunView:
     dashboard's interval.
     """
 
-    MAX_BUSY_SHARE = 0.05
+    MAX_BUSY_SHARE = 0.03
 
     def __init__(self, stream: StreamView, dashboard: Optional[Dashboard] = None):
         self.stream = stream

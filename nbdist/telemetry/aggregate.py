@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from math import fsum
 from typing import Any, Optional
 
-from .columns import column, columns, rows, table_rows
+from .columns import column, columns, row, rows, table_rows
 from .events import (
     COMM,
     END,
@@ -78,17 +78,28 @@ _MAX_PENDING_COLLECTIVES = 10_000
 
 # ----------------------------------------------------------------- the fold
 class _StepComm:
-    """One rank's collectives of one step, until the step's own report lands."""
+    """One rank's collectives of one step, until the step's own report lands (when one
+    worker's summary told all of them, the fold keeps that summary list instead: see
+    :meth:`RunState._comm_summary`)."""
 
     __slots__ = ("spans", "nbytes", "timed_bytes", "untimed", "busy")
 
     def __init__(self) -> None:
-        self.spans: list[tuple[float, float]] = []  # of the timed ones
+        self.spans: list[float] = []  # of the timed ones: start, end, start, end...
         self.nbytes = 0
         self.timed_bytes = 0
         self.untimed = False  # one of them had no time (a GPU bucket not completed yet)
         #: the union of the spans' time, when one worker's summary told all of it
         self.busy: Optional[float] = None
+
+    @classmethod
+    def of(cls, summary: list) -> _StepComm:
+        """From a worker's summary of a step: ``[step, bytes, timed bytes, untimed, busy,
+        spans...]``."""
+        acc = cls()
+        acc.nbytes, acc.timed_bytes, acc.untimed, acc.busy = summary[1:5]
+        acc.spans = list(summary[5:])
+        return acc
 
 
 class _Rank:
@@ -102,7 +113,8 @@ class _Rank:
         self.step_s: deque[float] = deque(maxlen=WINDOW)
         self.samples: deque[int] = deque(maxlen=WINDOW)
         self.exposed: deque[float] = deque(maxlen=WINDOW)
-        self.comm: dict[int, _StepComm] = {}  # step → its collectives, until the step lands
+        # step → its collectives until the step lands: a _StepComm, or a worker's summary
+        self.comm: dict[int, Any] = {}
         # the matched steps it took part in: the run's match number, its waiting, the
         # step's transfer, its bandwidth (None: no bytes)
         self.m_index: deque[int] = deque(maxlen=WINDOW)
@@ -244,19 +256,19 @@ class RunState:
         if kind in PROGRESS_KINDS and t is not None:
             self.stall.progress(t, rank)
         if kind == STEP:
-            self.stall.step(e["t1"] - e["t0"], e["t1"], rank)
-            self._step(rank, st, e["step"], e["t0"], e["t1"], e["samples"], e["comm_exposed_s"])
+            length = e["t1"] - e["t0"]
+            self.stall.step(length, e["t1"], rank)
+            self._steps(rank, st, [e["step"]], [e["t0"]], [e["t1"]], [length], [e["samples"]],
+                        [e["comm_exposed_s"]])
         elif kind == COMM:
             self._bytes += e["bytes"]
             self._ncomm += 1
             if e.get("step") is not None:
-                acc = st.comm.get(e["step"])
-                if acc is None:
-                    acc = st.comm[e["step"]] = _StepComm()
+                acc = _accumulator(st.comm, e["step"])
                 acc.nbytes += e["bytes"]
                 acc.busy = None
                 if e["t1"] > e["t0"]:
-                    acc.spans.append((e["t0"], e["t1"]))
+                    acc.spans += (e["t0"], e["t1"])
                     acc.timed_bytes += e["bytes"]
                 if e.get("measured") == "untimed":
                     acc.untimed = True
@@ -372,17 +384,29 @@ class RunState:
             if kind == STEP:
                 self._step_columns(rank, st, part)
                 continue
+            if kind == MEMORY:
+                self._memory_columns(st, part)
+                continue
             cols = columns(part)
             if kind == COMM:
                 self._comm_columns(rank, st, cols)
-            elif kind == MEMORY:
-                ts = cols["t"]
-                self._span(min(ts), max(ts))
-                for e in _part_rows(kind, cols):
-                    self._memory(st, e)
             else:  # rarer kinds: one event at a time
                 for e in _part_rows(kind, cols):
                     self._fold(rank, st, e)
+
+    def _memory_columns(self, st: _Rank, part: Event) -> None:
+        """What :meth:`_memory` would keep of the part's samples, one at a time: the last one
+        that holds anything, else the first when the rank had none."""
+        ts = column(part, "t")
+        self._span(min(ts), max(ts))
+        held = [any(x) for x in zip(column(part, "params"), column(part, "grads"),
+                                    column(part, "optimizer"))]
+        keep = max((i for i, h in enumerate(held) if h), default=None)
+        if keep is None and st.memory is None:
+            keep = 0
+        if keep is not None:
+            st.memory = row(part, keep)
+            st.memory_point = None
 
     def _comm_summary(self, rank: int, st: _Rank, part: Event) -> None:
         """Collectives of steps, from what the worker summed of them (see :mod:`.columns`)."""
@@ -394,18 +418,17 @@ class RunState:
         self._bytes += part["bytes"]
         self._ncomm += part["n"]
         comm = st.comm
-        for s, nbytes, timed_bytes, untimed, busy, *flat in part["steps"]:
-            acc = comm.get(s)
-            if acc is None:
-                acc = comm[s] = _StepComm()
-                acc.busy = busy  # the union of these spans: all of them, so far
-            else:
-                acc.busy = None
-            acc.nbytes += nbytes
-            acc.timed_bytes += timed_bytes
-            if untimed:
+        for e in part["steps"]:  # step, bytes, timed bytes, untimed, busy, spans...
+            if e[0] not in comm:
+                comm[e[0]] = e  # all of the step's collectives so far: kept as it came
+                continue
+            acc = _accumulator(comm, e[0])
+            acc.busy = None
+            acc.nbytes += e[1]
+            acc.timed_bytes += e[2]
+            if e[3]:
                 acc.untimed = True
-            acc.spans.extend(zip(flat[::2], flat[1::2]))
+            acc.spans += e[5:]
 
     def _comm_columns(self, rank: int, st: _Rank, cols: dict[str, list[Any]]) -> None:
         t0s, t1s, nbytes, steps = cols["t0"], cols["t1"], cols["bytes"], cols["step"]
@@ -419,13 +442,11 @@ class RunState:
             if s is None:
                 self._free_collective(rank, st, cols["op"][i], a, z, b)
                 continue
-            acc = comm.get(s)
-            if acc is None:
-                acc = comm[s] = _StepComm()
+            acc = _accumulator(comm, s)
             acc.nbytes += b
             acc.busy = None
             if z > a:
-                acc.spans.append((a, z))
+                acc.spans += (a, z)
                 acc.timed_bytes += b
             if m == "untimed":
                 acc.untimed = True
@@ -439,45 +460,57 @@ class RunState:
         t0s, t1s = column(part, "t0"), column(part, "t1")  # the columns the fold reads
         self._span(min(t0s), max(t1s))
         self.stall.progress_all(t1s, rank)
-        self.stall.steps_all([b - a for a, b in zip(t0s, t1s)], t1s, rank)
-        for n, a, b, smp, ex in zip(column(part, "step"), t0s, t1s, column(part, "samples"),
-                                    column(part, "comm_exposed_s")):
-            self._step(rank, st, n, a, b, smp, ex)
+        lengths = [b - a for a, b in zip(t0s, t1s)]
+        self.stall.steps_all(lengths, t1s, rank)
+        self._steps(rank, st, column(part, "step"), t0s, t1s, lengths,
+                    column(part, "samples"), column(part, "comm_exposed_s"))
 
     # ------------------------------------------------------------- matching across ranks
-    def _step(self, rank: int, st: _Rank, n: int, t0: float, t1: float, samples: int,
-              exposed: float) -> None:
-        st.steps += 1
-        step_s = t1 - t0
-        exposed = min(exposed, step_s)
-        st.t0s.append(t0)
-        st.t1 = t1
-        st.step_s.append(step_s)
-        st.samples.append(samples)
-        st.exposed.append(exposed)
-        acc = st.comm.pop(n, None)
-        # A plain tuple of numbers until the step is matched: the garbage collector stops
-        # tracking it at once (reports wait for the last rank's, a second at large scale).
-        if acc is None:
-            st.step_bytes.append(0)
-            report = (step_s, exposed, 0.0, 0, True)
-        else:
-            st.step_bytes.append(acc.nbytes)
-            busy = acc.busy if acc.busy is not None else union_seconds(acc.spans)
-            report = (step_s, exposed, busy, acc.timed_bytes, not acc.untimed)
-        reports = self._pending.get(n)
-        if reports is None:
-            reports = self._pending[n] = {}
-        reports[rank] = report
-        while len(self._pending) > self._history:  # a rank stopped reporting: give up on it
-            del self._pending[min(self._pending)]
-        if n in self._pending:  # not given up already: a rank far behind (async)
-            self._settle(n)
+    def _steps(self, rank: int, st: _Rank, ns: Sequence[int], t0s: Sequence[float],
+               t1s: Sequence[float], lengths: Sequence[float], samples: Sequence[int],
+               exposed: Sequence[float]) -> None:
+        """Steps ``ns`` of ``rank``, in order: its window, and each step's report, matched
+        across ranks once the last one arrives."""
+        exposed = [min(e, s) for e, s in zip(exposed, lengths)]
+        st.steps += len(ns)
+        st.t0s.extend(t0s)
+        st.t1 = t1s[-1]
+        st.step_s.extend(lengths)
+        st.samples.extend(samples)
+        st.exposed.extend(exposed)
+        comm, pending = st.comm, self._pending
+        for n, step_s, ex in zip(ns, lengths, exposed):
+            acc = comm.pop(n, None)
+            # A plain tuple of numbers until the step is matched: the garbage collector
+            # stops tracking it at once (reports wait for the last rank's, seconds at scale).
+            if acc is None:
+                st.step_bytes.append(0)
+                report = (step_s, ex, 0.0, 0, True)
+            elif type(acc) is list:  # one worker's summary: step, bytes, timed, untimed, busy
+                st.step_bytes.append(acc[1])
+                report = (step_s, ex, acc[4], acc[2], not acc[3])
+            else:
+                st.step_bytes.append(acc.nbytes)
+                busy = acc.busy if acc.busy is not None else union_seconds(
+                    zip(acc.spans[::2], acc.spans[1::2]))
+                report = (step_s, ex, busy, acc.timed_bytes, not acc.untimed)
+            reports = pending.get(n)
+            if reports is None:
+                reports = pending[n] = {}
+            reports[rank] = report
+            while len(pending) > self._history:  # a rank stopped reporting: give up on it
+                del pending[min(pending)]
+            # Not given up already (a rank far behind, async), and maybe the last report
+            # (fewer reports than ranks still running cannot be all of them).
+            if len(reports) >= self._active and n in pending:
+                self._settle(n)
 
     def _waiting_on(self, reporters: Mapping[int, Any]) -> bool:
         """True while a rank that has not reported may still report (it has not ended)."""
         if len(reporters) < self._active:
             return True  # not every rank still running can be among them: no need to look
+        if self._active == len(self._ranks):
+            return False  # no rank has ended: as many reporters as ranks are all of them
         return any(st.state.active and r not in reporters for r, st in self._ranks.items())
 
     def _settle(self, step: int) -> None:
@@ -593,6 +626,9 @@ class RunState:
 
     def verdict(self, at: float) -> Optional[Verdict]:
         """The hang doctor's verdict at ``at`` (None: no stall past the threshold)."""
+        threshold = self.stall.threshold
+        if threshold is None or self.stall.idle(at) < threshold:
+            return None  # the usual answer, asked ten times a second: no states to gather
         return self.stall.verdict(self._ranks, self._states(), at)
 
     def where(self, at: float) -> Optional[Verdict]:
@@ -661,6 +697,16 @@ def _figures(st: _Rank, cutoff: int) -> tuple:
     bws = [b for b in bws_all if b is not None] or list(st.free_bw)
     return (sps, smp, step_s, compute, exposed, _mean(waits), _mean(transfers),
             statistics.median(bws) if bws else None)
+
+
+def _accumulator(comm: dict[int, Any], step: int) -> _StepComm:
+    """The step's :class:`_StepComm` (one made from a worker's summary, or a new one)."""
+    acc = comm.get(step)
+    if acc is None:
+        acc = comm[step] = _StepComm()
+    elif type(acc) is list:
+        acc = comm[step] = _StepComm.of(acc)
+    return acc
 
 
 def _mean(xs: Sequence[float]) -> Optional[float]:

@@ -22,6 +22,7 @@ Everything here is plain data (dicts, lists, str, bytes), as the transports carr
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,7 +32,7 @@ from typing import Any
 from .events import COMM, TABLE, TABLED, Event
 from .intervals import merge
 
-__all__ = ["column", "columns", "pack", "rows", "table", "table_rows", "unpack"]
+__all__ = ["column", "columns", "pack", "row", "rows", "table", "table_rows", "unpack"]
 
 _BIG = sys.byteorder == "big"  # arrays travel little-endian
 
@@ -76,6 +77,21 @@ def _decode(col: Any) -> list[Any]:
 def columns(part: Event) -> dict[str, list[Any]]:
     """A part's columns by field name, as lists."""
     return {f: _decode(c) for f, c in zip(part["fields"], part["columns"])}
+
+
+def row(part: Event, i: int) -> Event:
+    """The ``i``-th event of a part, decoding only its own values."""
+    e = {"kind": part["of"]}
+    for f, c in zip(part["fields"], part["columns"]):
+        if isinstance(c, (bytes, bytearray)):
+            if c[0] == ord("D"):
+                k = c[1]
+                e[f] = list(struct.unpack_from(f"<{k}d", c, 2 + 8 * k * i))
+            else:
+                e[f] = struct.unpack_from("<" + chr(c[0]), c, 1 + 8 * i)[0]
+        else:
+            e[f] = c[i]
+    return e
 
 
 def column(part: Event, name: str) -> list[Any]:
