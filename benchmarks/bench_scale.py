@@ -390,7 +390,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--worlds", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--views", nargs="+", choices=("widget", "text"), default=["widget", "text"])
     ap.add_argument("--seconds", type=float, default=6.0, help="simulated training timed")
-    ap.add_argument("--warmup", type=float, default=2.0, help="simulated seconds not timed")
+    ap.add_argument("--warmup", type=float, default=5.0,
+                    help="simulated seconds not timed (longer than the flush interval, so "
+                         "every rank has sent a batch)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rate", type=float, default=10.0, help="steps per second per rank")
     ap.add_argument("--buckets", type=int, default=4, help="gradient buckets per step")

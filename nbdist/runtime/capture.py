@@ -7,8 +7,9 @@ can wait for exactly the batches that belong to it.
 
 The notebook receives every rank's batches, so a rank flushes less often the larger the job
 (:func:`flush_interval`), and packs its steps, buckets and memory samples into tables
-(:func:`~nbdist.telemetry.columns.pack`). What cannot wait (elastic training's news, the hang
-doctor's report) goes out at the next tick.
+(:func:`~nbdist.telemetry.columns.pack`). What cannot wait goes out at the next tick: elastic
+training's news, the hang doctor's report, and the output of the rank whose output the
+notebook shows (:attr:`EventSink.prompt_output`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ Transport = Callable[[Batch], None]
 #: seconds between a rank's batches in a small job (and between the sending thread's ticks)
 TICK = 0.1
 #: batches per second the notebook should receive from all ranks together ...
-NOTEBOOK_BATCHES_PER_S = 500
+NOTEBOOK_BATCHES_PER_S = 256
 #: ... unless that would hold a rank's events back longer than this (seconds)
-MAX_INTERVAL = 2.0
+MAX_INTERVAL = 4.0
 #: kinds sent at the next tick, whatever the interval
 URGENT = frozenset({ELASTIC, STACK})
 
@@ -59,6 +60,8 @@ class EventSink:
         self.seq = 0  # batches sent so far
         self._pending: list[Event] = []
         self._urgent = False  # an event that cannot wait for the interval is pending
+        #: this rank's output is the one the notebook shows: send it at the next tick
+        self.prompt_output = False
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._wake = threading.Event()
@@ -71,7 +74,7 @@ class EventSink:
     def emit(self, event: Event) -> None:
         with self._lock:
             self._pending.append(event)
-            if event["kind"] in URGENT:
+            if event["kind"] in URGENT or (self.prompt_output and event["kind"] == STREAM):
                 self._urgent = True
 
     def flush(self) -> int:
