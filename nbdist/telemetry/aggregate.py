@@ -132,8 +132,10 @@ class _Rank:
         self.scalar_curves: dict[str, tuple[tuple[float, float], ...]] = {}
         self.free_seq: dict[str, int] = {}  # op → collectives outside steps seen so far
         self.free = 0
-        self.free_waiting = 0.0
-        self.free_transfer = 0.0
+        # nanoseconds: integers add up the same in any order (ranks' reports interleave
+        # differently from one feed to the next; the sums must not)
+        self.free_waiting_ns = 0
+        self.free_transfer_ns = 0
         self.free_bw: deque[float] = deque(maxlen=WINDOW)
         self.memory: Optional[Event] = None
         self.memory_point: Optional[MemoryPoint] = None  # of ``memory``, once asked for
@@ -198,7 +200,7 @@ class RunState:
         self._t1: Optional[float] = None
         self._bytes = 0
         self._ncomm = 0
-        self._dims: dict[str, list] = {}  # dim -> [ops, calls, bytes, seconds]
+        self._dims: dict[str, list] = {}  # dim -> [ops, calls, bytes, nanoseconds]
         # logged values: name -> step -> rank -> value, and their spread over ranks per step
         self._scalar_at: dict[str, dict[float, dict[int, float]]] = {}
         self._spread: dict[str, dict[float, tuple[float, float, float, float]]] = {}
@@ -339,11 +341,11 @@ class RunState:
         self._t1 = t1 if self._t1 is None else max(self._t1, t1)
 
     def _dim(self, dim: str, op: str, nbytes: int, seconds: float) -> None:
-        d = self._dims.setdefault(dim, [set(), 0, 0, 0.0])
+        d = self._dims.setdefault(dim, [set(), 0, 0, 0])
         d[0].add(op)
         d[1] += 1
         d[2] += nbytes
-        d[3] += seconds
+        d[3] += _ns(seconds)
 
     def _record(self, rank: int, e: Event, n: int) -> None:
         rec = self.recorded.setdefault(rank, deque())
@@ -536,9 +538,10 @@ class RunState:
             st.m_bw.append(bw)
         reps = list(reports.values())
         k = len(reps)
+        # fsum: the same whatever order the ranks' reports came in
         self._series[step] = StepPoint(
-            step, sum(p[0] for p in reps) / k, sum(max(0.0, p[0] - p[1]) for p in reps) / k,
-            sum(waiting.values()) / k, transfer, sum(p[3] for p in reps) // k,
+            step, fsum(p[0] for p in reps) / k, fsum(max(0.0, p[0] - p[1]) for p in reps) / k,
+            fsum(waiting.values()) / k, transfer, sum(p[3] for p in reps) // k,
             statistics.median(bws) if bws else None, k, m.last)
         while len(self._series) > self._history:
             del self._series[min(self._series)]
@@ -567,8 +570,8 @@ class RunState:
         for r in reports:
             st = self._ranks[r]
             st.free += 1
-            st.free_waiting += m.waiting(r)
-            st.free_transfer += m.transfer_s
+            st.free_waiting_ns += _ns(m.waiting(r))
+            st.free_transfer_ns += _ns(m.transfer_s)
             bw = m.bandwidth(r)
             if bw is not None:
                 st.free_bw.append(bw)
@@ -614,7 +617,7 @@ class RunState:
                 if curve is None:
                     curve = st.scalar_curves[name] = tuple(pts)
                 curves.setdefault(name, {})[r] = curve
-        dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3])
+        dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3] / 1e9)
                      for dim, d in sorted(self._dims.items()))
         stall = self.verdict(at) if at is not None else None
         return RunSnapshot(tuple(out), tuple(self._series[s] for s in sorted(self._series)),
@@ -662,7 +665,7 @@ class RunState:
         return RankSnapshot(
             r, st.state, st.error, st.steps, sps, smp, step_s, compute, exposed, waiting,
             transfer, bw, bar, st.scalars_copy, straggler, score, gap, st.free,
-            st.free_waiting, st.free_transfer, memory=mem,
+            st.free_waiting_ns / 1e9, st.free_transfer_ns / 1e9, memory=mem,
             bytes_per_step=_mean(st.step_bytes), pipeline=_pipeline_point(st))
 
     def events(self) -> dict[int, list[Event]]:
@@ -707,6 +710,10 @@ def _accumulator(comm: dict[int, Any], step: int) -> _StepComm:
     elif type(acc) is list:
         acc = comm[step] = _StepComm.of(acc)
     return acc
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
 
 
 def _mean(xs: Sequence[float]) -> Optional[float]:
