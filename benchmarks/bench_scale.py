@@ -399,6 +399,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--before", metavar="REF", default=None,
                     help="also measure the nbdist of this git commit (its own wire format)")
     ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--engine", action="append", default=[],
+                    help="accepted for run_all.sh: no worker is started, the transport "
+                         "simulated is ipyparallel's")
     # one measurement in this process (what the parent runs per configuration)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, default=64, help=argparse.SUPPRESS)
@@ -436,11 +439,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     for key, r in results.items():
         label, view, world = key.split()
         rows.append([f"{label} {view}", world, r["cpu_percent"],
-                     f"{r['cpu_min']:.1f}-{r['cpu_max']:.1f}", round(r["messages_per_s"]),
-                     r["snapshot_ms"] or 0.0, r["draw_ms"] or 0.0, r["close_ms"],
-                     r["summary_kib"]])
-    print(c.table(["code, view", "ranks", "CPU % of a core", "min-max", "messages/s",
-                   "snapshot ms", "draw ms", "final ms", "summary KiB"], rows))
+                     f"{r['cpu_min']:.1f}-{r['cpu_max']:.1f}", r["decode_percent"],
+                     r["fold_percent"], r["redraw_percent"], round(r["messages_per_s"]),
+                     r["redraws"] / args.seconds, r["snapshot_ms"] or 0.0, r["draw_ms"] or 0.0,
+                     r["close_ms"], r["summary_kib"]])
+    print(c.table(["code, view", "ranks", "CPU % of a core", "min-max", "decode %", "fold %",
+                   "redraw %", "messages/s", "redraws/s", "snapshot ms", "draw ms",
+                   "final ms", "summary KiB"], rows))
+    print("CPU % of a core: the notebook process's CPU seconds per second of training, median "
+          "of the repeats; decode: the client unpacking messages; fold: the Session's pump "
+          "without the redraws (output, the run's fold, the hang doctor); redraw: snapshots "
+          "and drawing; final: the last snapshot and summary when the run ends")
     for view in args.views:
         for world in args.worlds:
             after = results[f"after {view} {world}"]

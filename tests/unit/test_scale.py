@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from dataclasses import replace
 
 import pytest
 from synthetic import T0, ddp_job, stack_sleeping, stack_waiting
@@ -244,3 +245,18 @@ def test_the_sink_packs_tables_and_sends_what_cannot_wait_at_the_next_tick():
         assert sent[1]["events"] == [ev.stream("stdout", "epoch 1\n")]
     finally:
         sink.close()
+
+
+def test_the_widget_builds_again_only_what_changed(monkeypatch, thousand):
+    pytest.importorskip("ipywidgets")
+    from nbdist.display import widgets
+
+    built = []
+    monkeypatch.setattr(widgets, "charts", lambda snap: built.append("charts") or "c")
+    monkeypatch.setattr(widgets, "detail_tables", lambda snap: built.append("details") or "d")
+    w = widgets.RunWidget(list(range(1024)))
+    w.show(thousand)
+    w.show(thousand)  # the same numbers: nothing to build again
+    assert built == ["details", "charts"]
+    w.show(replace(thousand, series=thousand.series[:-1]))  # a step less: new charts only
+    assert built == ["details", "charts", "charts"]
