@@ -45,7 +45,7 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
     import _common as c  # type: ignore[no-redef]
 
 #: the goal at 1,024 ranks: the notebook's CPU per second of training, in % of one core
-TARGET_PERCENT = 10.0
+TARGET_WORLD, TARGET_PERCENT = 1024, 10.0
 
 
 # ----------------------------------------------------------------- the synthetic job
@@ -459,10 +459,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                 line += (f" (before {before:.1f} %), ratio after/before "
                          f"{c.ratio(after['cpu_percent'], before)}")
             print(line)
-    top = max(args.worlds)
-    worst = max(results[f"after {v} {top}"]["cpu_percent"] for v in args.views)
-    print(f"target at {top} ranks: under {TARGET_PERCENT:g} % of one core; measured "
-          f"{worst:.1f} % (busiest view): {'met' if worst < TARGET_PERCENT else 'missed'}")
+    if TARGET_WORLD in args.worlds:
+        worst = max(results[f"after {v} {TARGET_WORLD}"]["cpu_percent"] for v in args.views)
+        print(f"target at {TARGET_WORLD} ranks: under {TARGET_PERCENT:g} % of one core; "
+              f"measured {worst:.1f} % (busiest view): "
+              f"{'met' if worst < TARGET_PERCENT else 'missed'}")
+    else:
+        print(f"target at {TARGET_WORLD} ranks: not measured (--worlds "
+              f"{' '.join(map(str, args.worlds))})")
     print("RESULT " + json.dumps({"benchmark": "scale", "rate": args.rate,
                                   "buckets": args.buckets, "seconds": args.seconds,
                                   "repeats": args.repeats, "before": args.before,
