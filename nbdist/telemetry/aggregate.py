@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import pickle
 import statistics
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from math import fsum
@@ -41,7 +40,7 @@ from .events import (
     Batch,
     Event,
 )
-from .intervals import bubble_fraction, rate, union_seconds
+from .intervals import union_seconds
 from .matching import (
     STRAGGLER_MIN_S,
     STRAGGLER_MIN_STEPS,
@@ -51,6 +50,14 @@ from .matching import (
     flagged,
     match_step,
     scores_of,
+)
+from .ranks import (
+    RankFold,
+    accumulator,
+    figures,
+    median_without,
+    rank_snapshot,
+    to_ns,
 )
 from .snapshot import (
     WINDOW,
@@ -77,90 +84,6 @@ _MAX_PENDING_COLLECTIVES = 10_000
 
 
 # ----------------------------------------------------------------- the fold
-class _StepComm:
-    """One rank's collectives of one step, until the step's own report lands (when one
-    worker's summary told all of them, the fold keeps that summary list instead: see
-    :meth:`RunState._comm_summary`)."""
-
-    __slots__ = ("spans", "nbytes", "timed_bytes", "untimed", "busy")
-
-    def __init__(self) -> None:
-        self.spans: list[float] = []  # of the timed ones: start, end, start, end...
-        self.nbytes = 0
-        self.timed_bytes = 0
-        self.untimed = False  # one of them had no time (a GPU bucket not completed yet)
-        #: the union of the spans' time, when one worker's summary told all of it
-        self.busy: Optional[float] = None
-
-    @classmethod
-    def of(cls, summary: list) -> _StepComm:
-        """From a worker's summary of a step: ``[step, bytes, timed bytes, untimed, busy,
-        spans...]``."""
-        acc = cls()
-        acc.nbytes, acc.timed_bytes, acc.untimed, acc.busy = summary[1:5]
-        acc.spans = list(summary[5:])
-        return acc
-
-
-class _Rank:
-    def __init__(self, history: int) -> None:
-        self.state = RankState.WAITING
-        self.error: Optional[str] = None
-        self.steps = 0
-        # its last WINDOW steps: start, length, samples, exposed (at most the length)
-        self.t0s: deque[float] = deque(maxlen=WINDOW)
-        self.t1 = 0.0  # the end of its latest step
-        self.step_s: deque[float] = deque(maxlen=WINDOW)
-        self.samples: deque[int] = deque(maxlen=WINDOW)
-        self.exposed: deque[float] = deque(maxlen=WINDOW)
-        # step → its collectives until the step lands: a _StepComm, or a worker's summary
-        self.comm: dict[int, Any] = {}
-        # the matched steps it took part in: the run's match number, its waiting, the
-        # step's transfer, its bandwidth (None: no bytes)
-        self.m_index: deque[int] = deque(maxlen=WINDOW)
-        self.m_waiting: deque[float] = deque(maxlen=WINDOW)
-        self.m_transfer: deque[float] = deque(maxlen=WINDOW)
-        self.m_bw: deque[Optional[float]] = deque(maxlen=WINDOW)
-        self.bar_id: Optional[int] = None
-        self.bar: Optional[Event] = None
-        self.bar_points: deque[tuple[float, float]] = deque(maxlen=WINDOW)
-        self.scalars: dict[str, float] = {}
-        self.history = history
-        # name -> (step, value) points, the last ``history``; and their tuple, until a new
-        # one arrives (a snapshot at a thousand ranks must not copy every curve every time)
-        self.scalar_points: dict[str, list[tuple[float, float]]] = {}
-        self.scalar_curves: dict[str, tuple[tuple[float, float], ...]] = {}
-        self.free_seq: dict[str, int] = {}  # op → collectives outside steps seen so far
-        self.free = 0
-        # nanoseconds: integers add up the same in any order (ranks' reports interleave
-        # differently from one feed to the next; the sums must not)
-        self.free_waiting_ns = 0
-        self.free_transfer_ns = 0
-        self.free_bw: deque[float] = deque(maxlen=WINDOW)
-        self.memory: Optional[Event] = None
-        self.memory_point: Optional[MemoryPoint] = None  # of ``memory``, once asked for
-        self.scalars_copy: Optional[dict[str, float]] = None  # of ``scalars``, likewise
-        self.step_bytes: deque[int] = deque(maxlen=WINDOW)
-        self.pipes: deque[Event] = deque(maxlen=WINDOW)  # schedule steps
-        self.stage_s: dict[str, deque[float]] = {}  # "forward"/"backward" -> per microbatch
-
-    def log(self, values: Mapping[str, float], step: Optional[int]
-            ) -> list[tuple[str, float, float]]:
-        """Take logged values; returns each as ``(name, step, value)``."""
-        self.scalars.update(values)
-        self.scalars_copy = None
-        out = []
-        for k, v in values.items():
-            pts = self.scalar_points.setdefault(k, [])
-            x = float(step) if step is not None else (pts[-1][0] + 1 if pts else 0.0)
-            pts.append((x, v))
-            if len(pts) > self.history:
-                del pts[0]
-            self.scalar_curves.pop(k, None)
-            out.append((k, x, v))
-        return out
-
-
 class RunState:
     """Accumulates a run's event batches; :meth:`snapshot` summarizes them.
 
@@ -181,7 +104,7 @@ class RunState:
     def __init__(self, ranks: Iterable[int] = (), history: int = 300,
                  started: Optional[float] = None, stall_after: Optional[float] = None):
         self._history = history
-        self._ranks: dict[int, _Rank] = {}
+        self._ranks: dict[int, RankFold] = {}
         self._active = 0  # ranks not finished: a step is matched once all of them reported
         for r in ranks:
             self._rank(r)
@@ -209,14 +132,14 @@ class RunState:
         #: progress, step times and where each rank said it was (the hang doctor's input)
         self.stall = StallWatch(started, stall_after)
 
-    def _rank(self, rank: int) -> _Rank:
+    def _rank(self, rank: int) -> RankFold:
         st = self._ranks.get(rank)
         if st is None:
-            st = self._ranks[rank] = _Rank(self._history)
+            st = self._ranks[rank] = RankFold(self._history)
             self._active += 1
         return st
 
-    def _stop(self, st: _Rank, state: RankState) -> None:
+    def _stop(self, st: RankFold, state: RankState) -> None:
         if st.state.active:
             self._active -= 1
         st.state = state
@@ -248,7 +171,7 @@ class RunState:
             self._record(rank, e, 1)
         self._fold(rank, st, e)
 
-    def _fold(self, rank: int, st: _Rank, e: Event) -> None:
+    def _fold(self, rank: int, st: RankFold, e: Event) -> None:
         kind = e["kind"]
         t = e.get("t1", e.get("t"))
         if t is not None:
@@ -266,7 +189,7 @@ class RunState:
             self._bytes += e["bytes"]
             self._ncomm += 1
             if e.get("step") is not None:
-                acc = _accumulator(st.comm, e["step"])
+                acc = accumulator(st.comm, e["step"])
                 acc.nbytes += e["bytes"]
                 acc.busy = None
                 if e["t1"] > e["t0"]:
@@ -300,7 +223,7 @@ class RunState:
             self._settle_all()  # steps this rank will never report no longer wait for it
 
     @staticmethod
-    def _memory(st: _Rank, e: Event) -> None:
+    def _memory(st: RankFold, e: Event) -> None:
         if st.memory is None or e["params"] or e["grads"] or e["optimizer"]:
             # A cell's last sample comes after its locals are gone: keep what the rank
             # held while it trained.
@@ -345,7 +268,7 @@ class RunState:
         d[0].add(op)
         d[1] += 1
         d[2] += nbytes
-        d[3] += _ns(seconds)
+        d[3] += to_ns(seconds)
 
     def _record(self, rank: int, e: Event, n: int) -> None:
         rec = self.recorded.setdefault(rank, deque())
@@ -396,7 +319,7 @@ class RunState:
                 for e in _part_rows(kind, cols):
                     self._fold(rank, st, e)
 
-    def _memory_columns(self, st: _Rank, part: Event) -> None:
+    def _memory_columns(self, st: RankFold, part: Event) -> None:
         """What :meth:`_memory` would keep of the part's samples, one at a time: the last one
         that holds anything, else the first when the rank had none."""
         ts = column(part, "t")
@@ -410,7 +333,7 @@ class RunState:
             st.memory = row(part, keep)
             st.memory_point = None
 
-    def _comm_summary(self, rank: int, st: _Rank, part: Event) -> None:
+    def _comm_summary(self, rank: int, st: RankFold, part: Event) -> None:
         """Collectives of steps, from what the worker summed of them (see :mod:`.columns`)."""
         self._span(part["t0"], part["t1"])
         if self.stall.interrupted(rank):  # only what came before the interrupt is progress
@@ -424,7 +347,7 @@ class RunState:
             if e[0] not in comm:
                 comm[e[0]] = e  # all of the step's collectives so far: kept as it came
                 continue
-            acc = _accumulator(comm, e[0])
+            acc = accumulator(comm, e[0])
             acc.busy = None
             acc.nbytes += e[1]
             acc.timed_bytes += e[2]
@@ -432,7 +355,7 @@ class RunState:
                 acc.untimed = True
             acc.spans += e[5:]
 
-    def _comm_columns(self, rank: int, st: _Rank, cols: dict[str, list[Any]]) -> None:
+    def _comm_columns(self, rank: int, st: RankFold, cols: dict[str, list[Any]]) -> None:
         t0s, t1s, nbytes, steps = cols["t0"], cols["t1"], cols["bytes"], cols["step"]
         self._span(min(t0s), max(t1s))
         self.stall.progress_all(t1s, rank)
@@ -444,7 +367,7 @@ class RunState:
             if s is None:
                 self._free_collective(rank, st, cols["op"][i], a, z, b)
                 continue
-            acc = _accumulator(comm, s)
+            acc = accumulator(comm, s)
             acc.nbytes += b
             acc.busy = None
             if z > a:
@@ -458,7 +381,7 @@ class RunState:
                 if d is not None:
                     self._dim(d, cols["op"][i], nbytes[i], t1s[i] - t0s[i])
 
-    def _step_columns(self, rank: int, st: _Rank, part: Event) -> None:
+    def _step_columns(self, rank: int, st: RankFold, part: Event) -> None:
         t0s, t1s = column(part, "t0"), column(part, "t1")  # the columns the fold reads
         self._span(min(t0s), max(t1s))
         self.stall.progress_all(t1s, rank)
@@ -468,7 +391,7 @@ class RunState:
                     column(part, "samples"), column(part, "comm_exposed_s"))
 
     # ------------------------------------------------------------- matching across ranks
-    def _steps(self, rank: int, st: _Rank, ns: Sequence[int], t0s: Sequence[float],
+    def _steps(self, rank: int, st: RankFold, ns: Sequence[int], t0s: Sequence[float],
                t1s: Sequence[float], lengths: Sequence[float], samples: Sequence[int],
                exposed: Sequence[float]) -> None:
         """Steps ``ns`` of ``rank``, in order: its window, and each step's report, matched
@@ -546,7 +469,7 @@ class RunState:
         while len(self._series) > self._history:
             del self._series[min(self._series)]
 
-    def _free_collective(self, rank: int, st: _Rank, op: str, t0: float, t1: float,
+    def _free_collective(self, rank: int, st: RankFold, op: str, t0: float, t1: float,
                          nbytes: int) -> None:
         # Collectives run in the same order on every rank of a group: the k-th call of an op
         # on one rank is the k-th call of that op on the others.
@@ -570,8 +493,8 @@ class RunState:
         for r in reports:
             st = self._ranks[r]
             st.free += 1
-            st.free_waiting_ns += _ns(m.waiting(r))
-            st.free_transfer_ns += _ns(m.transfer_s)
+            st.free_waiting_ns += to_ns(m.waiting(r))
+            st.free_transfer_ns += to_ns(m.transfer_s)
             bw = m.bandwidth(r)
             if bw is not None:
                 st.free_bw.append(bw)
@@ -599,15 +522,14 @@ class RunState:
         slow = flagged(scores, len(self._blames))
         flagged_set = set(slow)
         cutoff = self._nmatched - WINDOW  # match numbers of the run's last WINDOW matches
-        figures = [_figures(self._ranks[r], cutoff) for r in ranks]
-        known = sorted(f[3] for f in figures if f[3] is not None)  # compute per step
+        numbers = [figures(self._ranks[r], cutoff) for r in ranks]
+        known = sorted(f[3] for f in numbers if f[3] is not None)  # compute per step
         out = []
-        for r, f in zip(ranks, figures):
+        for r, f in zip(ranks, numbers):
             c = f[3]
-            others = _median_without(known, c) if c is not None else None
-            out.append(self._rank_snapshot(r, self._ranks[r], f, now, r in flagged_set,
-                                           scores[r].score,
-                                           c - others if others is not None else None))
+            others = median_without(known, c) if c is not None else None
+            out.append(rank_snapshot(r, self._ranks[r], f, now, r in flagged_set,
+                                     scores[r].score, c - others if others is not None else None))
         elapsed = (self._t1 - self._t0) if self._t0 is not None and self._t1 is not None else 0.0
         curves: dict[str, dict[int, tuple[tuple[float, float], ...]]] = {}
         for r in ranks:
@@ -639,102 +561,11 @@ class RunState:
         or an interrupt raises); None when no rank reported where it was."""
         return self.stall.where(self._ranks, self._states(), at)
 
-    def _rank_snapshot(self, r: int, st: _Rank, figures: tuple, now: Optional[float],
-                       straggler: bool, score: float, gap: Optional[float]) -> RankSnapshot:
-        sps, smp, step_s, compute, exposed, waiting, transfer, bw = figures
-        bar = None
-        if st.bar is not None:
-            b = st.bar
-            rt = rate(list(st.bar_points))
-            eta = None
-            if rt and b["total"] is not None and not b["done"]:
-                eta = (b["total"] - b["n"]) / rt
-                if now is not None:  # count down between progress reports
-                    eta = max(0.0, eta - max(0.0, now - b["t"]))
-            bar = BarState(b["desc"], b["n"], b["total"], rt, eta, b["done"])
-        # Records that did not change are the same objects from one snapshot to the next:
-        # less to build, and less for the garbage collector to follow.
-        mem = st.memory_point
-        if mem is None and st.memory is not None:
-            m = st.memory
-            mem = st.memory_point = MemoryPoint(m["params"], m["grads"], m["optimizer"],
-                                                m.get("rss"), m.get("peak"),
-                                                m.get("device_peak"))
-        if st.scalars_copy is None:
-            st.scalars_copy = dict(st.scalars)
-        return RankSnapshot(
-            r, st.state, st.error, st.steps, sps, smp, step_s, compute, exposed, waiting,
-            transfer, bw, bar, st.scalars_copy, straggler, score, gap, st.free,
-            st.free_waiting_ns / 1e9, st.free_transfer_ns / 1e9, memory=mem,
-            bytes_per_step=_mean(st.step_bytes), pipeline=_pipeline_point(st))
-
     def events(self) -> dict[int, list[Event]]:
         """The recorded telemetry events per rank (for a trace file), tables expanded."""
         return {r: [x for e in d
                     for x in (rows(pickle.loads(e[1])) if isinstance(e, tuple) else (e,))]
                 for r, d in self.recorded.items()}
-
-
-def _figures(st: _Rank, cutoff: int) -> tuple:
-    """A rank's rates and means over its recent steps and matched steps: steps/s, samples/s,
-    step, compute, exposed, waiting, transfer (seconds) and bandwidth (``cutoff``: the match
-    number of the run's oldest match in the window)."""
-    n = len(st.step_s)
-    sps = smp = step_s = exposed = compute = None
-    if n:
-        span = st.t1 - st.t0s[0]
-        if span > 0:
-            sps = n / span
-            smp = sum(st.samples) / span
-        step_s = fsum(st.step_s) / n
-        exposed = fsum(st.exposed) / n
-        compute = step_s - exposed
-    waits: Sequence[float] = st.m_waiting
-    transfers: Sequence[float] = st.m_transfer
-    bws_all: Sequence[Optional[float]] = st.m_bw
-    if st.m_index and st.m_index[0] < cutoff:  # some are older than the run's window
-        keep = [i for i, g in enumerate(st.m_index) if g >= cutoff]
-        waits = [st.m_waiting[i] for i in keep]
-        transfers = [st.m_transfer[i] for i in keep]
-        bws_all = [st.m_bw[i] for i in keep]
-    bws = [b for b in bws_all if b is not None] or list(st.free_bw)
-    return (sps, smp, step_s, compute, exposed, _mean(waits), _mean(transfers),
-            statistics.median(bws) if bws else None)
-
-
-def _accumulator(comm: dict[int, Any], step: int) -> _StepComm:
-    """The step's :class:`_StepComm` (one made from a worker's summary, or a new one)."""
-    acc = comm.get(step)
-    if acc is None:
-        acc = comm[step] = _StepComm()
-    elif type(acc) is list:
-        acc = comm[step] = _StepComm.of(acc)
-    return acc
-
-
-def _ns(seconds: float) -> int:
-    return round(seconds * 1e9)
-
-
-def _mean(xs: Sequence[float]) -> Optional[float]:
-    """``statistics.fmean`` (an exact sum over the count), without its overhead."""
-    return fsum(xs) / len(xs) if xs else None
-
-
-def _median_without(xs: Sequence[float], x: float) -> Optional[float]:
-    """The median of sorted ``xs`` less one occurrence of ``x`` (None: nothing else left),
-    as ``statistics.median`` computes it, without building the shorter list."""
-    i = bisect_left(xs, x)
-    n = len(xs) - 1
-    if n <= 0:
-        return None
-
-    def at(j: int) -> float:
-        return xs[j] if j < i else xs[j + 1]
-
-    if n % 2:
-        return at(n // 2)
-    return (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def _part_rows(kind: str, cols: dict[str, list[Any]]) -> Iterable[Event]:
@@ -752,19 +583,3 @@ def aggregate(batches: Iterable[Batch], ranks: Iterable[int] = ()) -> RunSnapsho
     state = RunState(sorted(set(ranks) | {b["rank"] for b in batches}))
     state.feed(batches)
     return state.snapshot()
-
-
-def _pipeline_point(st: _Rank) -> Optional[PipelinePoint]:
-    """Medians of a rank's recent schedule steps (robust to the first step's shape
-    inference and to a noisy machine)."""
-    if not st.pipes:
-        return None
-    last = st.pipes[-1]
-    spans = [e["t1"] - e["t0"] for e in st.pipes]
-    fwd, bwd = st.stage_s.get("forward"), st.stage_s.get("backward")
-    return PipelinePoint(
-        tuple(last["stages"]), last["num_stages"], last["schedule"], last["microbatches"],
-        statistics.median(bubble_fraction(e["t1"] - e["t0"], e["busy_s"]) for e in st.pipes),
-        statistics.median(spans),
-        statistics.median(fwd) if fwd else None, statistics.median(bwd) if bwd else None,
-        statistics.median(e["p2p_wait_s"] for e in st.pipes))
