@@ -79,6 +79,9 @@ class RunWidget(VBox):
         super().__init__([self.header, self.stall, self.table, self.memory, self.failures,
                           self.legend, self.chart])
         self.add_class("nbdist-dashboard")
+        #: the final snapshot once the run is over (live ones are not kept: a thousand
+        #: ranks' records held from one redraw to the next would keep the garbage collector
+        #: busy)
         self.snapshot: Optional[RunSnapshot] = None
         self._drawn: dict[str, tuple] = {}  # part -> (values, records) it was last drawn from
 
@@ -88,7 +91,7 @@ class RunWidget(VBox):
         Parts whose numbers did not change since the last redraw are not built again (the
         fold hands over the same record objects while they do not change).
         """
-        self.snapshot = snap
+        self.snapshot = snap if final else None
         with _held(self.header, self.stall, self.table, self.memory, self.failures,
                    self.chart):
             _set(self.header, run_header(snap, final))

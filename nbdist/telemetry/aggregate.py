@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from math import fsum
 from typing import Any, Optional
 
-from .columns import column, columns, row, rows, table_rows
+from .columns import column, columns, row, rows, summary, summary_column, table_rows
 from .events import (
     COMM,
     END,
@@ -115,7 +115,7 @@ class RunState:
         self._nmatched = 0
         self._series: dict[int, StepPoint] = {}
         self._free: dict[tuple[str, int], dict[int, tuple[float, int]]] = {}
-        #: rank -> what it sent: events, and tables as ``(rows, pickle)`` (see events())
+        #: rank -> what it sent, as ``(events, pickle)`` of each event or table (see events())
         self.recorded: dict[int, deque[Any]] = {}
         self.dropped = 0
         self._nrecorded = 0
@@ -271,22 +271,18 @@ class RunState:
         d[3] += to_ns(seconds)
 
     def _record(self, rank: int, e: Event, n: int) -> None:
+        """Keep ``e`` (``n`` events) for the trace, as its pickle: bytes the garbage collector
+        never scans. At a thousand ranks, the events kept as dicts (and tables as dicts of
+        lists) would make its full collections the notebook's largest cost."""
         rec = self.recorded.setdefault(rank, deque())
-        if e["kind"] == TABLE:
-            # Kept as its rows' count and the pickle of its rows (not the summaries), bytes
-            # the garbage collector never scans: at a thousand ranks, tables of dicts and
-            # lists kept for the trace would make its full collections the notebook's
-            # largest cost.
-            rows_only = {"kind": TABLE, "order": e["order"],
-                         "parts": [{"of": p["of"], "fields": p["fields"],
-                                    "columns": p["columns"]} for p in e["parts"]]}
-            rec.append((n, pickle.dumps(rows_only, pickle.HIGHEST_PROTOCOL)))
-        else:
-            rec.append(e)
+        if e["kind"] == TABLE:  # its rows, not the summaries the fold read
+            e = {"kind": TABLE, "order": e["order"],
+                 "parts": [{"of": p["of"], "fields": p["fields"], "columns": p["columns"]}
+                           for p in e["parts"]]}
+        rec.append((n, pickle.dumps(e, pickle.HIGHEST_PROTOCOL)))
         self._nrecorded += n
         while self._nrecorded > MAX_RECORDED and rec:
-            old = rec.popleft()
-            k = old[0] if isinstance(old, tuple) else 1
+            k = rec.popleft()[0]
             self._nrecorded -= k
             self.dropped += k
 
@@ -343,17 +339,24 @@ class RunState:
         self._bytes += part["bytes"]
         self._ncomm += part["n"]
         comm = st.comm
-        for e in part["steps"]:  # step, bytes, timed bytes, untimed, busy, spans...
-            if e[0] not in comm:
-                comm[e[0]] = e  # all of the step's collectives so far: kept as it came
-                continue
-            acc = accumulator(comm, e[0])
-            acc.busy = None
-            acc.nbytes += e[1]
-            acc.timed_bytes += e[2]
-            if e[3]:
-                acc.untimed = True
-            acc.spans += e[5:]
+        steps = summary_column(part, "step")
+        if any(s in comm for s in steps):  # a step whose collectives came in two batches
+            for s, nbytes, timed_bytes, untimed, _, spans in summary(part):
+                acc = accumulator(comm, s)
+                acc.busy = None
+                acc.nbytes += nbytes
+                acc.timed_bytes += timed_bytes
+                if untimed:
+                    acc.untimed = True
+                acc.spans += [x for span in spans for x in span]
+            return
+        # All of these steps' collectives so far: each kept as the summary told it (bytes,
+        # timed bytes, untimed, busy; the part and row to read its intervals from if more
+        # collectives of the step come)
+        for i, step in enumerate(zip(steps, *(summary_column(part, k)
+                                              for k in ("bytes", "timed", "untimed",
+                                                        "busy")))):
+            comm[step[0]] = (*step[1:], part, i)
 
     def _comm_columns(self, rank: int, st: RankFold, cols: dict[str, list[Any]]) -> None:
         t0s, t1s, nbytes, steps = cols["t0"], cols["t1"], cols["bytes"], cols["step"]
@@ -411,9 +414,9 @@ class RunState:
             if acc is None:
                 st.step_bytes.append(0)
                 report = (step_s, ex, 0.0, 0, True)
-            elif type(acc) is list:  # one worker's summary: step, bytes, timed, untimed, busy
-                st.step_bytes.append(acc[1])
-                report = (step_s, ex, acc[4], acc[2], not acc[3])
+            elif type(acc) is tuple:  # one worker's summary: bytes, timed, untimed, busy
+                st.step_bytes.append(acc[0])
+                report = (step_s, ex, acc[3], acc[1], not acc[2])
             else:
                 st.step_bytes.append(acc.nbytes)
                 busy = acc.busy if acc.busy is not None else union_seconds(
@@ -563,9 +566,11 @@ class RunState:
 
     def events(self) -> dict[int, list[Event]]:
         """The recorded telemetry events per rank (for a trace file), tables expanded."""
-        return {r: [x for e in d
-                    for x in (rows(pickle.loads(e[1])) if isinstance(e, tuple) else (e,))]
-                for r, d in self.recorded.items()}
+        out = {}
+        for r, kept in self.recorded.items():
+            evs = [pickle.loads(blob) for _, blob in kept]
+            out[r] = [x for e in evs for x in (rows(e) if e["kind"] == TABLE else (e,))]
+        return out
 
 
 def _part_rows(kind: str, cols: dict[str, list[Any]]) -> Iterable[Event]:

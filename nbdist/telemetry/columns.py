@@ -11,11 +11,12 @@ built on the worker:
 * ``order`` has one character per event, the index of its part, so :func:`rows` gives the
   events back exactly, in their order (what a trace file and the tests read);
 * a part of collectives that belong to a step (gradient buckets, collectives called in the
-  step) also carries what the notebook's fold needs of them, folded on the worker: per step,
-  their bytes, the bytes of the timed ones, whether one had no time, the time any of them
-  was running (:func:`~.intervals.union_seconds`) and that union as disjoint intervals
-  (:func:`~.intervals.merge`, to join a step whose collectives came in two batches), with
-  the part's total bytes and time span. The fold reads that summary, never the part's rows.
+  step) also carries what the notebook's fold needs of them, folded on the worker, in
+  columns too (:func:`summary`): per step, their bytes, the bytes of the timed ones, whether
+  one had no time, the time any of them was running (:func:`~.intervals.union_seconds`) and
+  that union as disjoint intervals (:func:`~.intervals.merge`, to join a step whose
+  collectives came in two batches), with the part's total bytes and time span. The fold
+  reads that summary, never the part's rows.
 
 Everything here is plain data (dicts, lists, str, bytes), as the transports carry it.
 """
@@ -32,7 +33,8 @@ from typing import Any
 from .events import COMM, TABLE, TABLED, Event
 from .intervals import merge
 
-__all__ = ["column", "columns", "pack", "row", "rows", "table", "table_rows", "unpack"]
+__all__ = ["SUMMARY", "column", "columns", "pack", "row", "rows", "summary", "summary_column",
+           "table", "table_rows", "unpack"]
 
 _BIG = sys.byteorder == "big"  # arrays travel little-endian
 
@@ -110,8 +112,8 @@ def table(events: Sequence[Event]) -> Event:
 
     >>> from nbdist.telemetry import events as ev
     >>> t = table([ev.comm("all_reduce", 1.0, 1.5, 8, step=0), ev.step(0, 0.5, 2.0)])
-    >>> [p["of"] for p in t["parts"]], t["order"], t["parts"][0]["steps"]
-    (['comm', 'step'], '01', [[0, 8, 8, False, 0.5, 1.0, 1.5]])
+    >>> [p["of"] for p in t["parts"]], t["order"], summary(t["parts"][0])
+    (['comm', 'step'], '01', [(0, 8, 8, False, 0.5, [(1.0, 1.5)])])
     >>> list(rows(t)) == [ev.comm("all_reduce", 1.0, 1.5, 8, step=0), ev.step(0, 0.5, 2.0)]
     True
     """
@@ -139,6 +141,11 @@ def table(events: Sequence[Event]) -> Event:
     return {"kind": TABLE, "parts": parts, "order": "".join(order)}
 
 
+#: a summary's columns, one value per step (``spans``: each step's ``intervals`` disjoint
+#: intervals, start and end, one after the other)
+SUMMARY = ("step", "bytes", "timed", "untimed", "busy", "intervals", "spans")
+
+
 def _summarize(part: dict[str, Any]) -> None:
     """What the fold needs of a part of step collectives (see the module's docstring)."""
     cols = dict(zip(part["fields"], part["columns"]))
@@ -155,14 +162,33 @@ def _summarize(part: dict[str, Any]) -> None:
             acc[3].append((a, z))
         if m == "untimed":
             acc[2] = True
-    out = []
+    out: dict[str, list[Any]] = {k: [] for k in SUMMARY}
     for s, (nb, tb, untimed, spans) in steps.items():
         union = merge(spans)
-        out.append([s, nb, tb, untimed, float(fsum(b - a for a, b in union)),
-                    *(x for span in union for x in span)])
-    part["steps"] = out
+        for k, v in zip(SUMMARY, (s, nb, tb, untimed, float(fsum(b - a for a, b in union)),
+                                  len(union))):
+            out[k].append(v)
+        out["spans"] += [x for span in union for x in span]
+    part["steps"] = {k: _encode(v) for k, v in out.items()}
     part["bytes"] = sum(nbytes)
     part["t0"], part["t1"] = min(t0s), max(t1s)
+
+
+def summary_column(part: Event, name: str) -> list[Any]:
+    """One of the columns of a part's summary (:data:`SUMMARY`), as a list."""
+    return _decode(part["steps"][name])
+
+
+def summary(part: Event) -> list[tuple[int, int, int, bool, float, list[tuple[float, float]]]]:
+    """A part's summary of its steps' collectives: ``(step, bytes, timed bytes, untimed,
+    busy seconds, disjoint intervals)`` per step."""
+    cols = {k: _decode(c) for k, c in part["steps"].items()}
+    out, at = [], 0
+    for s, nb, tb, untimed, busy, k in zip(*(cols[k] for k in SUMMARY[:-1])):
+        flat = cols["spans"][at:at + 2 * k]
+        at += 2 * k
+        out.append((s, nb, tb, untimed, busy, list(zip(flat[::2], flat[1::2]))))
+    return out
 
 
 def table_rows(t: Event) -> int:

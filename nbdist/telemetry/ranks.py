@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from math import fsum
 from typing import Any, Optional
 
+from .columns import summary
 from .events import Event
 from .intervals import bubble_fraction, rate
 from .snapshot import WINDOW, BarState, MemoryPoint, PipelinePoint, RankSnapshot
@@ -25,7 +26,7 @@ __all__ = ["RankFold", "StepComm", "accumulator", "figures", "mean", "median_wit
 
 class StepComm:
     """One rank's collectives of one step, until the step's own report lands (when one
-    worker's summary told all of them, the fold keeps that summary list instead: see
+    worker's summary told all of them, the fold keeps what it told instead: see
     :meth:`~.aggregate.RunState._comm_summary`)."""
 
     __slots__ = ("spans", "nbytes", "timed_bytes", "untimed", "busy")
@@ -39,12 +40,12 @@ class StepComm:
         self.busy: Optional[float] = None
 
     @classmethod
-    def of(cls, summary: list) -> StepComm:
-        """From a worker's summary of a step: ``[step, bytes, timed bytes, untimed, busy,
-        spans...]``."""
+    def of(cls, told: tuple) -> StepComm:
+        """From what a worker's summary told of a step: ``(bytes, timed bytes, untimed,
+        busy, part, row)`` (:func:`~.columns.summary` of the part has its intervals)."""
         acc = cls()
-        acc.nbytes, acc.timed_bytes, acc.untimed, acc.busy = summary[1:5]
-        acc.spans = list(summary[5:])
+        acc.nbytes, acc.timed_bytes, acc.untimed, acc.busy, part, i = told
+        acc.spans = [x for span in summary(part)[i][5] for x in span]
         return acc
 
 
@@ -174,7 +175,7 @@ def accumulator(comm: dict[int, Any], step: int) -> StepComm:
     acc = comm.get(step)
     if acc is None:
         acc = comm[step] = StepComm()
-    elif type(acc) is list:
+    elif type(acc) is tuple:
         acc = comm[step] = StepComm.of(acc)
     return acc
 

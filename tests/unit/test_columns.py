@@ -7,7 +7,7 @@ import pickle
 from synthetic import T0, ddp_job
 
 from nbdist.telemetry import events as ev
-from nbdist.telemetry.columns import column, columns, pack, row, rows, table, unpack
+from nbdist.telemetry.columns import column, columns, pack, row, rows, summary, table, unpack
 from nbdist.telemetry.intervals import merge, union_seconds
 
 
@@ -62,14 +62,13 @@ def test_collectives_of_steps_are_summed_on_the_worker():
     evs = ddp_job({0: 0.01}, steps=2, bucket_bytes=(100, 200))[0]
     evs.insert(0, ev.comm("all_reduce", T0, T0, 50, step=0, measured="untimed"))
     [part] = [p for p in table(evs)["parts"] if p["of"] == "comm"]
-    by_step = {e[0]: e for e in part["steps"]}
+    by_step = {e[0]: e for e in summary(part)}
     assert sorted(by_step) == [0, 1] and part["n"] == 5 and part["bytes"] == 650
-    s0 = by_step[0]
+    assert all(isinstance(c, bytes) for k, c in part["steps"].items() if k != "untimed")
     spans = [(c["t0"], c["t1"]) for c in evs if c["kind"] == "comm" and c["step"] == 0
              and c["t1"] > c["t0"]]
-    assert s0[1:4] == [350, 300, True]  # bytes, timed bytes, one without a time
-    assert s0[4] == union_seconds(spans)
-    assert list(zip(s0[5::2], s0[6::2])) == merge(spans)
+    # bytes, timed bytes, one without a time, the time any ran, their union
+    assert by_step[0][1:] == (350, 300, True, union_seconds(spans), merge(spans))
     # collectives outside steps, or of a mesh dimension, are folded one by one: no summary
     t = table([ev.comm("broadcast", T0, T0 + 1, 8), ev.comm("all_reduce", T0, T0 + 1, 8,
                                                            step=0, dim="dp")])
