@@ -90,7 +90,8 @@ def match_step(step: int, reports: Mapping[int, RankStep]) -> MatchedStep:
     """Split step ``step``'s exposed communication on every rank that reported it."""
     timed = [r for r, rep in reports.items() if rep[_TIMED]] or list(reports)
     transfer, last = min((reports[r][_EXPOSED], r) for r in timed)
-    waiting = {r: max(0.0, rep[_EXPOSED] - transfer) for r, rep in reports.items()}
+    waiting = {r: w if (w := rep[_EXPOSED] - transfer) > 0.0 else 0.0  # max(0, w), inline
+               for r, rep in reports.items()}
     if max(waiting.values()) < WAIT_NOISE_S:
         waited_for: Optional[int] = None
     else:
