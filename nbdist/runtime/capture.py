@@ -1,9 +1,9 @@
 """Worker-side event batching and stdout/stderr capture.
 
 Output and telemetry leave a worker in batches through a transport the engine backend installs
-(ipyparallel data publication, Dask pub-sub). A background thread flushes a few times a second,
-so training never waits on the notebook, and a cell's end flushes synchronously so the notebook
-can wait for exactly the batches that belong to it.
+(ipyparallel data publication, Dask pub-sub). A background thread flushes up to ten times a
+second, so training never waits on the notebook, and a cell's end flushes synchronously so the
+notebook can wait for exactly the batches that belong to it.
 
 The notebook receives every rank's batches, so a rank flushes less often the larger the job
 (:func:`flush_interval`), and packs its steps, buckets and memory samples into tables
@@ -40,11 +40,11 @@ URGENT = frozenset({ELASTIC, STACK})
 
 def flush_interval(world: int) -> float:
     """Seconds between one rank's batches in a job of ``world`` ranks: :data:`TICK` up to
-    50 ranks, then growing so the notebook gets about :data:`NOTEBOOK_BATCHES_PER_S`
+    25 ranks, then growing so the notebook gets about :data:`NOTEBOOK_BATCHES_PER_S`
     batches a second, at most :data:`MAX_INTERVAL`.
 
     >>> flush_interval(2), flush_interval(64), flush_interval(256), flush_interval(4096)
-    (0.1, 0.128, 0.512, 2.0)
+    (0.1, 0.25, 1.0, 4.0)
     """
     return min(MAX_INTERVAL, max(TICK, world / NOTEBOOK_BATCHES_PER_S))
 
