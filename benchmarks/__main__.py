@@ -24,6 +24,8 @@ BENCHMARKS = [
     ("strategies", "bench_strategies.py", [], ["--steps", "20", "--rounds", "1", "--pairs", "1"]),
     ("parallelism", "bench_parallelism.py", [],
      ["--steps", "20", "--rounds", "1", "--seconds", "1"]),
+    ("scale", "bench_scale.py", [],
+     ["--worlds", "64", "256", "--seconds", "2", "--warmup", "1", "--repeats", "1"]),
 ]
 
 

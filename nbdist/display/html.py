@@ -323,13 +323,19 @@ def _line(points: Sequence[tuple[float, float]], box: tuple[float, float, float,
 
 
 def scalar_chart_svg(name: str, by_rank: dict[int, tuple[tuple[float, float], ...]],
-                     width: int = 280, height: int = 100) -> str:
+                     width: int = 280, height: int = 100,
+                     spread: Optional[Sequence[tuple[float, float, float, float]]] = None
+                     ) -> str:
     """One logged value over steps: a line per rank where ranks differ, one line labelled
-    with every rank where they agree, median and min-max band above :data:`MAX_LINES` ranks."""
+    with every rank where they agree, median and min-max band above :data:`MAX_LINES` ranks
+    (from ``spread``, ``(step, min, median, max)`` per step, when the fold gave it: drawing
+    it from a thousand ranks' curves at every redraw would cost more than the run)."""
     series = {r: pts for r, pts in by_rank.items() if pts}
     if not series:
         return ""
     ranks = sorted(series)
+    if spread and len(ranks) > MAX_LINES:
+        return _spread_chart_svg(name, ranks, spread, width, height)
     xs = [x for pts in series.values() for x, _ in pts]
     ys = [y for pts in series.values() for _, y in pts]
     box = (min(xs), max(xs), min(ys), max(ys))
@@ -362,10 +368,34 @@ def scalar_chart_svg(name: str, by_rank: dict[int, tuple[tuple[float, float], ..
     return _svg("nbdist-scalar-chart", width, height, title, hover, body)
 
 
+def _spread_chart_svg(name: str, ranks: Sequence[int],
+                      spread: Sequence[tuple[float, float, float, float]],
+                      width: int, height: int) -> str:
+    """Many ranks' logged value: its median over the ranks per step, with min and max (one
+    line labelled "equal" where every rank logged the same)."""
+    box = (spread[0][0], spread[-1][0], min(p[1] for p in spread), max(p[3] for p in spread))
+    body = _axes(width, height, f"{box[3]:.4g}", f"{box[2]:.4g}", f"step {box[0]:g}",
+                 f"step {box[1]:g}")
+    if all(lo == hi for _, lo, _, hi in spread):
+        body += _line([(x, med) for x, _, med, _ in spread], box, RANK_COLOURS[0], width,
+                      height)
+        title = f"{escape(name)} · ranks {fmt_ranks(ranks)} (equal)"
+    else:
+        body += "".join(_line([(p[0], p[i]) for p in spread], box, colour, width, height)
+                        for i, colour in ((1, "#bbb"), (3, "#bbb"), (2, RANK_COLOURS[0])))
+        title = (f"{escape(name)} · median of ranks {fmt_ranks(ranks)} "
+                 f"(<tspan fill='#999'>min, max</tspan>)")
+    x, lo, med, hi = spread[-1]
+    hover = (f"{name} at step {x:g}: median {med:.4g}, min {lo:.4g}, max {hi:.4g} "
+             f"over {len(ranks)} ranks")
+    return _svg("nbdist-scalar-chart", width, height, title, hover, body)
+
+
 def charts(snap: RunSnapshot) -> str:
     """Step time, bandwidth and every logged value, side by side where the cell is wide."""
     svgs = [step_chart_svg(snap.series), bandwidth_chart_svg(snap.series)]
-    svgs += [scalar_chart_svg(k, v) for k, v in snap.scalar_series.items()]
+    svgs += [scalar_chart_svg(k, v, spread=snap.scalar_spread.get(k))
+             for k, v in snap.scalar_series.items()]
     svgs = [s for s in svgs if s]
     if not svgs:
         return ""

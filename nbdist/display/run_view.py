@@ -6,6 +6,7 @@ It draws what it is given and holds no numbers of its own: the Session owns the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
@@ -35,12 +36,20 @@ class RunView:
 
     The Session calls :meth:`output` with every drained batch (from the kernel's main thread,
     about ten times a second), :meth:`refresh` when telemetry changed, and :meth:`close` once.
+
+    A redraw may take at most :attr:`MAX_BUSY_SHARE` of the kernel's time: when one costs
+    more (a run of a thousand ranks on a slow machine), the next waits longer than the
+    dashboard's interval.
     """
+
+    MAX_BUSY_SHARE = 0.03
 
     def __init__(self, stream: StreamView, dashboard: Optional[Dashboard] = None):
         self.stream = stream
         self.dashboard = dashboard
         self._throttle = Throttle(dashboard.interval if dashboard is not None else 1.0)
+        #: CPU seconds the last redraw took (snapshot and drawing)
+        self.last_cost = 0.0
 
     def output(self, batches: Iterable[Batch]) -> None:
         """Write the workers' stdout/stderr that these batches carry."""
@@ -50,7 +59,11 @@ class RunView:
         """Redraw the dashboard if it is due (or ``force``: news that cannot wait, such as the
         hang doctor's verdict); ``snapshot`` is only called then."""
         if self.dashboard is not None and (self._throttle.due() or force):
+            t0 = time.thread_time()
             self.dashboard.update(snapshot())
+            self.last_cost = time.thread_time() - t0
+            self._throttle.interval = max(self.dashboard.interval,
+                                          self.last_cost / self.MAX_BUSY_SHARE)
 
     def close(self, snap: RunSnapshot) -> None:
         """End unfinished output lines and draw the final dashboard."""

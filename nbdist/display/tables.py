@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
+from ..telemetry.matching import STRAGGLER_MIN_S
 from ..telemetry.stall import headline, where_lines
 from ..telemetry.states import RankState
 from ..telemetry.units import (
@@ -25,7 +26,7 @@ from ..telemetry.units import (
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
-    from ..telemetry.aggregate import RankSnapshot, RunSnapshot
+    from ..telemetry.aggregate import MemoryPoint, PipelinePoint, RankSnapshot, RunSnapshot
     from ..telemetry.compare import RunFigures
 
 
@@ -55,8 +56,13 @@ RUN_HEADER = ("rank", "progress", "count", "rate", "ETA", "compute", "waiting", 
               "bandwidth", "last values", "state")
 #: more ranks than this are shown as min / median / max rows and the outliers, by name
 AGGREGATE_ABOVE = 16
-#: outliers (stragglers, failed ranks) named one per row in the aggregate table
+#: outliers (stragglers, failed, stalled and the slowest ranks) named one per row in the
+#: aggregate table
 MAX_OUTLIERS = 6
+#: the slowest ranks named as outliers: at most this many, and only those whose compute per
+#: step exceeds the others' median by :data:`SLOW_SHARE` of it (and a millisecond)
+SLOWEST = 3
+SLOW_SHARE = 0.05
 
 #: what each run column means; the legend and docs/telemetry.md say the same
 DEFINITIONS = (
@@ -92,8 +98,8 @@ def status_rows(status: ClusterStatus) -> Table:
 
 
 # ----------------------------------------------------------------- run table
-def _state_cell(r: RankSnapshot) -> str:
-    state = str(r.state) + (", straggler" if r.straggler else "")
+def _state_cell(r: RankSnapshot, note: str = "") -> str:
+    state = str(r.state) + (", straggler" if r.straggler else "") + (f", {note}" if note else "")
     if not r.error:
         return state
     # Remote reasons may span lines; one line keeps the text table aligned (HTML folds them anyway).
@@ -122,7 +128,7 @@ def _values(values: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in values.items())
 
 
-def _rank_row(r: RankSnapshot) -> Row:
+def _rank_row(r: RankSnapshot, note: str = "") -> Row:
     b = r.bar
     if b is not None:
         count = f"{b.n}/{b.total} it" if b.total is not None else f"{b.n} it"
@@ -139,7 +145,7 @@ def _rank_row(r: RankSnapshot) -> Row:
              fmt_seconds(r.compute_s),
              _comm(r, r.waiting_s, r.collective_waiting_s),
              _comm(r, r.transfer_s, r.collective_transfer_s),
-             fmt_bytes_rate(r.bandwidth), _values(r.scalars), _state_cell(r))
+             fmt_bytes_rate(r.bandwidth), _values(r.scalars), _state_cell(r, note))
     return Row(cells, broken=r.state.broken, straggler=r.straggler, fraction=frac,
                state=str(r.state), rank=r.rank)
 
@@ -148,6 +154,37 @@ def _spread(ranks: Sequence[RankSnapshot], get: Callable[[RankSnapshot], Optiona
             ) -> Optional[tuple[float, float, float]]:
     xs = sorted(x for x in map(get, ranks) if x is not None)
     return (xs[0], statistics.median(xs), xs[-1]) if xs else None
+
+
+def outliers(snap: RunSnapshot) -> list[tuple[RankSnapshot, str]]:
+    """The ranks an aggregate view names, in rank order, each with what sets it apart (""
+    when its state says it: a straggler, a failed or stopped rank): ranks the hang doctor
+    found away from the collective the others wait in (``"stalled"``), and the
+    :data:`SLOWEST` ranks whose compute per step is well above the others'
+    (``"slow: +5 ms/step"``)."""
+    stalled = set(snap.stall.missing) if snap.stall is not None else set()
+    slow = sorted((r for r in snap.ranks
+                   if r.slower_by_s is not None and r.compute_s
+                   and r.slower_by_s >= max(STRAGGLER_MIN_S, SLOW_SHARE * r.compute_s)),
+                  key=lambda r: -(r.slower_by_s or 0.0))[:SLOWEST]
+    notes = {r.rank: f"slow: +{fmt_seconds(r.slower_by_s)}/step" for r in slow}
+    out = []
+    for r in snap.ranks:
+        if r.rank in stalled:
+            out.append((r, "stalled"))
+        elif r.straggler or r.state.broken:
+            out.append((r, ""))
+        elif r.rank in notes:
+            out.append((r, notes[r.rank]))
+    return out
+
+
+def _more_row(rest: Sequence[tuple[RankSnapshot, str]], width: int, at: int) -> Row:
+    """``…  N more  ranks 7,9-12``: the outliers past :data:`MAX_OUTLIERS`."""
+    cells = ["…"] + [""] * (width - 1)
+    cells[at] = f"{len(rest)} more"
+    cells[-1] = "ranks " + fmt_ranks(r.rank for r, _ in rest)
+    return Row(tuple(cells), broken=any(r.state.broken for r, _ in rest))
 
 
 def _aggregate_rows(snap: RunSnapshot) -> tuple[Row, ...]:
@@ -181,19 +218,17 @@ def _aggregate_rows(snap: RunSnapshot) -> tuple[Row, ...]:
         cells.append(counts if label == "median" else "")
         frac = spreads[0][i] if spreads[0] is not None else None
         rows.append(Row(tuple(cells), fraction=frac))
-    outliers = [r for r in rs if r.straggler or r.state.broken]
-    rows += [_rank_row(r) for r in outliers[:MAX_OUTLIERS]]
-    rest = outliers[MAX_OUTLIERS:]
-    if rest:
-        cells = ["…", "", f"{len(rest)} more"] + [""] * (len(RUN_HEADER) - 4)
-        cells.append("ranks " + fmt_ranks(r.rank for r in rest))
-        rows.append(Row(tuple(cells), broken=any(r.state.broken for r in rest)))
+    named = outliers(snap)
+    rows += [_rank_row(r, note) for r, note in named[:MAX_OUTLIERS]]
+    if len(named) > MAX_OUTLIERS:
+        rows.append(_more_row(named[MAX_OUTLIERS:], len(RUN_HEADER), 2))
     return tuple(rows)
 
 
 def run_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> Table:
     """One row per rank of a run; above ``aggregate_above`` ranks, min / median / max rows
-    over the ranks, then the stragglers and failed ranks by name."""
+    over the ranks, then the :func:`outliers` by name (stragglers, failed, stalled and the
+    slowest ranks)."""
     if len(snap.ranks) > aggregate_above:
         return Table(RUN_HEADER, _aggregate_rows(snap))
     return Table(RUN_HEADER, tuple(_rank_row(r) for r in snap.ranks))
@@ -259,10 +294,18 @@ def diagnosis_phrases(snap: RunSnapshot) -> list[str]:
     return out
 
 
-def failure_lines(snap: RunSnapshot) -> list[str]:
-    """``rank 1 failed: ValueError: ...`` for every rank that failed or stopped."""
-    return [f"rank {r.rank} {r.state}: {' '.join((r.error or str(r.state)).split())}"
-            for r in snap.ranks if r.state.broken]
+def failure_lines(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> list[str]:
+    """``rank 1 failed: ValueError: ...`` for every rank that failed or stopped; above
+    ``aggregate_above`` ranks, one line per reason (``ranks 0-511,600 failed: ...``)."""
+    broken = [(r.rank, f"{r.state}: {' '.join((r.error or str(r.state)).split())}")
+              for r in snap.ranks if r.state.broken]
+    if len(snap.ranks) <= aggregate_above:
+        return [f"rank {r} {why}" for r, why in broken]
+    by_reason: dict[str, list[int]] = {}
+    for r, why in broken:
+        by_reason.setdefault(why, []).append(r)
+    return [f"rank{'s' if len(rs) > 1 else ''} {fmt_ranks(rs)} {why}"
+            for why, rs in by_reason.items()]
 
 
 def stall_lines(snap: RunSnapshot) -> list[str]:
@@ -273,38 +316,101 @@ def stall_lines(snap: RunSnapshot) -> list[str]:
     return [f"hang doctor: {headline(v)}", *where_lines(v)]
 
 
-def memory_table(snap: RunSnapshot) -> Optional[Table]:
-    """What each rank holds (local shards of sharded tensors) and sends per step; None when no
+def _spread_rows(ranks: Sequence[RankSnapshot], width: int,
+                 columns: Sequence[tuple[Callable[[RankSnapshot], Optional[float]],
+                                         Callable[[float], str]]],
+                 first: Sequence[str] = ()) -> list[Row]:
+    """``min``, ``median`` and ``max`` rows: ``first`` cells after the label, then each
+    column's spread over ``ranks``, ``-`` where no rank has a value."""
+    spreads = [_spread(ranks, get) for get, _ in columns]
+    rows = []
+    for i, label in enumerate(("min", "median", "max")):
+        cells = [label, *first]
+        cells += [fmt(sp[i]) if sp is not None else "-" for (_, fmt), sp in zip(columns, spreads)]
+        rows.append(Row(tuple(cells + [""] * (width - len(cells)))))
+    return rows
+
+
+def _named(snap: RunSnapshot, row: Callable[[RankSnapshot], Row], width: int) -> list[Row]:
+    """The :func:`outliers`' own rows, then how many more there are."""
+    named = outliers(snap)
+    rows = [row(r) for r, _ in named[:MAX_OUTLIERS]]
+    if len(named) > MAX_OUTLIERS:
+        rows.append(_more_row(named[MAX_OUTLIERS:], width, 1))
+    return rows
+
+
+def _memory_row(r: RankSnapshot) -> Row:
+    m = r.memory
+    if m is None:
+        return Row((str(r.rank), *("-",) * (len(MEMORY_HEADER) - 1)), r.state.broken,
+                   rank=r.rank)
+    return Row((str(r.rank), fmt_bytes(m.params), fmt_bytes(m.grads), fmt_bytes(m.optimizer),
+                fmt_bytes(r.bytes_per_step), fmt_bytes(m.rss), fmt_bytes(m.peak),
+                fmt_bytes(m.device_peak)), r.state.broken, rank=r.rank)
+
+
+def memory_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> Optional[Table]:
+    """What each rank holds (local shards of sharded tensors) and sends per step; above
+    ``aggregate_above`` ranks, min / median / max rows and the :func:`outliers`. None when no
     rank reported memory (no optimizer stepped)."""
     if not any(r.memory for r in snap.ranks):
         return None
-    rows = []
-    for r in snap.ranks:
-        m = r.memory
-        if m is None:
-            rows.append(Row((str(r.rank), *("-",) * (len(MEMORY_HEADER) - 1)), r.state.broken))
-            continue
-        rows.append(Row((str(r.rank), fmt_bytes(m.params), fmt_bytes(m.grads),
-                         fmt_bytes(m.optimizer), fmt_bytes(r.bytes_per_step), fmt_bytes(m.rss),
-                         fmt_bytes(m.peak), fmt_bytes(m.device_peak)), r.state.broken))
-    return Table(MEMORY_HEADER, tuple(rows))
+    if len(snap.ranks) <= aggregate_above:
+        return Table(MEMORY_HEADER, tuple(_memory_row(r) for r in snap.ranks))
+
+    def mem(get: Callable[[MemoryPoint], Optional[float]]
+            ) -> Callable[[RankSnapshot], Optional[float]]:
+        return lambda r: get(r.memory) if r.memory is not None else None
+
+    columns = [(mem(lambda m: m.params), fmt_bytes), (mem(lambda m: m.grads), fmt_bytes),
+               (mem(lambda m: m.optimizer), fmt_bytes), (lambda r: r.bytes_per_step, fmt_bytes),
+               (mem(lambda m: m.rss), fmt_bytes), (mem(lambda m: m.peak), fmt_bytes),
+               (mem(lambda m: m.device_peak), fmt_bytes)]
+    rows = _spread_rows(snap.ranks, len(MEMORY_HEADER), columns)
+    return Table(MEMORY_HEADER, tuple(rows + _named(snap, _memory_row, len(MEMORY_HEADER))))
 
 
-def pipeline_table(snap: RunSnapshot) -> Optional[Table]:
+def _pipeline_row(r: RankSnapshot) -> Row:
+    p = r.pipeline
+    if p is None:
+        return Row((str(r.rank), *("-",) * (len(PIPELINE_HEADER) - 1)), r.state.broken,
+                   rank=r.rank)
+    return Row((str(r.rank), p.label, p.schedule, str(p.microbatches),
+                fmt_seconds(p.forward_s), fmt_seconds(p.backward_s), fmt_seconds(p.p2p_wait_s),
+                fmt_seconds(p.step_s), fmt_fraction(p.bubble)), r.state.broken, rank=r.rank)
+
+
+def pipeline_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE
+                   ) -> Optional[Table]:
     """Each rank's pipeline stage: time per microbatch, waits, and its bubble (idle share of a
-    schedule step); None when no rank ran a pipeline schedule."""
+    schedule step); above ``aggregate_above`` ranks, one row per stage with the medians over
+    its ranks. None when no rank ran a pipeline schedule."""
     if not any(r.pipeline for r in snap.ranks):
         return None
-    rows = []
+    if len(snap.ranks) <= aggregate_above:
+        return Table(PIPELINE_HEADER, tuple(_pipeline_row(r) for r in snap.ranks))
+    stages: dict[str, list[RankSnapshot]] = {}
     for r in snap.ranks:
-        p = r.pipeline
-        if p is None:
-            rows.append(Row((str(r.rank), *("-",) * (len(PIPELINE_HEADER) - 1)), r.state.broken))
-            continue
-        rows.append(Row((str(r.rank), p.label, p.schedule, str(p.microbatches),
-                         fmt_seconds(p.forward_s), fmt_seconds(p.backward_s),
-                         fmt_seconds(p.p2p_wait_s), fmt_seconds(p.step_s),
-                         fmt_fraction(p.bubble)), r.state.broken))
+        if r.pipeline is not None:
+            stages.setdefault(r.pipeline.label, []).append(r)
+    rows = []
+    for label, rs in stages.items():
+        p = rs[0].pipeline
+        assert p is not None
+
+        def med(get: Callable[[PipelinePoint], Optional[float]], rs: list = rs
+                ) -> Optional[float]:
+            xs = [x for x in (get(r.pipeline) for r in rs) if x is not None]
+            return statistics.median(xs) if xs else None
+
+        rows.append(Row((f"ranks {fmt_ranks(r.rank for r in rs)}", label, p.schedule,
+                         str(p.microbatches), fmt_seconds(med(lambda q: q.forward_s)),
+                         fmt_seconds(med(lambda q: q.backward_s)),
+                         fmt_seconds(med(lambda q: q.p2p_wait_s)),
+                         fmt_seconds(med(lambda q: q.step_s)),
+                         fmt_fraction(med(lambda q: q.bubble))),
+                        any(r.state.broken for r in rs)))
     return Table(PIPELINE_HEADER, tuple(rows))
 
 

@@ -79,19 +79,44 @@ class RunWidget(VBox):
         super().__init__([self.header, self.stall, self.table, self.memory, self.failures,
                           self.legend, self.chart])
         self.add_class("nbdist-dashboard")
+        #: the final snapshot once the run is over (live ones are not kept: a thousand
+        #: ranks' records held from one redraw to the next would keep the garbage collector
+        #: busy)
         self.snapshot: Optional[RunSnapshot] = None
+        self._drawn: dict[str, tuple] = {}  # part -> (values, records) it was last drawn from
 
     def show(self, snap: RunSnapshot, final: bool = False) -> None:
-        """Draw ``snap``; ``final`` when the run is over (the header then says finished)."""
-        self.snapshot = snap
+        """Draw ``snap``; ``final`` when the run is over (the header then says finished).
+
+        Parts whose numbers did not change since the last redraw are not built again (the
+        fold hands over the same record objects while they do not change).
+        """
+        self.snapshot = snap if final else None
         with _held(self.header, self.stall, self.table, self.memory, self.failures,
                    self.chart):
             _set(self.header, run_header(snap, final))
             _set(self.stall, stall(snap))
             _set(self.table, run_table_html(snap))
-            _set(self.memory, detail_tables(snap))
+            if self._changed("details", (snap.dims, *((r.bytes_per_step, r.state)
+                                                      for r in snap.ranks)),
+                             [x for r in snap.ranks for x in (r.memory, r.pipeline)]):
+                _set(self.memory, detail_tables(snap))
             _set(self.failures, failures(snap))
-            _set(self.chart, charts(snap))
+            if self._changed("charts", (len(snap.series),),
+                             [snap.series[-1] if snap.series else None,
+                              *(c for by_rank in snap.scalar_series.values()
+                                for c in by_rank.values())]):
+                _set(self.chart, charts(snap))
+
+    def _changed(self, part: str, values: tuple, records: list) -> bool:
+        """True (and remembered) unless ``values`` are equal and ``records`` the very same
+        objects as when ``part`` was last drawn."""
+        last = self._drawn.get(part)
+        if (last is not None and last[0] == values and len(last[1]) == len(records)
+                and all(a is b for a, b in zip(last[1], records))):
+            return False
+        self._drawn[part] = (values, records)
+        return True
 
 
 class WidgetDashboard:

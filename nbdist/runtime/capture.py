@@ -1,9 +1,15 @@
 """Worker-side event batching and stdout/stderr capture.
 
 Output and telemetry leave a worker in batches through a transport the engine backend installs
-(ipyparallel data publication, Dask pub-sub). A background thread flushes a few times a second,
-so training never waits on the notebook, and a cell's end flushes synchronously so the notebook
-can wait for exactly the batches that belong to it.
+(ipyparallel data publication, Dask pub-sub). A background thread flushes up to ten times a
+second, so training never waits on the notebook, and a cell's end flushes synchronously so the
+notebook can wait for exactly the batches that belong to it.
+
+The notebook receives every rank's batches, so a rank flushes less often the larger the job
+(:func:`flush_interval`), and packs its steps, buckets and memory samples into tables
+(:func:`~nbdist.telemetry.columns.pack`). What cannot wait goes out at the next tick: elastic
+training's news, the hang doctor's report, and the output of the rank whose output the
+notebook shows (:attr:`EventSink.prompt_output`).
 """
 
 from __future__ import annotations
@@ -11,25 +17,51 @@ from __future__ import annotations
 import io
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Optional, TextIO
 
-from ..telemetry.events import STREAM, Batch, Event, stream, warning
+from ..telemetry.columns import pack
+from ..telemetry.events import ELASTIC, STACK, STREAM, Batch, Event, stream, warning
 
 Transport = Callable[[Batch], None]
 
+#: seconds between a rank's batches in a small job (and between the sending thread's ticks)
+TICK = 0.1
+#: batches per second the notebook should receive from all ranks together ...
+NOTEBOOK_BATCHES_PER_S = 256
+#: ... unless that would hold a rank's events back longer than this (seconds)
+MAX_INTERVAL = 4.0
+#: kinds sent at the next tick, whatever the interval
+URGENT = frozenset({ELASTIC, STACK})
+
+
+def flush_interval(world: int) -> float:
+    """Seconds between one rank's batches in a job of ``world`` ranks: :data:`TICK` up to
+    25 ranks, then growing so the notebook gets about :data:`NOTEBOOK_BATCHES_PER_S`
+    batches a second, at most :data:`MAX_INTERVAL`.
+
+    >>> flush_interval(2), flush_interval(64), flush_interval(256), flush_interval(4096)
+    (0.1, 0.25, 1.0, 4.0)
+    """
+    return min(MAX_INTERVAL, max(TICK, world / NOTEBOOK_BATCHES_PER_S))
+
 
 class EventSink:
-    """Collects events from any thread and sends them in batches."""
+    """Collects events from any thread and sends them in batches, every ``interval``
+    seconds (see :func:`flush_interval`)."""
 
-    def __init__(self, rank: int, transport: Optional[Transport], interval: float = 0.1):
+    def __init__(self, rank: int, transport: Optional[Transport], interval: float = TICK):
         self.rank = rank
         self.transport = transport
         self.interval = interval
         self.seq = 0  # batches sent so far
         self._pending: list[Event] = []
+        self._urgent = False  # an event that cannot wait for the interval is pending
+        #: this rank's output is the one the notebook shows: send it at the next tick
+        self.prompt_output = False
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._wake = threading.Event()
@@ -42,15 +74,18 @@ class EventSink:
     def emit(self, event: Event) -> None:
         with self._lock:
             self._pending.append(event)
+            if event["kind"] in URGENT or (self.prompt_output and event["kind"] == STREAM):
+                self._urgent = True
 
     def flush(self) -> int:
         """Send what is pending now; return the sequence number of the last batch sent."""
         with self._send_lock:
             with self._lock:
-                events, self._pending = self._pending, []
+                events, self._pending, self._urgent = self._pending, [], False
             if events and self.transport is not None:
                 self.seq += 1
-                self.transport({"rank": self.rank, "seq": self.seq, "events": _coalesce(events)})
+                self.transport({"rank": self.rank, "seq": self.seq,
+                                "events": pack(_coalesce(events))})
             return self.seq
 
     def close(self) -> None:
@@ -60,8 +95,11 @@ class EventSink:
         self.flush()
 
     def _loop(self) -> None:
+        last = time.monotonic()
         while not self._closed:
-            self._wake.wait(self.interval)
+            # Ticks stay short whatever the interval: the hang doctor looks at the cell on
+            # each, and urgent events go out on the next one.
+            self._wake.wait(min(TICK, self.interval))
             tick = self.on_tick
             if tick is not None:
                 try:
@@ -69,6 +107,10 @@ class EventSink:
                 except Exception as exc:  # a diagnosis bug must not stop the events; once
                     sys.__stderr__.write(f"nbdist: hang doctor error: {exc!r}\n")
                     self.on_tick = None
+            now = time.monotonic()
+            if not (self._urgent or self._closed or now - last >= self.interval - 1e-3):
+                continue
+            last = now
             try:
                 self.flush()
             except Exception as exc:  # a broken channel must not kill training; say so once

@@ -21,7 +21,7 @@ import cloudpickle
 from ..telemetry.units import fmt_bytes
 from . import env as envmod
 from . import results
-from .capture import EventSink, Transport, captured_output
+from .capture import EventSink, Transport, captured_output, flush_interval
 from .execute import mimebundle, run_code
 from .hang import enable_flight_recorder, watching
 from .interrupt import interruptible
@@ -151,6 +151,7 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     if _state.sink is None:
         _state.sink = EventSink(plan.rank, _state.transport)
     _state.sink.rank = plan.rank
+    _state.sink.interval = flush_interval(plan.world_size)  # fewer batches from big jobs
     group.install_guard()
     from . import ddp_hooks, parallel_hooks, tqdm_bars
 
@@ -221,6 +222,9 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         t0 = time.perf_counter()
         seq0 = _state.sink.flush()
         _state.sink.rank = plan.rank if slot is None else slot
+        # The notebook shows the lowest rank's output: it goes out at the next tick, however
+        # large the job (others wait for the rank's next batch)
+        _state.sink.prompt_output = _state.sink.rank == min(peers, default=_state.sink.rank)
         _state.coordinated = coordinated
         if not keep_cell or _state.cell is None:
             _state.cell = {"cell_id": cell_id, "filename": filename, "source": source,
@@ -362,6 +366,7 @@ def run_script(script: str, source: str, argv: list[str], port: int, cwd: str,
     env["TORCHELASTIC_ERROR_FILE"] = error_file(run_id, _state.plan.rank)
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING",
                                                             "1")
+    _state.sink.prompt_output = _state.plan.rank == 0  # a script's view shows rank 0
     return run(script, source, argv, env, cwd, _state.sink)
 
 

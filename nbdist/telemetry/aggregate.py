@@ -5,16 +5,25 @@ Pure: no IPython, widgets, processes or clocks (callers pass ``now``). The run's
 run and :meth:`RunState.snapshot` when a view redraws; everything here is unit-tested on
 synthetic event streams. How ranks' reports of one step are matched and split into waiting and
 transfer: :mod:`.matching`.
+
+The fold is incremental: an event (or a :func:`~.events.table` of them, read column by
+column) updates running state in place: each rank's window of its last :data:`WINDOW` steps,
+the matched steps it took part in, the blame of each matched step. A step is matched across
+ranks once, when its last report arrives. A snapshot reads that state and visits no event
+again, so its cost grows with the number of ranks, not with the length of the run, and
+folding a stream in pieces gives what folding it at once gives.
 """
 
 from __future__ import annotations
 
+import pickle
 import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Optional
+from math import fsum
+from typing import Any, Optional
 
+from .columns import column, columns, row, rows, summary, summary_column, table_rows
 from .events import (
     COMM,
     END,
@@ -26,308 +35,55 @@ from .events import (
     STACK,
     STAGE,
     STEP,
+    TABLE,
     TELEMETRY,
     Batch,
     Event,
 )
-from .intervals import bubble_fraction, rate, union_seconds
+from .intervals import union_seconds
 from .matching import (
     STRAGGLER_MIN_S,
     STRAGGLER_MIN_STEPS,
     STRAGGLER_SCORE,
     MatchedCollective,
-    MatchedStep,
-    RankStep,
+    blame,
     flagged,
     match_step,
-    straggler_scores,
+    scores_of,
+)
+from .ranks import (
+    RankFold,
+    accumulator,
+    figures,
+    median_without,
+    rank_snapshot,
+    to_ns,
+)
+from .snapshot import (
+    WINDOW,
+    BarState,
+    Diagnosis,
+    DimPoint,
+    MemoryPoint,
+    PipelinePoint,
+    RankSnapshot,
+    RunSnapshot,
+    StepPoint,
 )
 from .stall import StallWatch, Verdict
 from .states import RankState
-from .units import fmt_rate
 
 __all__ = ["MAX_RECORDED", "STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
-           "BarState", "Diagnosis", "RankSnapshot", "RunSnapshot", "RunState", "StepPoint",
-           "aggregate"]
+           "BarState", "Diagnosis", "DimPoint", "MemoryPoint", "PipelinePoint", "RankSnapshot",
+           "RunSnapshot", "RunState", "StepPoint", "aggregate"]
 
-#: steps used for rates, means and straggler scores (recent behaviour, not the whole run's)
-WINDOW = 20
 #: events kept per run for ``%nbdist timeline`` (older ones are dropped first)
 MAX_RECORDED = 200_000
 #: collectives outside steps waiting for their peers' reports (older ones are dropped)
 _MAX_PENDING_COLLECTIVES = 10_000
 
 
-# ----------------------------------------------------------------- snapshot records
-@dataclass(frozen=True)
-class StepPoint:
-    """One step every rank has reported, as the mean over those ranks (the charts' x-axis)."""
-
-    step: int
-    step_s: float
-    compute_s: float
-    waiting_s: float  # exposed time spent waiting for the last rank to arrive
-    transfer_s: float  # exposed transfer: the exposed time of the last rank to arrive
-    nbytes: int
-    bandwidth: Optional[float]  # bytes/s: bytes over the step's transfer time, median of ranks
-    ranks: int
-    waited_for: Optional[int] = None  # the rank the others waited for
-
-    @property
-    def exposed_s(self) -> float:
-        return self.waiting_s + self.transfer_s
-
-
-@dataclass(frozen=True)
-class BarState:
-    desc: str
-    n: int
-    total: Optional[int]
-    rate: Optional[float]  # items/s
-    eta_s: Optional[float]
-    done: bool
-
-    @property
-    def fraction(self) -> Optional[float]:
-        return min(1.0, self.n / self.total) if self.total else None
-
-
-@dataclass(frozen=True)
-class MemoryPoint:
-    """Bytes one rank held at its latest sample (see ``runtime/measure.py``)."""
-
-    params: int
-    grads: int
-    optimizer: int
-    rss: Optional[int]  # resident memory of the process now
-    peak: Optional[int]  # its peak resident memory
-    device_peak: Optional[int] = None  # torch.cuda.max_memory_allocated on a GPU
-
-    @property
-    def training(self) -> int:
-        """Parameters + gradients + optimizer state."""
-        return self.params + self.grads + self.optimizer
-
-
-@dataclass(frozen=True)
-class PipelinePoint:
-    """One rank's part of a pipeline over its recent schedule steps (medians)."""
-
-    stages: tuple[int, ...]  # the stage indices this rank runs
-    num_stages: int
-    schedule: str  # the schedule's class name
-    microbatches: int
-    bubble: float  # idle fraction of a schedule step: not computing forward or backward
-    step_s: float  # one schedule step, call to return
-    forward_s: Optional[float]  # one microbatch's forward on this rank's stage
-    backward_s: Optional[float]
-    p2p_wait_s: float  # per step, blocked on sends and receives
-
-    @property
-    def label(self) -> str:
-        """``"stage 1/2"`` (or ``"stages 0,2/4"`` for looped schedules)."""
-        word = "stage" if len(self.stages) == 1 else "stages"
-        return f"{word} {','.join(map(str, self.stages))}/{self.num_stages}"
-
-
-@dataclass(frozen=True)
-class DimPoint:
-    """Collectives of one device-mesh dimension, summed over every rank of the run."""
-
-    dim: str
-    ops: tuple[str, ...]
-    calls: int
-    nbytes: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class RankSnapshot:
-    """One rank now. Per-step times are means over its last :data:`WINDOW` steps."""
-
-    rank: int
-    state: RankState
-    error: Optional[str] = None
-    steps: int = 0
-    steps_per_s: Optional[float] = None
-    samples_per_s: Optional[float] = None
-    step_s: Optional[float] = None
-    compute_s: Optional[float] = None  # step time less exposed communication
-    exposed_s: Optional[float] = None
-    waiting_s: Optional[float] = None  # of the exposed time: waiting for the last rank
-    transfer_s: Optional[float] = None  # of the exposed time: transfer
-    bandwidth: Optional[float] = None  # bytes over transfer time, median of recent steps
-    bar: Optional[BarState] = None
-    scalars: dict[str, float] = field(default_factory=dict)
-    straggler: bool = False
-    #: mean share of the other ranks' step spent waiting for this rank (0-1)
-    straggler_score: float = 0.0
-    #: compute per step above the median of the other ranks' (seconds; negative: faster)
-    slower_by_s: Optional[float] = None
-    #: collectives called outside any step: how many, and seconds waiting / transferring
-    collectives: int = 0
-    collective_waiting_s: float = 0.0
-    collective_transfer_s: float = 0.0
-    memory: Optional[MemoryPoint] = None
-    bytes_per_step: Optional[float] = None  # mean payload of a step's collectives (recent)
-    pipeline: Optional[PipelinePoint] = None
-
-    @property
-    def exposed_fraction(self) -> Optional[float]:
-        return _share(self.exposed_s, self.step_s)
-
-    @property
-    def waiting_fraction(self) -> Optional[float]:
-        return _share(self.waiting_s, self.step_s)
-
-    @property
-    def transfer_fraction(self) -> Optional[float]:
-        return _share(self.transfer_s, self.step_s)
-
-
-def _share(part: Optional[float], whole: Optional[float]) -> Optional[float]:
-    return min(1.0, part / whole) if part is not None and whole else None
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """Where a run's time goes, in the numbers a header states."""
-
-    #: the straggler everyone waits for (the flagged rank with the highest score)
-    waited_for: Optional[int]
-    #: its compute per step, and how much that exceeds the median of the others'
-    compute_s: Optional[float]
-    slower_by_s: Optional[float]
-    #: share of the step spent waiting: by the other ranks when there is a straggler, else by all
-    waiting: Optional[float]
-    #: share of the step spent in exposed transfer, mean over ranks
-    transfer: Optional[float]
-    #: the run's bandwidth: median over ranks of their bandwidth
-    bandwidth: Optional[float]
-
-
-@dataclass(frozen=True)
-class RunSnapshot:
-    """What a run looks like now: one row per rank and a per-step series."""
-
-    ranks: tuple[RankSnapshot, ...]
-    series: tuple[StepPoint, ...] = ()
-    stragglers: tuple[int, ...] = ()
-    elapsed_s: float = 0.0  # from the first to the last telemetry event
-    comm_bytes: int = 0
-    comm_events: int = 0
-    #: name -> rank -> ((step, value), ...): what ``nbdist.log`` was given, oldest first
-    scalar_series: dict[str, dict[int, tuple[tuple[float, float], ...]]] = field(
-        default_factory=dict)
-    #: wall-clock seconds since the run started (until it ended); set by the run's record
-    wall_s: Optional[float] = None
-    dims: tuple[DimPoint, ...] = ()  # collectives by mesh dimension
-    #: the hang doctor's verdict once the run has made no progress past its threshold
-    stall: Optional[Verdict] = None
-    #: what the session noted during the run (e.g. a rank elastic training lost and healed)
-    notes: tuple[str, ...] = ()
-
-    @property
-    def bubble(self) -> Optional[float]:
-        """The pipeline's bubble: the mean over its ranks of each one's idle fraction."""
-        parts = [r.pipeline.bubble for r in self.ranks if r.pipeline is not None]
-        return sum(parts) / len(parts) if parts else None
-
-    @property
-    def has_telemetry(self) -> bool:
-        return self.stall is not None or any(r.steps or r.bar or r.scalars or r.collectives
-                                             for r in self.ranks)
-
-    @property
-    def failed(self) -> tuple[RankSnapshot, ...]:
-        return tuple(r for r in self.ranks if r.state == RankState.FAILED)
-
-    @property
-    def finished(self) -> bool:
-        return not any(r.state.active for r in self.ranks)
-
-    @property
-    def steps(self) -> int:
-        """Steps every rank has completed."""
-        return min((r.steps for r in self.ranks if r.state != RankState.WAITING), default=0)
-
-    @property
-    def scalars(self) -> dict[str, float]:
-        """The latest logged values of the lowest rank that logged any."""
-        return next((r.scalars for r in self.ranks if r.scalars), {})
-
-    @property
-    def bandwidth(self) -> Optional[float]:
-        """The run's bandwidth: the median over ranks of each rank's (bytes / transfer time)."""
-        bws = [r.bandwidth for r in self.ranks if r.bandwidth is not None]
-        return statistics.median(bws) if bws else None
-
-    @property
-    def diagnosis(self) -> Diagnosis:
-        """The straggler (if any), its compute, and the shares of waiting and transfer."""
-        stepped = [r for r in self.ranks if r.step_s]
-        w = max((r for r in self.ranks if r.rank in self.stragglers),
-                key=lambda r: r.straggler_score, default=None)
-        waiters = [r for r in stepped if w is None or r.rank != w.rank]
-        waiting = [f for f in (r.waiting_fraction for r in waiters) if f is not None]
-        transfer = [f for f in (r.transfer_fraction for r in stepped) if f is not None]
-        return Diagnosis(
-            waited_for=w.rank if w is not None else None,
-            compute_s=w.compute_s if w is not None else None,
-            slower_by_s=w.slower_by_s if w is not None else None,
-            waiting=statistics.fmean(waiting) if waiting else None,
-            transfer=statistics.fmean(transfer) if transfer else None,
-            bandwidth=self.bandwidth)
-
-    def __repr__(self) -> str:
-        rates = [r.steps_per_s for r in self.ranks if r.steps_per_s]
-        parts = [f"{len(self.ranks)} ranks", f"{self.steps} steps"]
-        if rates:
-            parts.append(fmt_rate(min(rates), "steps/s"))
-        if self.stragglers:
-            parts.append("straggler: rank " + ",".join(map(str, self.stragglers)))
-        if self.failed:
-            parts.append("failed: rank " + ",".join(str(r.rank) for r in self.failed))
-        return f"<RunSnapshot: {', '.join(parts)}>"
-
-    def _repr_html_(self) -> str:
-        from ..display.html import run_summary  # views live in display; numbers stay here
-
-        return run_summary(self)
-
-
 # ----------------------------------------------------------------- the fold
-class _Rank:
-    def __init__(self, history: int) -> None:
-        self.state = RankState.WAITING
-        self.error: Optional[str] = None
-        self.steps = 0
-        self.recent: deque[Event] = deque(maxlen=WINDOW)
-        self.comm: dict[int, list[Event]] = {}  # step → its collectives, until the step lands
-        self.bar_id: Optional[int] = None
-        self.bar: Optional[Event] = None
-        self.bar_points: deque[tuple[float, float]] = deque(maxlen=WINDOW)
-        self.scalars: dict[str, float] = {}
-        self.history = history
-        self.scalar_points: dict[str, deque[tuple[float, float]]] = {}
-        self.free_seq: dict[str, int] = {}  # op → collectives outside steps seen so far
-        self.free = 0
-        self.free_waiting = 0.0
-        self.free_transfer = 0.0
-        self.free_bw: deque[float] = deque(maxlen=WINDOW)
-        self.memory: Optional[Event] = None
-        self.step_bytes: deque[int] = deque(maxlen=WINDOW)
-        self.pipes: deque[Event] = deque(maxlen=WINDOW)  # schedule steps
-        self.stage_s: dict[str, deque[float]] = {}  # "forward"/"backward" -> per microbatch
-
-    def log(self, values: Mapping[str, float], step: Optional[int]) -> None:
-        self.scalars.update(values)
-        for k, v in values.items():
-            pts = self.scalar_points.setdefault(k, deque(maxlen=self.history))
-            x = float(step) if step is not None else (pts[-1][0] + 1 if pts else 0.0)
-            pts.append((x, v))
-
-
 class RunState:
     """Accumulates a run's event batches; :meth:`snapshot` summarizes them.
 
@@ -348,21 +104,45 @@ class RunState:
     def __init__(self, ranks: Iterable[int] = (), history: int = 300,
                  started: Optional[float] = None, stall_after: Optional[float] = None):
         self._history = history
-        self._ranks: dict[int, _Rank] = {r: _Rank(history) for r in ranks}
-        self._pending: dict[int, dict[int, RankStep]] = {}  # step → reports so far
-        self._matched: deque[MatchedStep] = deque(maxlen=WINDOW)
+        self._ranks: dict[int, RankFold] = {}
+        self._active = 0  # ranks not finished: a step is matched once all of them reported
+        for r in ranks:
+            self._rank(r)
+        # step → reports so far: a RankStep's fields, as a plain tuple
+        self._pending: dict[int, dict[int, tuple[float, float, float, int, bool]]] = {}
+        # who was waited for in each of the last WINDOW matched steps, and how many matched
+        self._blames: deque[Optional[tuple[int, float, float]]] = deque(maxlen=WINDOW)
+        self._nmatched = 0
         self._series: dict[int, StepPoint] = {}
         self._free: dict[tuple[str, int], dict[int, tuple[float, int]]] = {}
-        self.recorded: dict[int, deque[Event]] = {}
+        #: rank -> what it sent, as ``(events, pickle)`` of each event or table (see events())
+        self.recorded: dict[int, deque[Any]] = {}
         self.dropped = 0
         self._nrecorded = 0
         self._t0: Optional[float] = None
         self._t1: Optional[float] = None
         self._bytes = 0
         self._ncomm = 0
-        self._dims: dict[str, list] = {}  # dim -> [ops, calls, bytes, seconds]
+        self._dims: dict[str, list] = {}  # dim -> [ops, calls, bytes, nanoseconds]
+        # logged values: name -> step -> rank -> value, and their spread over ranks per step
+        self._scalar_at: dict[str, dict[float, dict[int, float]]] = {}
+        self._spread: dict[str, dict[float, tuple[float, float, float, float]]] = {}
+        self._spread_series: dict[str, tuple[tuple[float, float, float, float], ...]] = {}
+        self._spread_dirty: set[tuple[str, float]] = set()
         #: progress, step times and where each rank said it was (the hang doctor's input)
         self.stall = StallWatch(started, stall_after)
+
+    def _rank(self, rank: int) -> RankFold:
+        st = self._ranks.get(rank)
+        if st is None:
+            st = self._ranks[rank] = RankFold(self._history)
+            self._active += 1
+        return st
+
+    def _stop(self, st: RankFold, state: RankState) -> None:
+        if st.state.active:
+            self._active -= 1
+        st.state = state
 
     def feed(self, batches: Iterable[Batch]) -> bool:
         """Fold batches in (any order of ranks; per rank in ``seq`` order). True if telemetry."""
@@ -376,42 +156,51 @@ class RunState:
         return changed
 
     def apply(self, rank: int, e: Event) -> None:
-        """Fold one event from ``rank``."""
-        st = self._ranks.get(rank)
-        if st is None:
-            st = self._ranks[rank] = _Rank(self._history)
+        """Fold one event (or table of events) from ``rank``."""
         kind = e["kind"]
+        if kind == TABLE:
+            self._table(rank, e)
+            return
+        st = self._rank(rank)
         if kind == STACK:  # where the rank is: not a timed event, kept apart from the trace
             self.stall.stack(rank, e)
             if st.state == RankState.WAITING:
                 st.state = RankState.RUNNING
             return
         if kind != END:
-            self._record(rank, e)
+            self._record(rank, e, 1)
+        self._fold(rank, st, e)
+
+    def _fold(self, rank: int, st: RankFold, e: Event) -> None:
+        kind = e["kind"]
         t = e.get("t1", e.get("t"))
         if t is not None:
-            self._t0 = min(self._t0, e.get("t0", t)) if self._t0 is not None else e.get("t0", t)
-            self._t1 = max(self._t1, t) if self._t1 is not None else t
+            self._span(e.get("t0", t), t)
         if st.state == RankState.WAITING and kind != END:
             st.state = RankState.RUNNING
         if kind in PROGRESS_KINDS and t is not None:
             self.stall.progress(t, rank)
         if kind == STEP:
-            self.stall.step(e["t1"] - e["t0"], e["t1"], rank)
-            self._step(rank, st, e)
+            length = e["t1"] - e["t0"]
+            self.stall.step(length, e["t1"], rank)
+            self._steps(rank, st, [e["step"]], [e["t0"]], [e["t1"]], [length], [e["samples"]],
+                        [e["comm_exposed_s"]])
         elif kind == COMM:
             self._bytes += e["bytes"]
             self._ncomm += 1
             if e.get("step") is not None:
-                st.comm.setdefault(e["step"], []).append(e)
+                acc = accumulator(st.comm, e["step"])
+                acc.nbytes += e["bytes"]
+                acc.busy = None
+                if e["t1"] > e["t0"]:
+                    acc.spans += (e["t0"], e["t1"])
+                    acc.timed_bytes += e["bytes"]
+                if e.get("measured") == "untimed":
+                    acc.untimed = True
             else:
-                self._free_collective(rank, st, e)
+                self._free_collective(rank, st, e["op"], e["t0"], e["t1"], e["bytes"])
             if e.get("dim") is not None:
-                d = self._dims.setdefault(e["dim"], [set(), 0, 0, 0.0])
-                d[0].add(e["op"])
-                d[1] += 1
-                d[2] += e["bytes"]
-                d[3] += e["t1"] - e["t0"]
+                self._dim(e["dim"], e["op"], e["bytes"], e["t1"] - e["t0"])
         elif kind == STAGE:
             st.stage_s.setdefault(e["op"], deque(maxlen=WINDOW * 8)).append(e["t1"] - e["t0"])
         elif kind == PIPELINE:
@@ -423,49 +212,234 @@ class RunState:
             st.bar = e
             st.bar_points.append((e["t"], e["n"]))
         elif kind == SCALARS:
-            st.log(e["values"], e.get("step"))
+            for name, x, v in st.log(e["values"], e.get("step")):
+                self._scalar(rank, name, x, v)
         elif kind == MEMORY:
-            if st.memory is None or e["params"] or e["grads"] or e["optimizer"]:
-                # A cell's last sample comes after its locals are gone: keep what the rank
-                # held while it trained.
-                st.memory = e
+            self._memory(st, e)
         elif kind == END:
-            st.state = RankState.DONE if e["ok"] else RankState.FAILED
+            self._stop(st, RankState.DONE if e["ok"] else RankState.FAILED)
             st.error = e.get("error")
             self.stall.end(rank, e["t"], e["ok"], st.error)
             self._settle_all()  # steps this rank will never report no longer wait for it
 
-    def _record(self, rank: int, e: Event) -> None:
+    @staticmethod
+    def _memory(st: RankFold, e: Event) -> None:
+        if st.memory is None or e["params"] or e["grads"] or e["optimizer"]:
+            # A cell's last sample comes after its locals are gone: keep what the rank
+            # held while it trained.
+            st.memory = e
+            st.memory_point = None
+
+    def _scalar(self, rank: int, name: str, x: float, v: float) -> None:
+        """Keep the value for the spread over ranks at step ``x`` (the chart above a few
+        ranks), recomputed at the next snapshot for that step only."""
+        at = self._scalar_at.setdefault(name, {})
+        col = at.get(x)
+        if col is None:
+            col = at[x] = {}
+            if len(at) > self._history:
+                oldest = min(at)
+                del at[oldest]
+                self._spread.get(name, {}).pop(oldest, None)
+        col[rank] = v
+        self._spread_dirty.add((name, x))
+
+    def _scalar_spread(self) -> dict[str, tuple[tuple[float, float, float, float], ...]]:
+        changed = set()
+        for name, x in self._spread_dirty:
+            col = self._scalar_at[name].get(x)
+            if col is not None:
+                vals = sorted(col.values())
+                self._spread.setdefault(name, {})[x] = (x, vals[0], statistics.median(vals),
+                                                        vals[-1])
+                changed.add(name)
+        self._spread_dirty.clear()
+        for name in changed:
+            by_x = self._spread[name]
+            self._spread_series[name] = tuple(by_x[x] for x in sorted(by_x))
+        return dict(self._spread_series)
+
+    def _span(self, t0: float, t1: float) -> None:
+        self._t0 = t0 if self._t0 is None else min(self._t0, t0)
+        self._t1 = t1 if self._t1 is None else max(self._t1, t1)
+
+    def _dim(self, dim: str, op: str, nbytes: int, seconds: float) -> None:
+        d = self._dims.setdefault(dim, [set(), 0, 0, 0])
+        d[0].add(op)
+        d[1] += 1
+        d[2] += nbytes
+        d[3] += to_ns(seconds)
+
+    def _record(self, rank: int, e: Event, n: int) -> None:
+        """Keep ``e`` (``n`` events) for the trace, as its pickle: bytes the garbage collector
+        never scans. At a thousand ranks, the events kept as dicts (and tables as dicts of
+        lists) would make its full collections the notebook's largest cost."""
         rec = self.recorded.setdefault(rank, deque())
-        rec.append(e)
-        self._nrecorded += 1
-        if self._nrecorded > MAX_RECORDED:
-            rec.popleft()
-            self._nrecorded -= 1
-            self.dropped += 1
+        if e["kind"] == TABLE:  # its rows, not the summaries the fold read
+            e = {"kind": TABLE, "order": e["order"],
+                 "parts": [{"of": p["of"], "fields": p["fields"], "columns": p["columns"]}
+                           for p in e["parts"]]}
+        rec.append((n, pickle.dumps(e, pickle.HIGHEST_PROTOCOL)))
+        self._nrecorded += n
+        while self._nrecorded > MAX_RECORDED and rec:
+            k = rec.popleft()[0]
+            self._nrecorded -= k
+            self.dropped += k
+
+    # ------------------------------------------------------------- tables, column by column
+    def _table(self, rank: int, t: Event) -> None:
+        """Fold a table: what one event at a time would do, with the hot loops on columns.
+
+        A table's collectives are folded before its steps (a step looks up its collectives
+        when it lands, and a worker sends a step's collectives before the step).
+        """
+        st = self._rank(rank)
+        self._record(rank, t, table_rows(t))
+        if st.state == RankState.WAITING:
+            st.state = RankState.RUNNING
+        for part in sorted(t["parts"], key=lambda p: p["of"] != COMM):
+            kind = part["of"]
+            if kind == COMM and "steps" in part:
+                self._comm_summary(rank, st, part)
+                continue
+            if kind == STEP:
+                self._step_columns(rank, st, part)
+                continue
+            if kind == MEMORY:
+                self._memory_columns(st, part)
+                continue
+            cols = columns(part)
+            if kind == COMM:
+                self._comm_columns(rank, st, cols)
+            else:  # rarer kinds: one event at a time
+                for e in _part_rows(kind, cols):
+                    self._fold(rank, st, e)
+
+    def _memory_columns(self, st: RankFold, part: Event) -> None:
+        """What :meth:`_memory` would keep of the part's samples, one at a time: the last one
+        that holds anything, else the first when the rank had none."""
+        ts = column(part, "t")
+        self._span(min(ts), max(ts))
+        held = [any(x) for x in zip(column(part, "params"), column(part, "grads"),
+                                    column(part, "optimizer"))]
+        keep = max((i for i, h in enumerate(held) if h), default=None)
+        if keep is None and st.memory is None:
+            keep = 0
+        if keep is not None:
+            st.memory = row(part, keep)
+            st.memory_point = None
+
+    def _comm_summary(self, rank: int, st: RankFold, part: Event) -> None:
+        """Collectives of steps, from what the worker summed of them (see :mod:`.columns`)."""
+        self._span(part["t0"], part["t1"])
+        if self.stall.interrupted(rank):  # only what came before the interrupt is progress
+            self.stall.progress_all(column(part, "t1"), rank)
+        else:
+            self.stall.progress(part["t1"], rank)
+        self._bytes += part["bytes"]
+        self._ncomm += part["n"]
+        comm = st.comm
+        steps = summary_column(part, "step")
+        if any(s in comm for s in steps):  # a step whose collectives came in two batches
+            for s, nbytes, timed_bytes, untimed, _, spans in summary(part):
+                acc = accumulator(comm, s)
+                acc.busy = None
+                acc.nbytes += nbytes
+                acc.timed_bytes += timed_bytes
+                if untimed:
+                    acc.untimed = True
+                acc.spans += [x for span in spans for x in span]
+            return
+        # All of these steps' collectives so far: each kept as the summary told it (bytes,
+        # timed bytes, untimed, busy; the part and row to read its intervals from if more
+        # collectives of the step come)
+        for i, step in enumerate(zip(steps, *(summary_column(part, k)
+                                              for k in ("bytes", "timed", "untimed",
+                                                        "busy")))):
+            comm[step[0]] = (*step[1:], part, i)
+
+    def _comm_columns(self, rank: int, st: RankFold, cols: dict[str, list[Any]]) -> None:
+        t0s, t1s, nbytes, steps = cols["t0"], cols["t1"], cols["bytes"], cols["step"]
+        self._span(min(t0s), max(t1s))
+        self.stall.progress_all(t1s, rank)
+        self._bytes += sum(nbytes)
+        self._ncomm += len(t0s)
+        measured = cols.get("measured") or [None] * len(t0s)
+        comm = st.comm
+        for i, (s, a, z, b, m) in enumerate(zip(steps, t0s, t1s, nbytes, measured)):
+            if s is None:
+                self._free_collective(rank, st, cols["op"][i], a, z, b)
+                continue
+            acc = accumulator(comm, s)
+            acc.nbytes += b
+            acc.busy = None
+            if z > a:
+                acc.spans += (a, z)
+                acc.timed_bytes += b
+            if m == "untimed":
+                acc.untimed = True
+        dims = cols.get("dim")
+        if dims is not None:
+            for i, d in enumerate(dims):
+                if d is not None:
+                    self._dim(d, cols["op"][i], nbytes[i], t1s[i] - t0s[i])
+
+    def _step_columns(self, rank: int, st: RankFold, part: Event) -> None:
+        t0s, t1s = column(part, "t0"), column(part, "t1")  # the columns the fold reads
+        self._span(min(t0s), max(t1s))
+        self.stall.progress_all(t1s, rank)
+        lengths = [b - a for a, b in zip(t0s, t1s)]
+        self.stall.steps_all(lengths, t1s, rank)
+        self._steps(rank, st, column(part, "step"), t0s, t1s, lengths,
+                    column(part, "samples"), column(part, "comm_exposed_s"))
 
     # ------------------------------------------------------------- matching across ranks
-    def _step(self, rank: int, st: _Rank, e: Event) -> None:
-        st.steps += 1
-        st.recent.append(e)
-        comms = st.comm.pop(e["step"], [])
-        timed = [c for c in comms if c["t1"] > c["t0"]]
-        st.step_bytes.append(sum(c["bytes"] for c in comms))
-        step_s = e["t1"] - e["t0"]
-        report = RankStep(step_s, min(e["comm_exposed_s"], step_s),
-                          union_seconds((c["t0"], c["t1"]) for c in timed),
-                          sum(c["bytes"] for c in timed),
-                          timed=not any(c.get("measured") == "untimed" for c in comms))
-        self._pending.setdefault(e["step"], {})[rank] = report
-        while len(self._pending) > self._history:  # a rank stopped reporting: give up on it
-            del self._pending[min(self._pending)]
-        if e["step"] in self._pending:  # not given up already: a rank far behind (async)
-            self._settle(e["step"])
+    def _steps(self, rank: int, st: RankFold, ns: Sequence[int], t0s: Sequence[float],
+               t1s: Sequence[float], lengths: Sequence[float], samples: Sequence[int],
+               exposed: Sequence[float]) -> None:
+        """Steps ``ns`` of ``rank``, in order: its window, and each step's report, matched
+        across ranks once the last one arrives."""
+        exposed = [e if e < s else s for e, s in zip(exposed, lengths)]  # min(), inline
+        st.steps += len(ns)
+        st.t0s.extend(t0s)
+        st.t1 = t1s[-1]
+        st.step_s.extend(lengths)
+        st.samples.extend(samples)
+        st.exposed.extend(exposed)
+        comm, pending = st.comm, self._pending
+        for n, step_s, ex in zip(ns, lengths, exposed):
+            acc = comm.pop(n, None)
+            # A plain tuple of numbers until the step is matched: the garbage collector
+            # stops tracking it at once (reports wait for the last rank's, seconds at scale).
+            if acc is None:
+                st.step_bytes.append(0)
+                report = (step_s, ex, 0.0, 0, True)
+            elif type(acc) is tuple:  # one worker's summary: bytes, timed, untimed, busy
+                st.step_bytes.append(acc[0])
+                report = (step_s, ex, acc[3], acc[1], not acc[2])
+            else:
+                st.step_bytes.append(acc.nbytes)
+                busy = acc.busy if acc.busy is not None else union_seconds(
+                    zip(acc.spans[::2], acc.spans[1::2]))
+                report = (step_s, ex, busy, acc.timed_bytes, not acc.untimed)
+            reports = pending.get(n)
+            if reports is None:
+                reports = pending[n] = {}
+            reports[rank] = report
+            while len(pending) > self._history:  # a rank stopped reporting: give up on it
+                del pending[min(pending)]
+            # Not given up already (a rank far behind, async), and maybe the last report
+            # (fewer reports than ranks still running cannot be all of them).
+            if len(reports) >= self._active and n in pending:
+                self._settle(n)
 
-    def _waiting_on(self, reporters: Iterable[int]) -> bool:
+    def _waiting_on(self, reporters: Mapping[int, Any]) -> bool:
         """True while a rank that has not reported may still report (it has not ended)."""
-        have = set(reporters)
-        return any(st.state.active and r not in have for r, st in self._ranks.items())
+        if len(reporters) < self._active:
+            return True  # not every rank still running can be among them: no need to look
+        if self._active == len(self._ranks):
+            return False  # no rank has ended: as many reporters as ranks are all of them
+        return any(st.state.active and r not in reporters for r, st in self._ranks.items())
 
     def _settle(self, step: int) -> None:
         reports = self._pending[step]
@@ -473,26 +447,41 @@ class RunState:
             return
         del self._pending[step]
         m = match_step(step, reports)
-        self._matched.append(m)
+        self._blames.append(blame(m))
+        index = self._nmatched
+        self._nmatched += 1
+        bws = []
+        tt = m.transfer_time_s
+        waiting, transfer = m.waiting, m.transfer_s
+        for r, rep in reports.items():
+            st = self._ranks[r]
+            bw = rep[3] / tt if rep[3] and tt else None  # m.bandwidth(r), inline
+            if bw is not None:
+                bws.append(bw)
+            st.m_index.append(index)
+            st.m_waiting.append(waiting[r])
+            st.m_transfer.append(transfer)
+            st.m_bw.append(bw)
         reps = list(reports.values())
         k = len(reps)
-        bws = [b for b in (m.bandwidth(r) for r in reports) if b is not None]
+        # fsum: the same whatever order the ranks' reports came in
         self._series[step] = StepPoint(
-            step, sum(p.step_s for p in reps) / k, sum(p.compute_s for p in reps) / k,
-            sum(m.waiting.values()) / k, m.transfer_s, sum(p.nbytes for p in reps) // k,
+            step, fsum(p[0] for p in reps) / k, fsum(max(0.0, p[0] - p[1]) for p in reps) / k,
+            fsum(waiting.values()) / k, transfer, sum(p[3] for p in reps) // k,
             statistics.median(bws) if bws else None, k, m.last)
         while len(self._series) > self._history:
             del self._series[min(self._series)]
 
-    def _free_collective(self, rank: int, st: _Rank, e: Event) -> None:
+    def _free_collective(self, rank: int, st: RankFold, op: str, t0: float, t1: float,
+                         nbytes: int) -> None:
         # Collectives run in the same order on every rank of a group: the k-th call of an op
         # on one rank is the k-th call of that op on the others.
-        k = st.free_seq.get(e["op"], 0)
-        st.free_seq[e["op"]] = k + 1
-        if e["t1"] <= e["t0"]:
+        k = st.free_seq.get(op, 0)
+        st.free_seq[op] = k + 1
+        if t1 <= t0:
             return  # untimed
-        key = (e["op"], k)
-        self._free.setdefault(key, {})[rank] = (e["t1"] - e["t0"], e["bytes"])
+        key = (op, k)
+        self._free.setdefault(key, {})[rank] = (t1 - t0, nbytes)
         while len(self._free) > _MAX_PENDING_COLLECTIVES:
             del self._free[next(iter(self._free))]
         self._settle_free(key)
@@ -507,8 +496,8 @@ class RunState:
         for r in reports:
             st = self._ranks[r]
             st.free += 1
-            st.free_waiting += m.waiting(r)
-            st.free_transfer += m.transfer_s
+            st.free_waiting_ns += to_ns(m.waiting(r))
+            st.free_transfer_ns += to_ns(m.transfer_s)
             bw = m.bandwidth(r)
             if bw is not None:
                 st.free_bw.append(bw)
@@ -523,7 +512,7 @@ class RunState:
         """The run is over: ranks that never said they finished are marked stopped."""
         for st in self._ranks.values():
             if st.state.active:
-                st.state = RankState.STOPPED
+                self._stop(st, RankState.STOPPED)
                 st.error = st.error or "no end-of-cell report (interrupted, or the worker died)"
         self._settle_all()
 
@@ -531,36 +520,43 @@ class RunState:
     def snapshot(self, now: Optional[float] = None, at: Optional[float] = None) -> RunSnapshot:
         """The current summary; ``now`` (worker clock) makes progress ETAs count down, ``at``
         (the notebook's ``time.time()``) is when a stall is judged (None: not judged)."""
-        matched = list(self._matched)
-        scores = straggler_scores(matched, sorted(self._ranks))
-        slow = flagged(scores, len(matched))
-        compute = {r: _mean([(e["t1"] - e["t0"]) - min(e["comm_exposed_s"], e["t1"] - e["t0"])
-                             for e in st.recent]) for r, st in self._ranks.items()}
-        rows = []
-        for r in sorted(self._ranks):
-            others = [c for q, c in compute.items() if q != r and c is not None]
-            gap = (compute[r] - statistics.median(others)
-                   if compute[r] is not None and others else None)
-            sc = scores.get(r)
-            rows.append(self._rank_snapshot(r, self._ranks[r], matched, now, r in slow,
-                                            sc.score if sc else 0.0, gap))
+        ranks = sorted(self._ranks)
+        scores = scores_of(list(self._blames), ranks)
+        slow = flagged(scores, len(self._blames))
+        flagged_set = set(slow)
+        cutoff = self._nmatched - WINDOW  # match numbers of the run's last WINDOW matches
+        numbers = [figures(self._ranks[r], cutoff) for r in ranks]
+        known = sorted(f[3] for f in numbers if f[3] is not None)  # compute per step
+        out = []
+        for r, f in zip(ranks, numbers):
+            c = f[3]
+            others = median_without(known, c) if c is not None else None
+            out.append(rank_snapshot(r, self._ranks[r], f, now, r in flagged_set,
+                                     scores[r].score, c - others if others is not None else None))
         elapsed = (self._t1 - self._t0) if self._t0 is not None and self._t1 is not None else 0.0
-        curves = {}
-        for r in sorted(self._ranks):
-            for name, pts in self._ranks[r].scalar_points.items():
-                curves.setdefault(name, {})[r] = tuple(pts)
-        dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3])
+        curves: dict[str, dict[int, tuple[tuple[float, float], ...]]] = {}
+        for r in ranks:
+            st = self._ranks[r]
+            for name, pts in st.scalar_points.items():
+                curve = st.scalar_curves.get(name)
+                if curve is None:
+                    curve = st.scalar_curves[name] = tuple(pts)
+                curves.setdefault(name, {})[r] = curve
+        dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3] / 1e9)
                      for dim, d in sorted(self._dims.items()))
         stall = self.verdict(at) if at is not None else None
-        return RunSnapshot(tuple(rows), tuple(self._series[s] for s in sorted(self._series)),
+        return RunSnapshot(tuple(out), tuple(self._series[s] for s in sorted(self._series)),
                            tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims,
-                           stall=stall)
+                           stall=stall, scalar_spread=self._scalar_spread())
 
     def _states(self) -> dict[int, RankState]:
         return {r: st.state for r, st in self._ranks.items()}
 
     def verdict(self, at: float) -> Optional[Verdict]:
         """The hang doctor's verdict at ``at`` (None: no stall past the threshold)."""
+        threshold = self.stall.threshold
+        if threshold is None or self.stall.idle(at) < threshold:
+            return None  # the usual answer, asked ten times a second: no states to gather
         return self.stall.verdict(self._ranks, self._states(), at)
 
     def where(self, at: float) -> Optional[Verdict]:
@@ -568,53 +564,21 @@ class RunState:
         or an interrupt raises); None when no rank reported where it was."""
         return self.stall.where(self._ranks, self._states(), at)
 
-    def _rank_snapshot(self, r: int, st: _Rank, matched: Sequence[MatchedStep],
-                       now: Optional[float], straggler: bool, score: float,
-                       gap: Optional[float]) -> RankSnapshot:
-        recent = list(st.recent)
-        sps = smp = step_s = exposed = compute = None
-        if recent:
-            span = recent[-1]["t1"] - recent[0]["t0"]
-            if span > 0:
-                sps = len(recent) / span
-                smp = sum(e["samples"] for e in recent) / span
-            steps = [e["t1"] - e["t0"] for e in recent]
-            step_s = _mean(steps)
-            exposed = _mean([min(e["comm_exposed_s"], s) for e, s in zip(recent, steps)])
-            compute = None if step_s is None or exposed is None else step_s - exposed
-        mine = [m for m in matched if r in m.reports]
-        waiting = _mean([m.waiting[r] for m in mine])
-        transfer = _mean([m.transfer_s for m in mine])
-        bws = [b for b in (m.bandwidth(r) for m in mine) if b is not None] or list(st.free_bw)
-        bar = None
-        if st.bar is not None:
-            b = st.bar
-            rt = rate(list(st.bar_points))
-            eta = None
-            if rt and b["total"] is not None and not b["done"]:
-                eta = (b["total"] - b["n"]) / rt
-                if now is not None:  # count down between progress reports
-                    eta = max(0.0, eta - max(0.0, now - b["t"]))
-            bar = BarState(b["desc"], b["n"], b["total"], rt, eta, b["done"])
-        mem = None
-        if st.memory is not None:
-            m = st.memory
-            mem = MemoryPoint(m["params"], m["grads"], m["optimizer"], m.get("rss"),
-                              m.get("peak"), m.get("device_peak"))
-        return RankSnapshot(
-            r, st.state, st.error, st.steps, sps, smp, step_s, compute, exposed, waiting,
-            transfer, statistics.median(bws) if bws else None, bar, dict(st.scalars),
-            straggler, score, gap, st.free, st.free_waiting, st.free_transfer, memory=mem,
-            bytes_per_step=statistics.fmean(st.step_bytes) if st.step_bytes else None,
-            pipeline=_pipeline_point(st))
-
     def events(self) -> dict[int, list[Event]]:
-        """The recorded telemetry events per rank (for a trace file)."""
-        return {r: list(d) for r, d in self.recorded.items()}
+        """The recorded telemetry events per rank (for a trace file), tables expanded."""
+        out = {}
+        for r, kept in self.recorded.items():
+            evs = [pickle.loads(blob) for _, blob in kept]
+            out[r] = [x for e in evs for x in (rows(e) if e["kind"] == TABLE else (e,))]
+        return out
 
 
-def _mean(xs: Sequence[float]) -> Optional[float]:
-    return statistics.fmean(xs) if xs else None
+def _part_rows(kind: str, cols: dict[str, list[Any]]) -> Iterable[Event]:
+    fields = list(cols)
+    for values in zip(*cols.values()):
+        e = {"kind": kind}
+        e.update(zip(fields, values))
+        yield e
 
 
 def aggregate(batches: Iterable[Batch], ranks: Iterable[int] = ()) -> RunSnapshot:
@@ -624,19 +588,3 @@ def aggregate(batches: Iterable[Batch], ranks: Iterable[int] = ()) -> RunSnapsho
     state = RunState(sorted(set(ranks) | {b["rank"] for b in batches}))
     state.feed(batches)
     return state.snapshot()
-
-
-def _pipeline_point(st: _Rank) -> Optional[PipelinePoint]:
-    """Medians of a rank's recent schedule steps (robust to the first step's shape
-    inference and to a noisy machine)."""
-    if not st.pipes:
-        return None
-    last = st.pipes[-1]
-    spans = [e["t1"] - e["t0"] for e in st.pipes]
-    fwd, bwd = st.stage_s.get("forward"), st.stage_s.get("backward")
-    return PipelinePoint(
-        tuple(last["stages"]), last["num_stages"], last["schedule"], last["microbatches"],
-        statistics.median(bubble_fraction(e["t1"] - e["t0"], e["busy_s"]) for e in st.pipes),
-        statistics.median(spans),
-        statistics.median(fwd) if fwd else None, statistics.median(bwd) if bwd else None,
-        statistics.median(e["p2p_wait_s"] for e in st.pipes))

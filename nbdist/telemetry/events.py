@@ -2,6 +2,11 @@
 
 Workers batch events; a batch is ``{"rank": int, "seq": int, "events": [event, ...]}``, and
 ``seq`` counts batches per rank so the notebook can tell when it has seen everything a cell sent.
+
+In a batch, each run of consecutive high-rate events (:data:`TABLED`: steps, buckets and
+collectives, memory samples, pipeline stages) travels as one ``table`` event: columns of
+fields instead of one dict per event (:mod:`.columns` packs and unpacks them); every other
+kind travels as it is.
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ END = "end"  # the cell finished on this rank: {"ok", "error", "t"}
 # Elastic training on this rank: {"what": begin|failed|healed|stopped, "t", "run", "epoch", ...}
 ELASTIC = "elastic"
 STACK = "stack"  # where a rank's cell was when it stopped making progress; see stack()
-TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, STAGE, PIPELINE, END, STACK})
+TABLE = "table"  # consecutive high-rate events of one rank, as columns; see columns.table()
+TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, STAGE, PIPELINE, END, STACK,
+                       TABLE})
+#: the high-rate kinds a worker packs into tables; every other kind is sent as it is
+TABLED = frozenset({STEP, COMM, MEMORY, STAGE})
 #: what counts as progress for the hang doctor: a step, a collective or a bar moved
 PROGRESS_KINDS = frozenset({STEP, COMM, PROGRESS, STAGE, PIPELINE})
 
@@ -150,3 +159,4 @@ def stack(t: float, reason: str, idle_s: float, frames: list[dict[str, Any]], *,
     """
     return {"kind": STACK, "t": t, "reason": reason, "idle_s": idle_s, "frames": frames,
             "collective": collective, "flight": flight, "calls": calls or {}}
+

@@ -5,7 +5,30 @@ notebook's fold both need. A leaf module (stdlib only), so the worker never impo
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from math import fsum
 from typing import Optional
+
+
+def merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``intervals`` as sorted, disjoint intervals (empty ones left out).
+
+    The same union gives the same list however its intervals were grouped before, so parts
+    merged apart (on a worker, in two batches) and merged again give what merging all at
+    once gives.
+
+    >>> merge([(5, 6), (0, 2), (1, 3), (4, 4)])
+    [(0, 3), (5, 6)]
+    """
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
 
 
 def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
@@ -14,17 +37,7 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     >>> union_seconds([(0, 2), (1, 3), (5, 6)])
     4.0
     """
-    total, end = 0.0, None
-    for a, b in sorted(intervals):
-        if b <= a:
-            continue
-        if end is None or a > end:
-            total += b - a
-            end = b
-        elif b > end:
-            total += b - end
-            end = b
-    return float(total)
+    return float(fsum(b - a for a, b in merge(intervals)))
 
 
 def exposed_seconds(compute_end: float, intervals: Iterable[tuple[float, float]]) -> float:

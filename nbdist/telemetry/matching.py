@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 #: a difference in waiting below this (seconds) is timer noise: nobody is named for it
 WAIT_NOISE_S = 1e-4
@@ -38,9 +38,8 @@ STRAGGLER_MIN_S = 0.001
 STRAGGLER_MIN_STEPS = 5
 
 
-@dataclass(frozen=True)
-class RankStep:
-    """One rank's report of one step."""
+class RankStep(NamedTuple):
+    """One rank's report of one step (a tuple: the fold makes one per rank and step)."""
 
     step_s: float
     exposed_s: float  # communication compute did not hide (waiting + transfer)
@@ -57,7 +56,11 @@ class RankStep:
 
 @dataclass(frozen=True)
 class MatchedStep:
-    """One step as every rank that ran it reported it, with the waiting/transfer split."""
+    """One step as every rank that ran it reported it, with the waiting/transfer split.
+
+    ``reports`` are :class:`RankStep` tuples, or plain tuples of its fields in its order
+    (what the fold keeps while a step waits for its last report).
+    """
 
     step: int
     reports: Mapping[int, RankStep]
@@ -69,27 +72,31 @@ class MatchedStep:
     def bandwidth(self, rank: int) -> Optional[float]:
         """``rank``'s bytes in this step over the step's transfer time (bytes/s)."""
         rep = self.reports.get(rank)
-        if rep is None or not rep.nbytes or not self.transfer_time_s:
+        if rep is None or not rep[_NBYTES] or not self.transfer_time_s:
             return None
-        return rep.nbytes / self.transfer_time_s
+        return rep[_NBYTES] / self.transfer_time_s
 
     def waiting_share(self, rank: int) -> float:
         """The share of ``rank``'s step it spent waiting."""
-        rep = self.reports[rank]
-        return min(1.0, self.waiting[rank] / rep.step_s) if rep.step_s > 0 else 0.0
+        step_s = self.reports[rank][_STEP_S]
+        return min(1.0, self.waiting[rank] / step_s) if step_s > 0 else 0.0
+
+
+# RankStep's fields by position: the fold hands match_step plain tuples
+_STEP_S, _EXPOSED, _BUSY, _NBYTES, _TIMED = range(5)
 
 
 def match_step(step: int, reports: Mapping[int, RankStep]) -> MatchedStep:
     """Split step ``step``'s exposed communication on every rank that reported it."""
-    timed = [r for r in reports if reports[r].timed] or list(reports)
-    last = min(timed, key=lambda r: (reports[r].exposed_s, r))
-    transfer = reports[last].exposed_s
-    waiting = {r: max(0.0, rep.exposed_s - transfer) for r, rep in reports.items()}
+    timed = [r for r, rep in reports.items() if rep[_TIMED]] or list(reports)
+    transfer, last = min((reports[r][_EXPOSED], r) for r in timed)
+    waiting = {r: w if (w := rep[_EXPOSED] - transfer) > 0.0 else 0.0  # max(0, w), inline
+               for r, rep in reports.items()}
     if max(waiting.values()) < WAIT_NOISE_S:
         waited_for: Optional[int] = None
     else:
         waited_for = last
-    busy = [rep.busy_s for rep in reports.values() if rep.busy_s > 0]
+    busy = [rep[_BUSY] for rep in reports.values() if rep[_BUSY] > 0]
     return MatchedStep(step, dict(reports), waiting, transfer, waited_for,
                        min(busy) if busy else None)
 
@@ -123,6 +130,45 @@ class StragglerScore:
     last_share: float  # share of the steps in which this rank arrived last
 
 
+def blame(m: MatchedStep) -> Optional[tuple[int, float, float]]:
+    """Who the others waited for in ``m``: ``(rank, mean share of their step spent waiting,
+    mean seconds waiting)``; None when nobody waited measurably (or nobody else reported)."""
+    r = m.last
+    others = [q for q in m.reports if q != r]
+    if r is None or not others:
+        return None
+    waiting, reports = m.waiting, m.reports
+    shares = [min(1.0, waiting[q] / reports[q][_STEP_S]) if reports[q][_STEP_S] > 0 else 0.0
+              for q in others]  # waiting_share, inline: this runs for every rank and step
+    return (r, statistics.fmean(shares), statistics.fmean([waiting[q] for q in others]))
+
+
+_ZERO = StragglerScore(0.0, 0.0, 0.0)
+
+
+def scores_of(blames: Sequence[Optional[tuple[int, float, float]]], ranks: Sequence[int]
+              ) -> dict[int, StragglerScore]:
+    """:func:`straggler_scores` from the :func:`blame` of each step (the fold keeps those,
+    so a snapshot does not go over every rank of every recent step again)."""
+    n = len(blames)
+    out = dict.fromkeys(ranks, _ZERO)
+    if not n:
+        return out
+    score: dict[int, float] = {}
+    caused: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for b in blames:  # summed in step order, as straggler_scores always did
+        if b is None or b[0] not in out:
+            continue
+        r = b[0]
+        last[r] = last.get(r, 0.0) + 1
+        score[r] = score.get(r, 0.0) + b[1]
+        caused[r] = caused.get(r, 0.0) + b[2]
+    for r in last:
+        out[r] = StragglerScore(score[r] / n, caused[r] / n, last[r] / n)
+    return out
+
+
 def straggler_scores(steps: Sequence[MatchedStep], ranks: Sequence[int]
                      ) -> dict[int, StragglerScore]:
     """Score every rank by how long the others waited for it over ``steps``.
@@ -131,20 +177,7 @@ def straggler_scores(steps: Sequence[MatchedStep], ranks: Sequence[int]
     other ranks spent waiting; in other steps it scores 0. The score is the mean over ``steps``:
     0 for a rank nobody waits for, 0.25 when the others lose a quarter of every step to it.
     """
-    n = len(steps)
-    score = dict.fromkeys(ranks, 0.0)
-    caused = dict.fromkeys(ranks, 0.0)
-    last = dict.fromkeys(ranks, 0.0)
-    for m in steps:  # only the rank that arrived last scores in a step: one pass suffices
-        r = m.last
-        others = [q for q in m.reports if q != r]
-        if r is None or r not in score or not others:
-            continue
-        last[r] += 1
-        score[r] += statistics.fmean(m.waiting_share(q) for q in others)
-        caused[r] += statistics.fmean(m.waiting[q] for q in others)
-    return {r: StragglerScore(score[r] / n, caused[r] / n, last[r] / n) if n
-            else StragglerScore(0.0, 0.0, 0.0) for r in ranks}
+    return scores_of([blame(m) for m in steps], ranks)
 
 
 def flagged(scores: Mapping[int, StragglerScore], steps: int, *,

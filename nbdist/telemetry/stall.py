@@ -32,6 +32,8 @@ STALL_FLOOR_S = 10.0
 STALL_STEPS = 5.0
 #: steps whose median sets the threshold (the most recent)
 STALL_WINDOW = 20
+#: above this many ranks, ranks whose places read the same share one line
+GROUP_ABOVE = 16
 
 # rank states in a verdict
 WAITING = "waiting"  # inside a collective
@@ -302,6 +304,26 @@ class StallWatch:
         if t is None or not self._unwinding(rank, t):
             self.step_s.append(seconds)
 
+    def progress_all(self, ts: Sequence[float], rank: int) -> None:
+        """:meth:`progress` at each of ``ts`` (a table's events), in one call."""
+        if self.interrupted(rank):
+            ts = [t for t in ts if t < self.stacks[rank].get("t", 0)]
+        if ts:
+            self.progress(max(ts), rank)
+
+    def steps_all(self, seconds: Sequence[float], ts: Sequence[float], rank: int) -> None:
+        """:meth:`step` for each step of ``seconds`` ending at ``ts`` (a table's steps)."""
+        if self.interrupted(rank):
+            for s, t in zip(seconds, ts):
+                self.step(s, t, rank)
+        else:
+            self.step_s.extend(seconds)
+
+    def interrupted(self, rank: int) -> bool:
+        """``rank`` reported an interrupt (what it sends after that is not progress)."""
+        e = self.stacks.get(rank)
+        return e is not None and e.get("reason") == "interrupt"
+
     def _unwinding(self, rank: Optional[int], t: float) -> bool:
         e = self.stacks.get(rank) if rank is not None else None
         return e is not None and e.get("reason") == "interrupt" and t >= e.get("t", 0)
@@ -434,18 +456,31 @@ def rank_line(w: RankWhere, label: Optional[str] = None,
     return text
 
 
-def where_lines(v: Verdict, label: Optional[str] = None) -> list[str]:
+def where_lines(v: Verdict, label: Optional[str] = None,
+                group_above: int = GROUP_ABOVE) -> list[str]:
     """A line per rank, then the cell's frames of any rank that is inside a function the
-    cell defined (its call chain), indented under it."""
+    cell defined (its call chain), indented under it.
+
+    Above ``group_above`` ranks, ranks whose lines say the same are one line
+    (``ranks 0-1022: waiting in all_reduce ...``), so a thousand ranks read in a few lines.
+    """
     waits = [c for c, _ in v.waits]
-    lines = []
+    groups: dict[tuple[str, ...], list[int]] = {}
     for w in v.ranks:
-        lines.append(rank_line(w, label, v.missing, waits))
+        head = rank_line(w, label, v.missing, waits)
+        lines = [head[len(f"rank {w.rank}: "):]]
         cell = [f for f in w.frames if f.cell]
         if len(cell) > 1:
             for f in cell:
                 lines.append(f"    {_at(f.line, label)}, in {f.name}: {f.call or f.code}")
-    return lines
+        key = tuple(lines) if len(v.ranks) > group_above else (str(w.rank), *lines)
+        groups.setdefault(key, []).append(w.rank)
+    out = []
+    for key, ranks in groups.items():
+        lines = key if len(v.ranks) > group_above else key[1:]
+        word = "ranks" if len(ranks) > 1 else "rank"
+        out += [f"{word} {fmt_ranks(ranks)}: {lines[0]}", *lines[1:]]
+    return out
 
 
 def clash_sentences(v: Verdict) -> list[str]:

@@ -1,0 +1,237 @@
+"""Tables of events: the form in which a worker sends its high-rate events.
+
+A training rank sends tens of events a second (a step, a collective per gradient bucket, a
+memory sample); a thousand ranks would send the notebook fifty thousand dicts a second. In a
+batch, the :data:`~.events.TABLED` events are therefore one ``table`` event (:func:`pack`),
+built on the worker:
+
+* events of one kind with the same keys form a *part*, one column per field; a column of
+  floats or of integers (or of pairs of floats) travels as the bytes of an ``array`` (no
+  object per value to unpickle), any other as a list;
+* ``order`` has one character per event, the index of its part, so :func:`rows` gives the
+  events back exactly, in their order (what a trace file and the tests read);
+* a part of collectives that belong to a step (gradient buckets, collectives called in the
+  step) also carries what the notebook's fold needs of them, folded on the worker, in
+  columns too (:func:`summary`): per step, their bytes, the bytes of the timed ones, whether
+  one had no time, the time any of them was running (:func:`~.intervals.union_seconds`) and
+  that union as disjoint intervals (:func:`~.intervals.merge`, to join a step whose
+  collectives came in two batches), with the part's total bytes and time span. The fold
+  reads that summary, never the part's rows.
+
+Everything here is plain data (dicts, lists, str, bytes), as the transports carry it.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from math import fsum
+from typing import Any
+
+from .events import COMM, TABLE, TABLED, Event
+from .intervals import merge
+
+__all__ = ["SUMMARY", "column", "columns", "pack", "row", "rows", "summary", "summary_column",
+           "table", "table_rows", "unpack"]
+
+_BIG = sys.byteorder == "big"  # arrays travel little-endian
+
+
+def _encode(values: list[Any]) -> Any:
+    """A column as ``b"d" + float64 bytes`` or ``b"q" + int64 bytes``; a column of
+    same-length lists of floats (a step's forward span) as ``b"D", k`` and their floats; any
+    other as the list."""
+    kinds = {type(v) for v in values}
+    head = b"d" if kinds == {float} else b"q" if kinds == {int} else None
+    if head is None and kinds == {list}:
+        sizes = {len(v) for v in values}
+        k = sizes.pop() if len(sizes) == 1 else 0
+        flat = [x for v in values for x in v]
+        if 0 < k < 256 and {type(x) for x in flat} == {float}:
+            head, values = b"D" + bytes([k]), flat
+    if head is None:
+        return values
+    try:
+        a = array(chr(head[0]).lower(), values)
+    except OverflowError:  # an int beyond 64 bits
+        return values
+    if _BIG:
+        a.byteswap()
+    return head + a.tobytes()
+
+
+def _decode(col: Any) -> list[Any]:
+    if isinstance(col, (bytes, bytearray)):
+        lists = col[0] == ord("D")
+        a = array("d" if lists else chr(col[0]))
+        a.frombytes(memoryview(col)[2 if lists else 1:])
+        if _BIG:
+            a.byteswap()
+        if lists:
+            k = col[1]
+            return [a[i:i + k].tolist() for i in range(0, len(a), k)]
+        return a.tolist()
+    return list(col)
+
+
+def columns(part: Event) -> dict[str, list[Any]]:
+    """A part's columns by field name, as lists."""
+    return {f: _decode(c) for f, c in zip(part["fields"], part["columns"])}
+
+
+def row(part: Event, i: int) -> Event:
+    """The ``i``-th event of a part, decoding only its own values."""
+    e = {"kind": part["of"]}
+    for f, c in zip(part["fields"], part["columns"]):
+        if isinstance(c, (bytes, bytearray)):
+            if c[0] == ord("D"):
+                k = c[1]
+                e[f] = list(struct.unpack_from(f"<{k}d", c, 2 + 8 * k * i))
+            else:
+                e[f] = struct.unpack_from("<" + chr(c[0]), c, 1 + 8 * i)[0]
+        else:
+            e[f] = c[i]
+    return e
+
+
+def column(part: Event, name: str) -> list[Any]:
+    """One of a part's columns, as a list (KeyError: the part has no such field)."""
+    return _decode(part["columns"][part["fields"].index(name)])
+
+
+def _summarized(e: Event) -> bool:
+    """A collective the fold only needs in sum, per step (not one called outside a step, whose
+    peers' calls are matched one by one, nor one of a mesh dimension, counted per dimension)."""
+    return e["kind"] == COMM and e.get("step") is not None and e.get("dim") is None
+
+
+def table(events: Sequence[Event]) -> Event:
+    """Pack ``events`` (of :data:`~.events.TABLED` kinds) into one table event.
+
+    >>> from nbdist.telemetry import events as ev
+    >>> t = table([ev.comm("all_reduce", 1.0, 1.5, 8, step=0), ev.step(0, 0.5, 2.0)])
+    >>> [p["of"] for p in t["parts"]], t["order"], summary(t["parts"][0])
+    (['comm', 'step'], '01', [(0, 8, 8, False, 0.5, [(1.0, 1.5)])])
+    >>> list(rows(t)) == [ev.comm("all_reduce", 1.0, 1.5, 8, step=0), ev.step(0, 0.5, 2.0)]
+    True
+    """
+    parts: list[dict[str, Any]] = []
+    index: dict[tuple, int] = {}
+    order = []
+    for e in events:
+        summed = _summarized(e)
+        key = (summed, *e)
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(parts)
+            fields = [k for k in e if k != "kind"]
+            parts.append({"of": e["kind"], "fields": fields, "columns": [[] for _ in fields],
+                          "n": 0, "summed": summed})
+        part = parts[i]
+        for col, k in zip(part["columns"], part["fields"]):
+            col.append(e[k])
+        part["n"] += 1
+        order.append(chr(48 + i))
+    for part in parts:
+        if part.pop("summed"):
+            _summarize(part)
+        part["columns"] = [_encode(c) for c in part["columns"]]
+    return {"kind": TABLE, "parts": parts, "order": "".join(order)}
+
+
+#: a summary's columns, one value per step (``spans``: each step's ``intervals`` disjoint
+#: intervals, start and end, one after the other)
+SUMMARY = ("step", "bytes", "timed", "untimed", "busy", "intervals", "spans")
+
+
+def _summarize(part: dict[str, Any]) -> None:
+    """What the fold needs of a part of step collectives (see the module's docstring)."""
+    cols = dict(zip(part["fields"], part["columns"]))
+    t0s, t1s, nbytes = cols["t0"], cols["t1"], cols["bytes"]
+    measured = cols.get("measured") or [""] * len(t0s)
+    steps: dict[int, list[Any]] = {}
+    for s, a, z, b, m in zip(cols["step"], t0s, t1s, nbytes, measured):
+        acc = steps.get(s)
+        if acc is None:
+            acc = steps[s] = [0, 0, False, []]
+        acc[0] += b
+        if z > a:
+            acc[1] += b
+            acc[3].append((a, z))
+        if m == "untimed":
+            acc[2] = True
+    out: dict[str, list[Any]] = {k: [] for k in SUMMARY}
+    for s, (nb, tb, untimed, spans) in steps.items():
+        union = merge(spans)
+        for k, v in zip(SUMMARY, (s, nb, tb, untimed, float(fsum(b - a for a, b in union)),
+                                  len(union))):
+            out[k].append(v)
+        out["spans"] += [x for span in union for x in span]
+    part["steps"] = {k: _encode(v) for k, v in out.items()}
+    part["bytes"] = sum(nbytes)
+    part["t0"], part["t1"] = min(t0s), max(t1s)
+
+
+def summary_column(part: Event, name: str) -> list[Any]:
+    """One of the columns of a part's summary (:data:`SUMMARY`), as a list."""
+    return _decode(part["steps"][name])
+
+
+def summary(part: Event) -> list[tuple[int, int, int, bool, float, list[tuple[float, float]]]]:
+    """A part's summary of its steps' collectives: ``(step, bytes, timed bytes, untimed,
+    busy seconds, disjoint intervals)`` per step."""
+    cols = {k: _decode(c) for k, c in part["steps"].items()}
+    out, at = [], 0
+    for s, nb, tb, untimed, busy, k in zip(*(cols[k] for k in SUMMARY[:-1])):
+        flat = cols["spans"][at:at + 2 * k]
+        at += 2 * k
+        out.append((s, nb, tb, untimed, busy, list(zip(flat[::2], flat[1::2]))))
+    return out
+
+
+def table_rows(t: Event) -> int:
+    """How many events a table holds."""
+    return len(t["order"])
+
+
+def rows(t: Event) -> Iterator[Event]:
+    """The events a :func:`table` holds, as dicts, in the order they were packed."""
+    parts = [(p["of"], p["fields"], list(zip(*(_decode(c) for c in p["columns"]))))
+             for p in t["parts"]]
+    taken = [0] * len(parts)
+    for ch in t["order"]:
+        i = ord(ch) - 48
+        kind, fields, values = parts[i]
+        e = {"kind": kind}
+        e.update(zip(fields, values[taken[i]]))
+        taken[i] += 1
+        yield e
+
+
+def pack(events: Iterable[Event]) -> list[Event]:
+    """A batch's events with its :data:`~.events.TABLED` events as one table, where the last
+    of them was (a lone one stays as it is).
+
+    Only the high-rate events' order among themselves is kept exactly: the others that came
+    between them (a logged value, a progress bar, the hang doctor's report) now come before
+    them, which the fold does not mind (it orders a rank's reports by their times, not by
+    their place in a batch; an end of cell comes after every step anyway).
+    """
+    events = list(events)
+    high = [i for i, e in enumerate(events) if e.get("kind") in TABLED]
+    if len(high) < 2:
+        return events
+    keep = set(high)
+    return ([e for i, e in enumerate(events[:high[-1]]) if i not in keep]
+            + [table([events[i] for i in high])] + events[high[-1] + 1:])
+
+
+def unpack(events: Iterable[Event]) -> Iterator[Event]:
+    """A batch's events with every table expanded back into its events."""
+    for e in events:
+        if e.get("kind") == TABLE:
+            yield from rows(e)
+        else:
+            yield e

@@ -1,0 +1,262 @@
+"""The notebook at scale: the fold in pieces, views of a thousand ranks, the workers' batching."""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import replace
+
+import pytest
+from synthetic import T0, ddp_job, stack_sleeping, stack_waiting
+
+from nbdist.backends.base import poll_until
+from nbdist.display.html import run_summary
+from nbdist.display.refresh import Throttle
+from nbdist.display.run_view import RunView
+from nbdist.display.tables import MAX_OUTLIERS, failure_lines, memory_table, run_table
+from nbdist.display.text import StreamView, format_line, format_summary
+from nbdist.runtime.capture import MAX_INTERVAL, TICK, EventSink, flush_interval
+from nbdist.telemetry import events as ev
+from nbdist.telemetry.aggregate import RunState
+from nbdist.telemetry.columns import pack, rows
+from nbdist.telemetry.stall import where_lines
+
+
+def job(world: int = 6, steps: int = 12) -> dict[int, list[dict]]:
+    """What ``world`` ranks send: DDP steps (rank 2 computes slower), a collective called
+    outside the steps, one of a mesh dimension, memory, logged values, a progress bar and a
+    pipeline stage; rank 1 fails at the end, the others finish."""
+    compute = {r: 0.010 for r in range(world)}
+    compute[2] = 0.016
+    out = ddp_job(compute, steps=steps, bucket_bytes=(300, 500, 700))
+    for r, evs in out.items():
+        evs.insert(5, ev.comm("broadcast", T0 + 0.01, T0 + 0.012 + 0.001 * r, 64))
+        evs.insert(7, ev.comm("all_gather", T0 + 0.02, T0 + 0.025, 128, step=1, dim="tp"))
+        evs.insert(12, ev.scalars({"loss": 1.0 + 0.1 * r}, T0 + 0.03, 1))
+        evs.insert(14, ev.progress(1, "train", 2, 12, T0 + 0.04))
+        evs.insert(20, ev.memory(T0 + 0.05, params=10, grads=10, optimizer=20 + r, rss=1000,
+                                 peak=2000, step=2))
+        evs.insert(21, ev.stage("forward", 0, 0, T0 + 0.05, T0 + 0.06))
+        evs.append(ev.scalars({"loss": 0.5 + 0.1 * r}, T0 + 1, 10))
+        evs.append(ev.end(r != 1, T0 + 2, "ValueError: boom" if r == 1 else None))
+    return out
+
+
+def fold(calls: list[list[dict]], world: int) -> RunState:
+    state = RunState(range(world))
+    for batches in calls:
+        state.feed(batches)
+        state.snapshot()  # a view looking in between changes nothing
+    state.finish()
+    return state
+
+
+def in_pieces(evs: dict[int, list[dict]], rng: random.Random, tables: bool) -> list[list[dict]]:
+    """Each rank's events cut into batches of random sizes, fed a few at a time in an order
+    that mixes the ranks (each rank's own batches in order)."""
+    queues = {}
+    for r, es in evs.items():
+        cuts, i = [], 0
+        while i < len(es):
+            n = rng.randint(1, 9)
+            part = es[i:i + n]
+            cuts.append({"rank": r, "seq": len(cuts) + 1,
+                         "events": pack(part) if tables else part})
+            i += n
+        queues[r] = cuts
+    calls = []
+    while any(queues.values()):
+        call = []
+        for _ in range(rng.randint(1, 4)):
+            r = rng.choice([q for q in queues if queues[q]])
+            call.append(queues[r].pop(0))
+            if not any(queues.values()):
+                break
+        calls.append(call)
+    return calls
+
+
+def test_folding_in_pieces_gives_what_folding_at_once_gives():
+    evs = job()
+    once = fold([[{"rank": r, "seq": 1, "events": es} for r, es in evs.items()]], len(evs))
+    snap = once.snapshot()
+    assert snap.stragglers == (2,) and snap.failed[0].rank == 1 and len(snap.series) == 12
+    assert snap.dims and snap.ranks[0].collectives == 1 and snap.scalar_spread["loss"]
+    for seed in range(3):
+        rng = random.Random(seed)
+        plain = fold(in_pieces(evs, rng, tables=False), len(evs))
+        packed = fold(in_pieces(evs, rng, tables=True), len(evs))
+        assert plain.snapshot() == snap
+        assert packed.snapshot() == snap
+        assert plain.events() == once.events()
+        # a table keeps its events' order; other events of its batch come before it
+        assert {r: sorted(map(repr, e)) for r, e in packed.events().items()} == \
+            {r: sorted(map(repr, e)) for r, e in once.events().items()}
+
+
+def test_a_trace_keeps_what_tables_carried():
+    evs = job(world=2)[0][:-1]
+    state = RunState([0])
+    state.feed([{"rank": 0, "seq": 1, "events": pack(evs)}])
+    assert sorted(map(repr, state.events()[0])) == sorted(map(repr, evs))
+    [t] = [e for e in pack(evs) if e["kind"] == ev.TABLE]
+    assert list(rows(t)) == [e for e in evs if e["kind"] in ev.TABLED]
+
+
+# ----------------------------------------------------------------- views of many ranks
+@pytest.fixture(scope="module")
+def thousand():
+    """1,024 ranks: rank 700 computes slower (the straggler), rank 5 failed."""
+    world = 1024
+    compute = {r: 0.010 for r in range(world)}
+    compute[700] = 0.016
+    evs = ddp_job(compute, steps=8, bucket_bytes=(1000, 1000))
+    state = RunState(range(world))
+    for r, es in evs.items():
+        es.append(ev.memory(T0 + 1, params=100, grads=100, optimizer=200 + r, rss=10_000 + r,
+                            peak=20_000, step=7))
+        if r == 5:
+            es.append(ev.end(False, T0 + 2, "RuntimeError: out of memory"))
+        state.feed([{"rank": r, "seq": 1, "events": pack(es)}])
+    return state.snapshot()
+
+
+def test_a_thousand_ranks_read_as_min_median_max_and_named_outliers(thousand):
+    snap = thousand
+    assert snap.stragglers == (700,)
+    header, table_rows = run_table(snap)
+    labels = [row.cells[0] for row in table_rows]
+    assert labels[:3] == ["min", "median", "max"] and "700" in labels and "5" in labels
+    assert len(table_rows) <= 3 + MAX_OUTLIERS + 1
+    col = {name: [row.cells[i] for row in table_rows] for i, name in enumerate(header)}
+    assert col["compute"][:3] == ["10 ms", "10 ms", "16 ms"]
+    assert "straggler" in col["state"][labels.index("700")]
+    assert col["state"][1] == "1023 running, 1 failed"
+    mem_header, mem_rows = memory_table(snap)
+    assert [r.cells[0] for r in mem_rows][:3] == ["min", "median", "max"]
+    assert len(mem_rows) <= 3 + MAX_OUTLIERS + 1
+    optimizer = mem_header.index("optimizer")
+    assert [r.cells[optimizer] for r in mem_rows[:3]] == ["200 B", "712 B", "1.22 kB"]
+    # the whole summary stays small and readable
+    text = format_summary(snap)
+    assert len(text.splitlines()) < 30 and "rank 700 is 6 ms/step slower" in text
+    markup = run_summary(snap)
+    assert len(markup) < 40_000 and markup.count("nbdist-aggregate-row") >= 6
+    assert "rank 5 failed: RuntimeError: out of memory" in markup
+
+
+def test_slowest_ranks_are_named_even_when_nobody_waits_for_them():
+    compute = {r: 0.010 for r in range(40)}
+    compute[3] = compute[30] = 0.013  # both slower, neither the one the others wait for
+    compute[20] = 0.016
+    state = RunState(range(40))
+    for r, es in ddp_job(compute, steps=8).items():
+        state.feed([{"rank": r, "seq": 1, "events": es}])
+    rows_by_rank = {row.cells[0]: row for row in run_table(state.snapshot()).rows}
+    assert {"3", "20", "30"} <= set(rows_by_rank)
+    assert rows_by_rank["3"].cells[-1] == "running, slow: +3 ms/step"
+
+
+def test_many_failures_with_one_reason_are_one_line():
+    state = RunState(range(64))
+    state.feed([{"rank": r, "seq": 1, "events": [
+        ev.end(False, T0, "NCCL error:\n timeout" if r in (3, 40) else "ValueError: x")]}
+        for r in range(64)])
+    state.finish()
+    lines = failure_lines(state.snapshot())
+    assert lines == ["ranks 0-2, 4-39, 41-63 failed: ValueError: x",
+                     "ranks 3, 40 failed: NCCL error: timeout"]
+    assert len(format_line(state.snapshot())) < 200
+    small = RunState(range(2))
+    small.feed([{"rank": r, "seq": 1, "events": [ev.end(False, T0, "ValueError: x")]}
+                for r in range(2)])
+    assert failure_lines(small.snapshot()) == ["rank 0 failed: ValueError: x",
+                                               "rank 1 failed: ValueError: x"]
+
+
+def test_the_hang_doctor_groups_ranks_that_are_in_the_same_place():
+    state = RunState(range(64), started=T0)
+    for r in range(64):
+        stack = stack_sleeping(T0 + 1) if r == 63 else stack_waiting(T0 + 1)
+        state.feed([{"rank": r, "seq": 1, "events": [stack]}])
+    snap = state.snapshot(at=T0 + 12)
+    assert snap.stall is not None and snap.stall.missing == (63,)
+    assert where_lines(snap.stall, "In [3]") == [
+        "ranks 0-62: waiting in all_reduce (seq 5, float32 [4]) at In [3], line 6: "
+        "dist.all_reduce(t) (in torch.distributed.distributed_c10d.all_reduce)",
+        "rank 63: in time.sleep(0.05) at In [3], line 5; it never reached the all_reduce the "
+        "others wait in"]
+    row = next(r for r in run_table(snap).rows if r.cells[0] == "63")
+    assert row.cells[-1] == "running, stalled"
+
+
+# ----------------------------------------------------------------- refresh and batching
+class _Dashboard:
+    interval = 0.25
+
+    def __init__(self):
+        self.drawn = 0
+
+    def update(self, snap):
+        self.drawn += 1
+
+    def close(self, snap):
+        pass
+
+
+def test_a_costly_redraw_makes_the_next_one_wait_longer(monkeypatch):
+    cpu = iter([0.0, 0.06])  # the redraw took 60 ms of the kernel's CPU
+    monkeypatch.setattr("nbdist.display.run_view.time.thread_time", lambda: next(cpu))
+    view = RunView(StreamView("quiet"), _Dashboard())
+    view.refresh(lambda: None)
+    assert view.last_cost == pytest.approx(0.06)
+    assert view._throttle.interval == pytest.approx(0.06 / RunView.MAX_BUSY_SHARE)
+    assert isinstance(view._throttle, Throttle)
+
+
+def test_a_rank_sends_less_often_the_larger_the_job():
+    assert flush_interval(1) == flush_interval(16) == TICK
+    xs = [flush_interval(w) for w in (64, 256, 1024, 4096, 10**6)]
+    assert xs == sorted(xs) and xs[-1] == MAX_INTERVAL
+    for w in (256, 512, 1024):  # about the same number of batches a second reach the notebook
+        assert w / flush_interval(w) == pytest.approx(256)
+
+
+def test_the_sink_packs_tables_and_sends_what_cannot_wait_at_the_next_tick():
+    sent: list[dict] = []
+    ticks = threading.Semaphore(0)
+    sink = EventSink(0, sent.append, interval=3600)
+    sink.on_tick = ticks.release
+    try:
+        steps = ddp_job({0: 0.01}, steps=3)[0]
+        for e in steps:
+            sink.emit(e)
+        for _ in range(3):  # three ticks pass: the interval has not, so nothing went out
+            assert ticks.acquire(timeout=5)
+        assert sent == []
+        sink.emit(stack_waiting(T0 + 5))  # the hang doctor's report cannot wait
+        assert poll_until(lambda: sent, 5, interval=0.01)
+        [batch] = sent
+        kinds = [e["kind"] for e in batch["events"]]
+        assert kinds == ["table", "stack"] and list(rows(batch["events"][0])) == steps
+        sink.prompt_output = True  # the rank whose output the notebook shows
+        sink.emit(ev.stream("stdout", "epoch 1\n"))
+        assert poll_until(lambda: len(sent) == 2, 5, interval=0.01)
+        assert sent[1]["events"] == [ev.stream("stdout", "epoch 1\n")]
+    finally:
+        sink.close()
+
+
+def test_the_widget_builds_again_only_what_changed(monkeypatch, thousand):
+    pytest.importorskip("ipywidgets")
+    from nbdist.display import widgets
+
+    built = []
+    monkeypatch.setattr(widgets, "charts", lambda snap: built.append("charts") or "c")
+    monkeypatch.setattr(widgets, "detail_tables", lambda snap: built.append("details") or "d")
+    w = widgets.RunWidget(list(range(1024)))
+    w.show(thousand)
+    w.show(thousand)  # the same numbers: nothing to build again
+    assert built == ["details", "charts"]
+    w.show(replace(thousand, series=thousand.series[:-1]))  # a step less: new charts only
+    assert built == ["details", "charts", "charts"]
