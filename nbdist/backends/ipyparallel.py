@@ -59,6 +59,19 @@ class _KilledEngineLog(logging.Filter):
             for launcher in list(getattr(engine_set, "launchers", {}).values()))
 
 
+def _launcher_exit(launcher: Any) -> Optional[str]:
+    """How a local engine's process ended, as its launcher's waiting thread saw it.
+
+    That thread reaps the process and passes the status to the cluster's event loop, which
+    runs only while nbdist calls into the cluster; until then the status is on the thread's
+    process object (and a second wait on a reaped child would read nothing).
+    """
+    code = (getattr(launcher, "stop_data", None) or {}).get("exit_code")
+    if code is None:
+        code = getattr(getattr(launcher, "process", None), "_exitcode", None)
+    return _returncode_text(code) if isinstance(code, int) else None
+
+
 def publish(batch: Batch) -> None:
     """Worker side: send one event batch over the engine's IOPub channel."""
     from ipyparallel.datapub import publish_data
@@ -182,20 +195,23 @@ class IpyparallelBackend(Backend[ipp.Client]):
             super().add_worker(known)
         self.cluster.start_engines_sync(1, **self._engine_kwargs)
 
-    def exit_cause(self, worker: WorkerId, pid: Optional[int]) -> Optional[str]:
+    def _launchers(self) -> list[Any]:
+        return [launcher for engine_set in list(getattr(self.cluster, "engines", {}).values())
+                for launcher in list(getattr(engine_set, "launchers", {}).values())]
+
+    def exit_cause(self, worker: WorkerId, pid: Optional[int],
+                   wait: float = 0.5) -> Optional[str]:
         if self.cluster is None or pid is None:
             return None
-        for engine_set in list(self.cluster.engines.values()):
-            for launcher in list(getattr(engine_set, "launchers", {}).values()):
-                if getattr(launcher, "pid", None) != pid:
-                    continue
-                # The launcher's own waiter reaps the process and records how it ended once
-                # the cluster's event loop runs (a second wait, e.g. Popen.poll, would read 0
-                # for a child already reaped); never wait for it here.
-                return (_returncode_text((getattr(launcher, "stop_data", None) or {})
-                                         .get("exit_code"))
-                        or self.child_exit(pid))
-        return None
+        launchers = [la for la in self._launchers() if getattr(la, "pid", None) == pid]
+        if not launchers:
+            return None  # an engine started elsewhere: its launcher is not here to ask
+        deadline = time.monotonic() + wait
+        while True:
+            cause = _launcher_exit(launchers[0]) or self.child_exit(pid)
+            if cause or time.monotonic() >= deadline:
+                return cause
+            time.sleep(0.02)  # the launcher's thread reaps it within moments; nothing signals
 
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
         # Returns once the engines were told; they leave client.ids at their unregistration.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import time
 from typing import Any, Optional
 
@@ -209,9 +210,14 @@ def heal(ctx: Context, plan: Plan, *, joining: bool = False) -> int:
     extras = None
     if plan.joiner is not None:
         # The cell's names, for the newcomer only: nobody else unpickles them.
-        blob = broadcast_bytes(_dumps(_extras(ctx)) if rank == src else None, src, device)
+        blob = broadcast_bytes(_dumps((sys.path, _dumps(_extras(ctx)))) if rank == src
+                               else None, src, device)
         if joining:
-            extras = pickle.loads(blob)
+            # The peer's import path first: the cell's names may hold functions from modules
+            # it imported after extending sys.path (a project folder, say).
+            path, payload = pickle.loads(blob)
+            sys.path[:0] = [p for p in path if p not in sys.path]
+            extras = pickle.loads(payload)
     if joining:
         assert commit is not None and extras is not None
         return _adopt(ctx, commit, extras)

@@ -148,6 +148,7 @@ def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_note
     train = outputs_text(cell_with(nb, "train(state, STEPS)\n"))
     [died] = [line for line in train.splitlines() if "died" in line]
     assert died.startswith("nbdist.elastic ") and "rank 1 on " in died, died
+    assert "died: SIGKILL;" in died, died
     assert "rolled back to commit 11 (0 optimizer steps repeated), healed in " in died, died
     assert died.endswith("world 2 -> 1"), died
     [joined] = [line for line in train.splitlines() if "a replacement worker joined" in line]
