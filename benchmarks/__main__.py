@@ -26,6 +26,8 @@ BENCHMARKS = [
      ["--steps", "20", "--rounds", "1", "--seconds", "1"]),
     ("scale", "bench_scale.py", [],
      ["--worlds", "64", "256", "--seconds", "2", "--warmup", "1", "--repeats", "1"]),
+    ("elastic", "bench_elastic.py", [],
+     ["--steps", "50", "--warmup", "5", "--rounds", "1", "--recoveries", "1"]),
 ]
 
 
