@@ -142,6 +142,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
         self.cluster.log.addFilter(_KilledEngineLog(self.cluster))
         self.cluster.start_controller_sync()
         self.cluster.start_engines_sync(n, **self._engine_kwargs)
+        self._launchers()
         self.client = self.cluster.connect_client_sync()
         # No progress bar: the session shows its own status when the job is formed.
         self.client.wait_for_engines(n, timeout=timeout, interactive=False)
@@ -188,16 +189,24 @@ class IpyparallelBackend(Backend[ipp.Client]):
         assert cluster is not None  # scale() checked
         want = len(client.ids) + k
         cluster.start_engines_sync(k, **self._engine_kwargs)
+        self._launchers()
         client.wait_for_engines(want, timeout=timeout, interactive=False)
 
     def add_worker(self, known: set) -> None:
         if not self.owns_cluster or self.cluster is None:
             super().add_worker(known)
         self.cluster.start_engines_sync(1, **self._engine_kwargs)
+        self._launchers()
 
     def _launchers(self) -> list[Any]:
-        return [launcher for engine_set in list(getattr(self.cluster, "engines", {}).values())
-                for launcher in list(getattr(engine_set, "launchers", {}).values())]
+        """Every engine launcher this backend has seen, ended ones included: where the
+        cluster's event loop runs (in a notebook kernel), an engine set drops a launcher as
+        soon as its process ends, taking the exit status with it."""
+        seen = self.__dict__.setdefault("_seen_launchers", {})
+        for engine_set in list(getattr(self.cluster, "engines", {}).values()):
+            for launcher in list(getattr(engine_set, "launchers", {}).values()):
+                seen[id(launcher)] = launcher
+        return list(seen.values())
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int],
                    wait: float = 0.5) -> Optional[str]:
