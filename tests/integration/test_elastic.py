@@ -15,7 +15,6 @@ import time
 
 import pytest
 import torch
-from clusters import ENGINES, start_session
 
 from nbdist.errors import CellTimeoutError, DistributedError, WorkersGone
 
@@ -95,13 +94,6 @@ def assert_trained_like_reference(s, steps: int = STEPS) -> None:
     torch.testing.assert_close(model.weight, ref.weight, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(model.bias, ref.bias, rtol=1e-5, atol=1e-6)
     assert repr(s.run_cell("state.step")) == str(steps)
-
-
-@pytest.fixture(scope="module", params=ENGINES)
-def cluster(request):
-    s = start_session(request.param)
-    yield s
-    s.stop()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-from clusters import ENGINES, start_session
 
 from nbdist.backends.base import poll_until
 from nbdist.display.text import TextDashboard
@@ -35,13 +34,10 @@ WAITING = "rank 0: waiting in all_reduce (seq "
 AT_LINE_6 = "at cell line 6: dist.all_reduce(t)"
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def session(request):
-    s = start_session(request.param)
-    try:
-        yield s
-    finally:
-        s.stop()
+@pytest.fixture
+def session(cluster):
+    """The module's 2-worker cluster (tests/conftest.py), for each engine."""
+    return cluster
 
 
 def _group_works(session) -> None:
