@@ -251,6 +251,9 @@ class NbdistMagics(Magics):
               help="do not time steps, all-reduces and collectives in this cell")
     @argument("--no-collective-timing", action="store_true",
               help="time DDP steps and buckets, but not torch.distributed calls in the cell")
+    @argument("--bucket-timing", action="store_true",
+              help="time each gradient bucket's all-reduce of DDP models built in this cell "
+                   "(a few per cent slower on small steps; default: one span per step)")
     @argument("--name", default=None, metavar="LABEL",
               help="label this run; %%nbdist compare shows named runs side by side")
     @argument("--stall-after", type=float, default=None, metavar="S",
@@ -267,8 +270,9 @@ class NbdistMagics(Magics):
         of the last expression on rank 0 is the cell's result. An error on any rank is raised
         here, naming the rank. Start workers first with ``%nbdist start``.
 
-        Training telemetry is on by default: DDP steps, each gradient bucket's all-reduce and
-        the cell's collectives are timed and shown live under the cell (``nbdist.progress``
+        Training telemetry is on by default: DDP steps, their gradient all-reduce (each
+        bucket's with ``--bucket-timing``) and the cell's collectives are timed and shown live
+        under the cell (``nbdist.progress``
         and ``nbdist.log`` add bars and values); ``%nbdist timeline FILE.json`` writes the
         last run as a Chrome trace. See docs/telemetry.md.
 
@@ -304,7 +308,8 @@ class NbdistMagics(Magics):
                                 time_collectives=False if args.no_collective_timing else None,
                                 first_line=first_line,
                                 execution_count=getattr(self.shell, "execution_count", None),
-                                name=options.name, stall_after=options.stall_after)
+                                name=options.name, stall_after=options.stall_after,
+                                bucket_timing=True if args.bucket_timing else None)
 
     @cell_magic
     def local(self, line: str, cell: str) -> None:

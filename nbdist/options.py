@@ -202,6 +202,7 @@ class CellDefaults:
     output: str = "rank0"
     telemetry: bool = True
     collective_timing: bool = True
+    bucket_timing: bool = False
     timeout: Optional[float] = None
     elastic_max_failures: Optional[int] = None
     elastic_min_workers: Optional[int] = None

@@ -114,6 +114,7 @@ class TrainingSection(_Section):
     output: Literal["rank0", "all", "quiet"] = "rank0"
     telemetry: bool = True
     collective_timing: bool = True
+    bucket_timing: bool = False
     cell_timeout: Optional[PositiveFloat] = None
     elastic: ElasticSection = Field(default_factory=ElasticSection)
 
@@ -275,6 +276,7 @@ def to_options(profile: Profile) -> tuple[ClusterOptions, CellDefaults]:
         working_dir=r.working_dir)
     defaults = CellDefaults(
         output=t.output, telemetry=t.telemetry, collective_timing=t.collective_timing,
+        bucket_timing=t.bucket_timing,
         timeout=t.cell_timeout, elastic_max_failures=t.elastic.max_failures,
         elastic_min_workers=t.elastic.min_workers)
     return options, defaults
@@ -295,6 +297,7 @@ def from_options(options: ClusterOptions, defaults: CellDefaults) -> Profile:
                     "env": dict(options.env), "working_dir": options.working_dir},
         "training": {"output": defaults.output, "telemetry": defaults.telemetry,
                      "collective_timing": defaults.collective_timing,
+                     "bucket_timing": defaults.bucket_timing,
                      "cell_timeout": defaults.timeout,
                      "elastic": {"max_failures": defaults.elastic_max_failures,
                                  "min_workers": defaults.elastic_min_workers}},

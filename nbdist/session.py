@@ -347,8 +347,8 @@ class Session:
                  timeout: Optional[float] = None, output: Optional[str] = None,
                  telemetry: Optional[bool] = None, time_collectives: Optional[bool] = None,
                  first_line: int = 1, execution_count: Optional[int] = None,
-                 name: Optional[str] = None, stall_after: Optional[float] = None
-                 ) -> Optional[RemoteValue]:
+                 name: Optional[str] = None, stall_after: Optional[float] = None,
+                 bucket_timing: Optional[bool] = None) -> Optional[RemoteValue]:
         """Run ``code`` on every rank (or ``ranks``, e.g. ``"0,2-3"``) as one job.
 
         Returns the value of the last expression on the lowest selected rank, for display.
@@ -360,7 +360,10 @@ class Session:
         run: named runs are all kept (a name used again is replaced) and :meth:`compare` shows
         them. ``stall_after`` is the hang doctor's threshold in seconds (default five median
         steps, at least 10 s; 0: off): past it without a completed step or collective, the
-        dashboard says where each rank is (``docs/fault-tolerance.md``).
+        dashboard says where each rank is (``docs/fault-tolerance.md``). ``bucket_timing``
+        times each gradient bucket's all-reduce of DDP models built in the cell on CPU (a
+        Python comm hook: a few per cent slower on small, fast steps) instead of one span per
+        step from DDP's own timer.
 
         Tracebacks number lines from ``first_line`` (``%%distributed`` passes 2: its own line
         is the editor's line 1) and name the cell ``In [execution_count]`` when given.
@@ -369,6 +372,7 @@ class Session:
         output = d.output if output is None else output
         telemetry = d.telemetry if telemetry is None else telemetry
         time_collectives = d.collective_timing if time_collectives is None else time_collectives
+        bucket_timing = d.bucket_timing if bucket_timing is None else bucket_timing
         timeout = d.timeout if timeout is None else timeout
         opts = CellOptions(ranks=ranks, timeout=timeout, output=output, name=name,
                            stall_after=stall_after)
@@ -388,7 +392,8 @@ class Session:
                       (shipped, cell.filename, cell_id, self.generation, list(selected),
                        r == selected[0]),
                       {"telemetry": telemetry, "collectives": time_collectives,
-                       "coordinated": elastic, "stall_after": opts.stall_after})
+                       "buckets": bucket_timing, "coordinated": elastic,
+                       "stall_after": opts.stall_after})
                  for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
                   name=opts.name, stall_after=opts.stall_after)
@@ -400,7 +405,8 @@ class Session:
         try:
             outcomes = self._run(calls, run, view, opts.timeout, hint,
                                  elastic={"telemetry": telemetry,
-                                          "collectives": time_collectives} if elastic else None)
+                                          "collectives": time_collectives,
+                                          "buckets": bucket_timing} if elastic else None)
         finally:
             if run.recorded:
                 self.runs.append(run)
@@ -568,7 +574,8 @@ class Session:
             return Call(w, rt.elastic_join,
                         (plan, self.port, self.options.device, self.options.dist_backend,
                          self.options.timeout, eplan, key, slot, seq_base, False),
-                        {"telemetry": opts["telemetry"], "collectives": opts["collectives"]})
+                        {"telemetry": opts["telemetry"], "collectives": opts["collectives"],
+                         "buckets": opts["buckets"]})
 
         return Healer(backend, store, self.plans, self._infos, job, replan=self._plan,
                       next_generation=next_generation, join_call=join_call,

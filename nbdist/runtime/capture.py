@@ -1,7 +1,7 @@
 """Worker-side event batching and stdout/stderr capture.
 
 Output and telemetry leave a worker in batches through a transport the engine backend installs
-(ipyparallel data publication, Dask pub-sub). A background thread flushes up to ten times a
+(ipyparallel data publication, Dask pub-sub). A background thread flushes up to four times a
 second, so training never waits on the notebook, and a cell's end flushes synchronously so the
 notebook can wait for exactly the batches that belong to it.
 
@@ -28,8 +28,11 @@ from ..telemetry.events import ELASTIC, STACK, STREAM, Batch, Event, stream, war
 
 Transport = Callable[[Batch], None]
 
-#: seconds between a rank's batches in a small job (and between the sending thread's ticks)
+#: seconds between the sending thread's ticks: urgent events wait at most this long
 TICK = 0.1
+#: seconds between a rank's batches in a small job: the dashboard redraws 4 times a second at
+#: most, and every batch costs the rank, the controller and the notebook a message
+MIN_INTERVAL = 0.25
 #: batches per second the notebook should receive from all ranks together ...
 NOTEBOOK_BATCHES_PER_S = 256
 #: ... unless that would hold a rank's events back longer than this (seconds)
@@ -39,21 +42,22 @@ URGENT = frozenset({ELASTIC, STACK})
 
 
 def flush_interval(world: int) -> float:
-    """Seconds between one rank's batches in a job of ``world`` ranks: :data:`TICK` up to
-    25 ranks, then growing so the notebook gets about :data:`NOTEBOOK_BATCHES_PER_S`
+    """Seconds between one rank's batches in a job of ``world`` ranks: :data:`MIN_INTERVAL`
+    up to 64 ranks, then growing so the notebook gets about :data:`NOTEBOOK_BATCHES_PER_S`
     batches a second, at most :data:`MAX_INTERVAL`.
 
     >>> flush_interval(2), flush_interval(64), flush_interval(256), flush_interval(4096)
-    (0.1, 0.25, 1.0, 4.0)
+    (0.25, 0.25, 1.0, 4.0)
     """
-    return min(MAX_INTERVAL, max(TICK, world / NOTEBOOK_BATCHES_PER_S))
+    return min(MAX_INTERVAL, max(MIN_INTERVAL, world / NOTEBOOK_BATCHES_PER_S))
 
 
 class EventSink:
     """Collects events from any thread and sends them in batches, every ``interval``
     seconds (see :func:`flush_interval`)."""
 
-    def __init__(self, rank: int, transport: Optional[Transport], interval: float = TICK):
+    def __init__(self, rank: int, transport: Optional[Transport],
+                 interval: float = MIN_INTERVAL):
         self.rank = rank
         self.transport = transport
         self.interval = interval

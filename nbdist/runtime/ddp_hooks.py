@@ -3,27 +3,43 @@
 Worker-only: :func:`install` runs once per worker process when it joins the job (the notebook
 never imports this module), so torch is imported at the top.
 
-How nbdist's hook composes with yours
--------------------------------------
-DDP's reducer takes one communication hook per model, once. So that a user's hook still
-applies, nbdist takes that one place and makes it a slot:
+How a model's steps are timed
+-----------------------------
+``DDP.__init__`` is wrapped so that a model built while telemetry is on goes through
+:func:`_attach`, which adds forward hooks for the step spans and then times the gradient
+all-reduce in one of two ways.
 
-1. ``DDP.__init__`` is wrapped so that a model built while telemetry is on goes through
-   :func:`_attach`: it gets forward hooks for the step spans, and :func:`_timed_hook` is
-   registered as the reducer's hook with a :class:`_HookSlot` as its state. The slot starts
-   out holding DDP's default all-reduce hook and the model's process group.
+**DDP's own timer (CPU models on DDP's default all-reduce).** DDP's reducer can time every
+iteration itself, in C++: when its buckets' compute ended and when the first all-reduce
+started and the last one was waited for. It does so on sampled iterations only; nbdist sets the
+sample rate to every iteration and reads the times after DDP stored them at the next forward
+(:class:`_DDPTimer`). Nothing of nbdist runs per bucket, so gradients keep DDP's fused
+averaging and no Python runs inside autograd: a Python comm hook that did the same cost about
+5 % of a small model's step. A step then reports one all-reduce span and the buckets' bytes. On
+CUDA, DDP's timer synchronizes the previous iteration's events, so GPU models use the hook
+below instead.
+
+**A timed comm hook (GPU models, models built with bucket timing on, and any model with a hook
+of the user's).** DDP's reducer
+takes one communication hook per model, once. So that a user's hook still applies, nbdist
+takes that one place and makes it a slot:
+
+1. :func:`_timed_hook` is registered as the reducer's hook with a :class:`_HookSlot` as its
+   state: on a GPU model at once, holding DDP's default all-reduce hook and the model's
+   process group; on a CPU model when the user registers a hook of their own.
 2. ``ddp.register_comm_hook(state, hook)`` on such a model goes to
    :func:`_register_comm_hook`, which runs DDP's own checks and bookkeeping but, instead of
    calling the reducer (which would refuse a second hook), puts ``(hook, state)`` in the slot.
    A second registration still raises DDP's "can only be called once".
-   ``_register_builtin_comm_hook`` swaps a C++ hook for its Python twin, which can be timed.
+   ``_register_builtin_comm_hook`` swaps FP16_COMPRESS's C++ hook for its Python twin, which
+   can be timed (ALLREDUCE's stays in C++ where DDP's timer times it).
 3. For each bucket, :func:`_timed_hook` calls whatever the slot holds and times it from the
    bucket being ready to the returned future completing (:func:`_mark_done`). While a user's
    hook runs, the wrapped collectives charge their bytes to that bucket. With the default in
    the slot it does DDP's all-reduce itself, with a single future callback.
 
-With telemetry off for a cell, :func:`_timed_hook` calls the slot's hook and nothing else;
-models built with telemetry off are never hooked at all.
+With telemetry off for a cell, :func:`_timed_hook` calls the slot's hook and nothing else, and
+DDP's timer is not read; models built with telemetry off are never hooked at all.
 """
 
 from __future__ import annotations
@@ -31,7 +47,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -44,7 +60,7 @@ from torch.optim.optimizer import (
 
 from . import memory
 from .hang import watch as hang_watch
-from .measure import _Bucket, telemetry
+from .measure import DDPTimes, _Bucket, telemetry
 from .mesh import dim_of
 
 # The collectives a cell, FSDP2 (all_gather_single, reduce_scatter_single) or ZeRO (broadcast)
@@ -173,10 +189,51 @@ def _mark_done(rec: _Bucket) -> None:
     hang_watch.progress()
 
 
-def _forward_pre(_module: Any, args: tuple) -> None:
+class _DDPTimer:
+    """Reads a CPU model's last synced iteration from DDP's own timer (see the module doc)."""
+
+    __slots__ = ("ddp", "last_end", "nbytes", "rebuilt", "buckets", "dtype")
+
+    def __init__(self, ddp: Any):
+        self.ddp = ddp
+        self.last_end = 0  # the iteration read last (its all-reduce's end, ns): never twice
+        # Every parameter that needs a gradient is in a bucket, whatever the bucketing.
+        self.nbytes = sum(_nbytes(p) for p in ddp.module.parameters() if p.requires_grad)
+        self.rebuilt = -1  # DDP's has_rebuilt_buckets when the buckets were counted
+        self.buckets = 0
+        self.dtype = ""
+
+    def __call__(self, final: bool) -> Optional[DDPTimes]:
+        """The times DDP stored at the last forward; ``final``: the cell's last step, which
+        no forward follows, so have DDP store them now."""
+        try:
+            logger = self.ddp.logger
+            if final:
+                logger.set_runtime_stats_and_log()
+            data = logger._get_ddp_logging_data()
+            d = data.ints_map  # (DDP's own accessor also copies the strings: 3x the time)
+        except Exception:  # a torch without these: the step is reported without its comm
+            return None
+        end = d.get("backward_comm_time_end") or 0
+        start = d.get("backward_comm_time_start") or 0
+        if not end or not start or end == self.last_end:
+            return None  # no all-reduce since the last read (the iteration did not sync)
+        self.last_end = end
+        rebuilt = d.get("has_rebuilt_buckets", 0)
+        if rebuilt != self.rebuilt or not self.dtype:  # DDP rebuilds its buckets once
+            strs = data.strs_map
+            sizes = strs.get("rebuilt_bucket_sizes") if rebuilt else strs.get("bucket_sizes")
+            self.rebuilt, self.buckets = rebuilt, len(str(sizes or "0").split(","))
+            self.dtype = str(strs.get("dtypes", "")).split(",")[0].strip() or "float"
+        compute_end = d.get("backward_compute_time_end") or start
+        return DDPTimes(compute_end / 1e9, start / 1e9, end / 1e9, self.nbytes, self.buckets,
+                        self.dtype)
+
+
+def _forward_pre(module: Any, args: tuple) -> None:
     # Evaluation under no_grad is not a training step.
     if telemetry.enabled and torch.is_grad_enabled():
-        telemetry.on_forward(args)
+        telemetry.on_forward(args, module._nbdist_timer, module.require_backward_grad_sync)
 
 
 def _forward_post(_module: Any, _args: tuple, output: Any) -> None:
@@ -185,19 +242,25 @@ def _forward_post(_module: Any, _args: tuple, output: Any) -> None:
 
 
 def _attach(ddp: Any) -> None:
-    """Time ``ddp``'s steps and buckets (only models built while telemetry is on).
+    """Time ``ddp``'s steps and all-reduces (only models built while telemetry is on).
 
-    Called at the end of ``DDP.__init__``. Adds the forward hooks that open steps, then takes
-    the reducer's one comm-hook place for :func:`_timed_hook` and a fresh :class:`_HookSlot`
-    holding DDP's default all-reduce. Models on the compiled Python reducer, or for which DDP
-    already registered a hook itself (mixed precision), get steps only.
+    Called at the end of ``DDP.__init__``. Adds the forward hooks that open steps. A CPU model
+    is then timed by DDP's own timer (:class:`_DDPTimer`); a GPU model gets :func:`_timed_hook`
+    in the reducer's one comm-hook place, with a fresh :class:`_HookSlot` holding DDP's
+    default all-reduce. Models on the compiled Python reducer, or for which DDP already
+    registered a hook itself (mixed precision), get steps only.
     """
+    ddp._nbdist_timer = None
     if not telemetry.enabled:
         return
     ddp.register_forward_pre_hook(_forward_pre)
     ddp.register_forward_hook(_forward_post)
     if getattr(ddp, "_use_python_reducer", False) or ddp._comm_hooks:
         return  # compiled reducer, or DDP registered a hook itself: steps only
+    if not telemetry.buckets and not any(p.is_cuda for p in ddp.module.parameters()):
+        ddp._set_ddp_runtime_logging_sample_rate(1)  # DDP times every iteration, in C++
+        ddp._nbdist_timer = _DDPTimer(ddp)
+        return
     slot = _HookSlot(default_hooks.allreduce_hook, ddp.process_group)
     _original["register_comm_hook"](ddp, slot, _timed_hook)
     ddp._nbdist_slot = slot
@@ -211,6 +274,17 @@ def _register_comm_hook(self: Any, state: object, hook: Callable) -> None:
     holds :func:`_timed_hook`. Models nbdist did not hook get DDP's method unchanged.
     """
     slot = getattr(self, "_nbdist_slot", None)
+    if slot is None and getattr(self, "_nbdist_timer", None) is not None:
+        # A CPU model timed by DDP's timer: a hook of the user's is timed by _timed_hook,
+        # which takes the reducer's hook place now, the user's hook in its slot.
+        self._check_comm_hook(hook)
+        slot = _HookSlot(hook, state)
+        slot.user = True
+        _original["register_comm_hook"](self, slot, _timed_hook)
+        self._comm_hooks[-1] = (hook, state)  # what DDP remembers is the user's hook
+        self.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
+        self._nbdist_slot, self._nbdist_timer = slot, None
+        return None
     if slot is None:
         return _original["register_comm_hook"](self, state, hook)
     if slot.user:
@@ -230,7 +304,12 @@ def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
     """
     python_twin = {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
                    dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}
-    if getattr(self, "_nbdist_slot", None) is None or comm_hook_type not in python_twin:
+    hooked = getattr(self, "_nbdist_slot", None) is not None or \
+        getattr(self, "_nbdist_timer", None) is not None
+    if not hooked or comm_hook_type not in python_twin or (
+            comm_hook_type == dist.BuiltinCommHookType.ALLREDUCE
+            and getattr(self, "_nbdist_slot", None) is None):
+        # DDP's timer times the C++ all-reduce hook as it times DDP's default
         return _original["_register_builtin_comm_hook"](self, comm_hook_type)
     # The C++ hook cannot be wrapped; its Python twin does the same arithmetic and is timed.
     return _register_comm_hook(self, self.process_group, python_twin[comm_hook_type])

@@ -62,7 +62,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from ..telemetry import events as ev
 from ..telemetry.intervals import exposed_seconds
@@ -90,11 +90,22 @@ class _Bucket:
         self.cuda: Optional[tuple[Any, Any]] = None  # (event at ready, event at done)
 
 
+class DDPTimes(NamedTuple):
+    """One step's backward as DDP's reducer timed it itself (seconds, ``time.time()``'s clock)."""
+
+    compute_end: float  # the last gradient bucket was ready
+    comm_start: float  # the first bucket's all-reduce was launched
+    comm_end: float  # the reducer had waited for the last one
+    nbytes: int  # bytes all-reduced (the buckets' sizes)
+    buckets: int
+    dtype: str
+
+
 class _Step:
     """One open training step: its forward span, buckets and collective time so far."""
 
     __slots__ = ("n", "t0", "source", "samples", "fwd0", "fwd1", "buckets",
-                 "coll_total", "coll_exposed", "last", "held")
+                 "coll_total", "coll_exposed", "last", "held", "timer", "t1")
 
     def __init__(self, n: int, t0: float, source: str):
         self.n = n
@@ -109,6 +120,10 @@ class _Step:
         self.last = t0  # latest activity seen, the end of a cell's last step
         # Comm events of a step no optimizer has confirmed yet: emitted when it closes.
         self.held: Optional[list[dict[str, Any]]] = None
+        # Reads this step's all-reduce from DDP's own timer once DDP has stored it (a CPU
+        # model on DDP's default all-reduce; see ddp_hooks); set when the step syncs.
+        self.timer: Optional[Callable[[bool], Optional[DDPTimes]]] = None
+        self.t1: Optional[float] = None  # when it ended, while it waits for its timer
 
 
 class Telemetry:
@@ -118,7 +133,9 @@ class Telemetry:
         self.sink: Any = None
         self.enabled = False
         self.collectives = True
+        self.buckets = False  # DDP models built now time each bucket (a Python comm hook)
         self.step: Optional[_Step] = None
+        self.closing: Optional[_Step] = None  # ended, waiting for DDP to store its times
         self.steps = 0
         self.ddp_seen = False
         self.bars = 0
@@ -137,13 +154,17 @@ class Telemetry:
         self._memory_at = 0.0
 
     # ------------------------------------------------------------- cell lifecycle
-    def begin_cell(self, sink: Any, enabled: bool = True, collectives: bool = True) -> None:
-        """Start recording a cell's events into ``sink`` (``enabled=False``: record nothing)."""
+    def begin_cell(self, sink: Any, enabled: bool = True, collectives: bool = True,
+                   buckets: bool = False) -> None:
+        """Start recording a cell's events into ``sink`` (``enabled=False``: record nothing);
+        ``buckets``: DDP models built in the cell time each gradient bucket."""
         self.sink = sink
         self.cells += 1
         self.enabled = enabled and sink is not None
         self.collectives = collectives
+        self.buckets = buckets
         self.step, self.steps, self.ddp_seen = None, 0, False
+        self.closing = None
         self.optim_depth, self.optim_seen, self.pending_samples = 0, False, 0
         self.model_samples = False
         self.pipe_busy = self.pipe_wait = 0.0
@@ -152,6 +173,7 @@ class Telemetry:
 
     def end_cell(self) -> None:
         """Report the cell's open step and memory, and stop recording."""
+        self._close_timed()
         st = self.step
         if st is not None:  # a step opened by collectives alone is dropped (see close_step)
             self.close_step(st.last, final=True)
@@ -187,11 +209,27 @@ class Telemetry:
             self.step = st
             self._drop_provisional()
             return
+        self._emit_step(st, t1, final, st.timer(final) if st.timer is not None else None)
+
+    def _close_timed(self) -> None:
+        """Emit the step that ended at the last DDP forward, now that DDP stored its times."""
+        st, self.closing = self.closing, None
+        if st is not None:
+            self._emit_step(st, st.t1 or st.last, False, st.timer(False))
+
+    def _emit_step(self, st: _Step, t1: float, final: bool, ddp: Optional[DDPTimes]) -> None:
         for e in st.held or ():
             e["step"] = st.n
             self.emit(e)
         ready_last, comm_end, total, nbytes = None, None, st.coll_total, 0
         spans = []
+        if ddp is not None and ddp.comm_end >= st.t0:  # older times: this step never synced
+            ready_last, comm_end = ddp.compute_end, ddp.comm_end
+            total += ddp.comm_end - ddp.comm_start
+            nbytes = ddp.nbytes
+            spans.append((ddp.comm_start, ddp.comm_end))
+            self.emit(ev.comm("all_reduce", ddp.comm_start, ddp.comm_end, ddp.nbytes,
+                              step=st.n, dtype=ddp.dtype, measured="ddp"))
         for b in st.buckets:
             _resolve_cuda(b)
             ready_last = b.ready if ready_last is None else max(ready_last, b.ready)
@@ -218,8 +256,9 @@ class Telemetry:
         if final:
             t1 = max(x for x in (t1, comm_end, st.fwd1, st.t0) if x is not None)
         hang_watch.step(t1 - st.t0)
+        nbuckets = ddp.buckets if ddp is not None and spans else len(st.buckets)
         self.emit(ev.step(st.n, st.t0, t1, samples=st.samples, comm_total_s=total,
-                          comm_exposed_s=exposed, comm_bytes=nbytes, buckets=len(st.buckets),
+                          comm_exposed_s=exposed, comm_bytes=nbytes, buckets=nbuckets,
                           fwd=(st.fwd0, st.fwd1) if st.fwd0 and st.fwd1 else None, bwd=bwd,
                           source=st.source))
 
@@ -232,8 +271,14 @@ class Telemetry:
             self.emit(e)
 
     # called from DDP module hooks (main thread), for forwards with grad enabled only
-    def on_forward(self, args: tuple) -> None:
-        """A DDP forward starts: open a step unless ``no_sync()`` micro-batches fold into it."""
+    def on_forward(self, args: tuple,
+                   timer: Optional[Callable[[bool], Optional[DDPTimes]]] = None,
+                   syncs: bool = True) -> None:
+        """A DDP forward starts: open a step unless ``no_sync()`` micro-batches fold into it.
+
+        ``timer`` reads the model's steps from DDP's own timer (see :class:`DDPTimes`);
+        ``syncs``: this forward's backward all-reduces (not under ``no_sync()``).
+        """
         now = time.time()
         with self.lock:
             st = self.step
@@ -243,23 +288,33 @@ class Telemetry:
         if st is not None and st.source == "progress":
             st = self.step = None  # DDP found: it owns the steps from here on
             self.steps -= 1
-        if st is None or st.buckets:
+        if st is None or st.buckets or st.timer is not None:
             if st is not None:
-                self.close_step(now)
+                if st.timer is not None:
+                    # DDP stores the step's times in this forward: emit it once that is done
+                    self._close_timed()
+                    self.step, st.t1, self.closing = None, now, st
+                else:
+                    self.close_step(now)
             st = self.open_step(now, "ddp")
         self.ddp_seen = True
+        if timer is not None and syncs:
+            st.timer = timer
         st.samples += _batch_size(args)
         if st.fwd0 is None:
             st.fwd0 = now
 
     def on_forward_end(self, output: Any) -> None:
         """A DDP forward returned: backward starts here."""
+        now = time.time()
+        if self.closing is not None:
+            self._close_timed()
         st = self.step
         if st is None:
             return
         # The backward span starts here: a hook on the output would pin it to the first
         # gradient, but a Python hook inside autograd costs more than it tells.
-        st.fwd1 = st.last = time.time()
+        st.fwd1 = st.last = now
 
     # called from global optimizer step hooks (main thread)
     def on_optimizer_step(self, begin: bool) -> None:

@@ -201,13 +201,13 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
              want_result: bool, grace: float = 3.0, telemetry: bool = True,
              collectives: bool = True, coordinated: bool = False,
              slot: Optional[int] = None, keep_cell: bool = False,
-             stall_after: Optional[float] = None) -> results.CellResult:
+             stall_after: Optional[float] = None, buckets: bool = False) -> results.CellResult:
     """Run one cell on this rank. ``peers`` are the ranks running the same cell.
 
     ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
     fails; ``slot``: the rank this worker's events report as (a replacement worker takes the
     slot of the rank it replaces); ``stall_after`` is the hang doctor's threshold (None: its
-    default, 0: off)."""
+    default, 0: off); ``buckets``: DDP models built in the cell time each bucket."""
     from ..telemetry import events
     from . import group
     from .measure import telemetry as tel
@@ -239,7 +239,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                                          evalue=f"could not re-form the process group: {exc}")
                 return results.cell_failed(err, group_alive=False, seq=_state.sink.flush())
         out = results.cell_ok()
-        tel.begin_cell(_state.sink, telemetry, collectives)
+        tel.begin_cell(_state.sink, telemetry, collectives, buckets)
         with interruptible(group.sever) as watch, captured_output(_state.sink), \
                 watching(_state.sink, filename, telemetry, stall_after):
             try:
@@ -389,7 +389,7 @@ def status() -> dict[str, Any]:
 def elastic_join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str,
                  timeout: float, elastic_plan: Any, key: str, slot: int, seq_base: int,
                  want_result: bool, telemetry: bool = True,
-                 collectives: bool = True) -> results.CellResult:
+                 collectives: bool = True, buckets: bool = False) -> results.CellResult:
     """On a replacement worker: take ``plan``'s rank without forming a group, join the
     survivors of an elastic run at a commit, heal from a live peer, then run the rest of the
     cell as every rank does."""
@@ -415,7 +415,8 @@ def elastic_join(plan: envmod.RankPlan, port: int, device: str, dist_backend: st
     world = _state.plan.world_size if _state.plan else 1
     return run_cell(step["source"], step["filename"], _state.cell["cell_id"], gen,
                     list(range(world)), want_result, telemetry=telemetry,
-                    collectives=collectives, coordinated=True, slot=slot, keep_cell=True)
+                    collectives=collectives, coordinated=True, slot=slot, keep_cell=True,
+                    buckets=buckets)
 
 
 def call_in_namespace(fn: Callable[..., Any], *args: Any) -> Any:

@@ -64,11 +64,14 @@ def chrome_trace(events_by_rank: Mapping[int, Sequence[Event]],
         out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                     "args": {"sort_index": rank}})
         names = {_STEPS: "steps", _PHASES: "forward/backward", _CALLS: "collectives"}
-        buckets = [e for e in evs if e["kind"] == COMM and e.get("bucket") is not None]
+        # Gradient all-reduces: each bucket's, or a step's span from DDP's own timer
+        buckets = [e for e in evs if e["kind"] == COMM and (e.get("bucket") is not None
+                                                           or e.get("measured") == "ddp")]
         lanes = _lanes([(e["t0"], e["t1"]) for e in buckets])
         for lane in sorted(set(lanes)):
             names[_BUCKETS + lane] = "all-reduce" if lane == 0 else f"all-reduce ({lane + 1})"
-        comms = [e for e in evs if e["kind"] == COMM and e.get("bucket") is None]
+        comms = [e for e in evs if e["kind"] == COMM and e.get("bucket") is None
+                 and e.get("measured") != "ddp"]
         p2p = [e for e in comms if e.get("peer") is not None]
         calls = [e for e in comms if e.get("peer") is None]
         p2p_lanes = _lanes([(e["t0"], e["t1"]) for e in p2p])
@@ -91,7 +94,9 @@ def chrome_trace(events_by_rank: Mapping[int, Sequence[Event]],
                     "bucket": e["bucket"], "measured": e.get("measured", "wire")}
             if dur > 0:
                 args["algbw_MBps"] = round(e["bytes"] / dur / 1e6, 3)
-            out.append({"ph": "X", "cat": "comm", "name": f"bucket {e['bucket']} {e['op']}",
+            name = f"bucket {e['bucket']} {e['op']}" if e["bucket"] is not None else \
+                f"{e['op']} (all buckets)"
+            out.append({"ph": "X", "cat": "comm", "name": name,
                         "pid": pid, "tid": _BUCKETS + lane, "ts": _us(e["t0"], origin),
                         "dur": _us(e["t1"], e["t0"]), "args": args})
         for e, lane in zip(p2p, p2p_lanes):

@@ -63,7 +63,7 @@ def check_buckets(evs, steps, grad_bytes, bytes_factor=1.0, dtype="float32"):
 
 
 def test_ddp_steps_and_one_allreduce_per_bucket_summing_to_gradient_size(cluster):
-    evs_by_rank = train(cluster)
+    evs_by_rank = train(cluster, bucket_timing=True)
     grad_bytes = cluster.pull("grad_bytes")
     assert set(evs_by_rank) == {0, 1}
     for evs in evs_by_rank.values():
@@ -75,6 +75,31 @@ def test_ddp_steps_and_one_allreduce_per_bucket_summing_to_gradient_size(cluster
     assert [r.state for r in snap.ranks] == ["done", "done"]
     assert all(r.steps == 6 and r.steps_per_s and r.bandwidth for r in snap.ranks)
     assert len(snap.series) == 6 and "loss" in snap.scalars
+
+
+def test_by_default_ddps_own_timer_gives_each_step_one_all_reduce_span(cluster):
+    evs_by_rank = train(cluster, steps=5)
+    grad_bytes = cluster.pull("grad_bytes")
+    # DDP's own count of its buckets after it rebuilt them (ground truth for the step's count)
+    cluster.run_cell("info = ddp._get_ddp_logging_data()", output="quiet")
+    n_buckets = len(cluster.pull("info")["rebuilt_bucket_sizes"].split(","))
+    assert n_buckets >= 2
+    for evs in evs_by_rank.values():
+        steps = kinds(evs, "step")
+        assert [e["step"] for e in steps] == list(range(5))
+        spans = kinds(evs, "comm")
+        assert [c["step"] for c in spans] == list(range(5)), "one span per step"
+        for st, c in zip(steps, spans):
+            assert c["op"] == "all_reduce" and c["measured"] == "ddp" and c["bucket"] is None
+            assert c["bytes"] == st["comm_bytes"] == grad_bytes and c["dtype"] == "float"
+            # the span lies inside the step's backward, which starts after its forward
+            assert st["t0"] <= st["fwd"][0] <= st["fwd"][1] <= st["bwd"][0] <= c["t0"]
+            assert c["t0"] < c["t1"] <= st["bwd"][1] <= st["t1"]
+            assert st["comm_total_s"] == pytest.approx(c["t1"] - c["t0"])
+            assert 0 <= st["comm_exposed_s"] <= st["comm_total_s"]
+        assert [st["buckets"] for st in steps[1:]] == [n_buckets] * 4
+    snap = cluster.last_run
+    assert all(r.steps == 5 and r.bandwidth for r in snap.ranks)
 
 
 def test_a_slower_rank_is_named_and_the_others_wait_for_it(cluster):
@@ -173,18 +198,27 @@ def test_failed_rank_is_marked_with_its_reason(cluster):
     assert snap.ranks[1].state == "failed" and "bad batch on rank one" in snap.ranks[1].error
 
 
-def test_timeline_writes_a_trace_with_a_track_per_rank(cluster, tmp_path):
-    train(cluster, steps=3)
+@pytest.mark.parametrize("bucket_timing", [False, True])
+def test_timeline_writes_a_trace_with_a_track_per_rank(cluster, tmp_path, bucket_timing):
+    train(cluster, steps=3, bucket_timing=bucket_timing)
     path = tmp_path / "run.json"
     count = cluster.timeline(str(path))
     trace = json.loads(path.read_text())
     assert len(trace["traceEvents"]) == count
     procs = {e["pid"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert procs == {0, 1}
+    lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
+             if e["name"] == "thread_name"}
     for pid in procs:
-        names = [e["name"] for e in trace["traceEvents"] if e["pid"] == pid and e["ph"] == "X"]
+        xs = [e for e in trace["traceEvents"] if e["pid"] == pid and e["ph"] == "X"]
+        names = [e["name"] for e in xs]
         assert names.count("forward") == 3 and names.count("backward") == 3
-        assert sum(n.startswith("bucket") for n in names) >= 5  # 1 + 2 + 2 buckets
+        reduces = [e for e in xs if lanes[pid, e["tid"]].startswith("all-reduce")]
+        if bucket_timing:
+            assert sum(n.startswith("bucket") for n in names) >= 5  # 1 + 2 + 2 buckets
+            assert len(reduces) >= 5
+        else:  # one span a step, from DDP's own timer
+            assert [e["name"] for e in reduces] == ["all_reduce (all buckets)"] * 3
 
 
 def test_timeline_magic_in_a_real_shell(cluster, tmp_path, monkeypatch):

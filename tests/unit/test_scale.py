@@ -15,7 +15,7 @@ from nbdist.display.refresh import Throttle
 from nbdist.display.run_view import RunView
 from nbdist.display.tables import MAX_OUTLIERS, failure_lines, memory_table, run_table
 from nbdist.display.text import StreamView, format_line, format_summary
-from nbdist.runtime.capture import MAX_INTERVAL, TICK, EventSink, flush_interval
+from nbdist.runtime.capture import MAX_INTERVAL, MIN_INTERVAL, TICK, EventSink, flush_interval
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
 from nbdist.telemetry.columns import pack, rows
@@ -215,7 +215,7 @@ def test_a_costly_redraw_makes_the_next_one_wait_longer(monkeypatch):
 
 
 def test_a_rank_sends_less_often_the_larger_the_job():
-    assert flush_interval(1) == flush_interval(16) == TICK
+    assert flush_interval(1) == flush_interval(16) == MIN_INTERVAL > TICK
     xs = [flush_interval(w) for w in (64, 256, 1024, 4096, 10**6)]
     assert xs == sorted(xs) and xs[-1] == MAX_INTERVAL
     for w in (256, 512, 1024):  # about the same number of batches a second reach the notebook

@@ -86,9 +86,11 @@ def test_cells_take_the_profiles_training_defaults(profile):
     backend = made[0]
     session.run_cell("x = 1")
     assert backend.kwargs["run_cell"][-1] == {"telemetry": False, "collectives": True,
-                                             "coordinated": False, "stall_after": None}
-    session.run_cell("x = 1", telemetry=True)  # the cell's own flag wins
+                                             "buckets": False, "coordinated": False,
+                                             "stall_after": None}
+    session.run_cell("x = 1", telemetry=True, bucket_timing=True)  # the cell's own flags win
     assert backend.kwargs["run_cell"][-1]["telemetry"] is True
+    assert backend.kwargs["run_cell"][-1]["buckets"] is True
     backend.script(r0=Scripted(hang=True))
     with pytest.raises(CellTimeoutError, match="0.05 s"):  # training.cell_timeout
         session.run_cell("while True: pass")
