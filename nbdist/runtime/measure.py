@@ -18,12 +18,17 @@ How each number is measured
   step of a cell ends when its gradients are synchronized (its optimizer step is not seen).
   Forward is the DDP model's forward call; backward runs from the end of forward (so it
   includes the loss) to the last bucket's all-reduce completing.
-* **Buckets.** nbdist registers a communication hook on every DDP model built in a cell with
-  telemetry on. It calls the hook the user registered (or DDP's default all-reduce) and times
-  it from the bucket becoming ready to the hook's future completing. Bytes are what the hook
-  passed to ``torch.distributed`` collectives while it ran (half the bucket for fp16
-  compression); a hook that bypasses ``torch.distributed`` is charged the bucket's size and
-  marked ``measured="bucket"``.
+* **The gradient all-reduce (CPU, default).** DDP's own reducer times the iteration in C++
+  (:class:`DDPTimes`): when the last bucket was ready, when the first bucket's all-reduce was
+  launched and when the reducer had waited for the last. It stores the times at the next
+  forward, so a step is emitted at the end of the next step's forward (the cell's last when
+  the cell ends). One all-reduce span per step, its bytes the buckets' sizes.
+* **Buckets** (GPU models, ``bucket_timing``, or a hook of the user's). nbdist registers a
+  communication hook on the DDP model. It calls the hook the user registered (or DDP's default
+  all-reduce) and times it from the bucket becoming ready to the hook's future completing.
+  Bytes are what the hook passed to ``torch.distributed`` collectives while it ran (half the
+  bucket for fp16 compression); a hook that bypasses ``torch.distributed`` is charged the
+  bucket's size and marked ``measured="bucket"``.
 * **Exposed communication** is the wait that compute did not hide: from the last bucket being
   ready (the end of backward compute) to the last bucket's all-reduce finishing, plus the time
   spent in blocking collectives called in the step.
