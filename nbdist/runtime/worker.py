@@ -139,6 +139,7 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     _state.port = port
     _state.timeout = timeout
     _state.env_before = envmod.apply_env(os.environ, plan.env(port))
+    _adaptive_malloc()
     torch.set_num_threads(plan.threads)
     if device == "cuda" or (device == "auto" and plan.gpu is not None):
         if not torch.cuda.is_available():
@@ -171,6 +172,37 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     return {"rank": plan.rank, "device": str(_state.device), "backend": _state.backend,
             "threads": plan.threads, "group_s": t_group,
             "warm_s": time.perf_counter() - t0 - t_group}
+
+
+#: mallopt's parameters (glibc's malloc.h) and the values glibc's adaptive thresholds reach
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_MAX = 32 << 20
+_malloc_done = False
+
+
+def _adaptive_malloc() -> None:
+    """Undo ``MALLOC_TRIM_THRESHOLD_`` in a worker that Dask's nanny started with it (an
+    existing Dask cluster: the workers nbdist starts never get it).
+
+    Setting it turns glibc's adaptive mmap threshold off, so each tensor over 128 KiB is
+    mapped on allocation and unmapped on free, and every step page-faults through its
+    activations and buckets again (about 1.3x a step's CPU on a small MLP). The thresholds
+    are set where glibc's adaptive ones end up; memory freed by training is then reused
+    rather than handed back to the system at once.
+    """
+    global _malloc_done
+    if _malloc_done or "MALLOC_TRIM_THRESHOLD_" not in os.environ or \
+            not sys.platform.startswith("linux"):
+        return
+    _malloc_done = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_MAX)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_MAX)
+    except (OSError, AttributeError):  # not glibc: nothing to undo
+        pass
 
 
 def _warm_up() -> None:
