@@ -243,8 +243,9 @@ class Session:
         :func:`~nbdist.runtime.env.store_addr`); None leaves it to rank 0's worker."""
         if self._stores is None:
             return None
-        addr = store_addr(rt.describe(self.backend.controller_ip if self.backend else None),
-                          infos)
+        # The notebook's addresses only: no GPU count, so the notebook does not import torch
+        addr = store_addr(rt.describe(self.backend.controller_ip if self.backend else None,
+                                      gpus=False), infos)
         if addr is None:
             return None
         if self._store is not None and (self._store.host != addr or not self._store.alive):

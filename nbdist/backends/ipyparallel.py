@@ -136,12 +136,19 @@ class IpyparallelBackend(Backend[ipp.Client]):
         # the key); with a launcher that starts engines elsewhere, on the address the profile
         # names.
         ip = "127.0.0.1" if self.launch.local else self.launch.listen
-        cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch)
+        cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch, timeout)
         self.cluster = ipp.Cluster(n=n, controller_ip=ip, log_level=logging.WARNING,
                                    controller_args=_HEARTBEAT_ARGS, **cluster_kwargs)
         self.cluster.log.addFilter(_KilledEngineLog(self.cluster))
-        self.cluster.start_controller_sync()
-        self.cluster.start_engines_sync(n, **self._engine_kwargs)
+        if self.launch.local:
+            # Engines first: they start, and import torch, while the controller starts; each
+            # waits for the controller's connection file (IPEngine.wait_for_url_file) instead
+            # of being launched only once the controller has written it.
+            self.cluster.start_engines_sync(n, **self._engine_kwargs)
+            self.cluster.start_controller_sync()
+        else:  # engines elsewhere are handed the controller's connection info when they start
+            self.cluster.start_controller_sync()
+            self.cluster.start_engines_sync(n, **self._engine_kwargs)
         self._launchers()
         self.client = self.cluster.connect_client_sync()
         # No progress bar: the session shows its own status when the job is formed.
@@ -293,7 +300,8 @@ _BATCH_LINES = {
 }
 
 
-def launcher_settings(launch: LaunchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+def launcher_settings(launch: LaunchOptions, timeout: float = 300.0
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
     """ipyparallel's own launcher for ``launch``: keyword arguments of ``ipp.Cluster`` (the
     engine launcher class and its configuration) and of ``start_engines`` (a batch template
     with the resource lines, where the launcher has no setting for them).
@@ -304,11 +312,16 @@ def launcher_settings(launch: LaunchOptions) -> tuple[dict[str, Any], dict[str, 
     if launch.local:
         # Controller and engines run under a lifeline: they exit when this kernel is gone,
         # even after a SIGKILL that leaves no chance to stop them.
+        from ..runtime import preload
         from ..runtime.lifeline import command
 
         return {"config": Config({
             "LocalControllerLauncher": {"controller_cmd": command("ipyparallel.controller")},
-            "LocalEngineSetLauncher": {"engine_cmd": command("ipyparallel.engine")}})}, {}
+            # Engines start importing torch while they start and register (runtime.preload),
+            # and may start before the controller has written its connection file.
+            "LocalEngineSetLauncher": {"engine_cmd": [
+                *command(preload.__name__), "ipyparallel.engine",
+                f"--IPEngine.wait_for_url_file={timeout:g}"]}})}, {}
     from ipyparallel.cluster.launcher import BatchSystemLauncher, find_launcher_class
 
     cls = find_launcher_class(launch.launcher, "engine")

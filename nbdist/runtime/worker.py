@@ -52,8 +52,9 @@ class _State:
 
 _state = _State()
 
-def describe(controller_ip: Optional[str] = None) -> dict[str, Any]:
-    """What this worker knows about its host, without touching CUDA."""
+def describe(controller_ip: Optional[str] = None, gpus: bool = True) -> dict[str, Any]:
+    """What this worker knows about its host, without touching CUDA; ``gpus=False`` leaves
+    out the GPU count and with it torch's import (the notebook's own description)."""
     addresses = []
     try:
         import psutil
@@ -83,7 +84,7 @@ def describe(controller_ip: Optional[str] = None) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "cpu_count": cpus,
-        "gpu_count": _gpu_count(),
+        "gpu_count": _gpu_count() if gpus else 0,
         "addresses": addresses,
         "route_ip": route_ip,
         "python": sys.executable,
