@@ -14,6 +14,7 @@ preload (``dask_setup``). Standard library only here; the imports are the thread
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import runpy
 import sys
 import threading
@@ -46,9 +47,12 @@ def dask_setup(worker: object) -> None:
 
 def main(argv: list[str]) -> None:
     module, *args = argv
-    # The engine's own imports first, so the two threads import disjoint modules: only the
-    # engine's registration and the torch imports overlap.
-    importlib.import_module(module)
+    # A package's own imports first (ipyparallel.engine: the engine's), so the two threads
+    # import disjoint modules: the engine's registration and the torch imports overlap. (A
+    # plain module is not imported twice: it runs once, as __main__.)
+    spec = importlib.util.find_spec(module)
+    if spec is not None and spec.submodule_search_locations is not None:
+        importlib.import_module(module)
     start()
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
