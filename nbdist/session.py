@@ -49,6 +49,7 @@ from .runtime import worker as rt
 from .runtime.env import LOOPBACK, RankPlan, plan_ranks, shared_gpus, store_addr
 from .telemetry.aggregate import RunSnapshot
 from .telemetry.compare import compare
+from .telemetry.events import Batch
 from .telemetry.run import Run
 
 # After an interrupt, how long workers get to return before we call them unresponsive.
@@ -545,9 +546,11 @@ class Session:
         return out
 
     @staticmethod
-    def _pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None) -> None:
-        """Move the batches received so far into the run's record and onto the screen."""
-        batches = job.drain_events()
+    def _pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None,
+              carried: Sequence[Batch] = ()) -> None:
+        """Move the batches received so far, and those the results ``carried``, into the run's
+        record and onto the screen."""
+        batches = [*job.drain_events(), *carried]
         changed = False
         if batches:
             view.output(batches)
@@ -608,6 +611,7 @@ class Session:
             return  # finished already (a timeout or an interrupt shows its view first)
         if not job.pending():
             slot = (healer.slots.get if healer is not None else self._rank_of)
+            done = [o.value for o in job.outcomes() if o.engine_error is None]
             wanted = {slot(o.worker): o.value["seq"] for o in job.outcomes()
                       if o.engine_error is None and o.value.get("seq")}
 
@@ -615,8 +619,11 @@ class Session:
                 self._pump(job, run, view, healer)
                 return run.has_all(wanted)
 
-            # Batches arrive on the engine's IO thread, which offers nothing to wait on.
-            poll_until(drained, _EVENT_GRACE, interval=0.01)
+            # Batches arrive on the engine's IO thread, which offers nothing to wait on (a
+            # cell that sent none, only the last batch its result carries, waits for nothing)
+            poll_until(drained, _EVENT_GRACE, interval=0.001)
+            # then each rank's last batch, after all it sent before it
+            self._pump(job, run, view, healer, [r["tail"] for r in done if r.get("tail")])
         else:
             self._pump(job, run, view, healer)
         run.finish()

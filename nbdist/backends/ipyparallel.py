@@ -110,7 +110,11 @@ class _IppJob(Job):
     def drain_events(self) -> list[Batch]:
         batches = []
         for _, ar in self._results:
-            mds = ar.metadata  # the live dicts the client's IO thread updates
+            # The live dicts the client's IO thread updates: ``_metadata``, because the public
+            # property parses every timestamp in them with dateutil on each read.
+            mds = getattr(ar, "_metadata", None)
+            if mds is None:
+                mds = ar.metadata
             for md in mds if isinstance(mds, list) else [mds]:
                 data = md["data"]
                 for key in [k for k in list(data) if k.startswith(_KEY)]:

@@ -92,6 +92,18 @@ class EventSink:
                                 "events": pack(_coalesce(events))})
             return self.seq
 
+    def take(self) -> Optional[Batch]:
+        """What is pending, as the next batch, for the caller to carry instead of sending it
+        (a cell's last batch travels in its result: one message fewer, nothing to wait for).
+        Every earlier batch has been handed to the transport when this returns."""
+        with self._send_lock:
+            with self._lock:
+                events, self._pending, self._urgent = self._pending, [], False
+            if not events:
+                return None
+            self.seq += 1
+            return {"rank": self.rank, "seq": self.seq, "events": pack(_coalesce(events))}
+
     def close(self) -> None:
         self._closed = True
         self._wake.set()

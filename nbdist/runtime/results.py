@@ -50,7 +50,8 @@ class CellResult(TypedDict, total=False):
     error: Optional[ErrorInfo]  # when not ok (scripts: None, see returncode)
     seconds: float
     group_alive: bool  # False: this rank's process group is gone; the next full cell re-forms it
-    seq: int  # last event batch the call sent (0: none to wait for)
+    seq: int  # last event batch the call sent on the event channel (0: none to wait for)
+    tail: dict[str, Any]  # the call's last event batch, carried here instead (absent: none)
     returncode: Optional[int]  # scripts: the child's exit status
     interrupted: bool  # scripts: stopped by an interrupt or timeout
     elastic_gen: Optional[int]  # the generation an elastic run re-formed the group at, if any
@@ -141,11 +142,15 @@ def cell_failed(error: ErrorInfo, *, group_alive: Optional[bool] = None,
     return out
 
 
-def finish(result: CellResult, *, seconds: float, group_alive: bool, seq: int) -> CellResult:
-    """Add what every finished call reports: its duration, the group's state, its last batch."""
+def finish(result: CellResult, *, seconds: float, group_alive: bool, seq: int,
+           tail: Optional[dict[str, Any]] = None) -> CellResult:
+    """Add what every finished call reports: its duration, the group's state, the last batch
+    it sent (``seq``) and the one it carries (``tail``)."""
     result["seconds"] = seconds
     result["group_alive"] = group_alive
     result["seq"] = seq
+    if tail is not None:
+        result["tail"] = tail
     return result
 
 

@@ -303,7 +303,10 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                     # Peers are still running and may wait on us in a collective forever:
                     # closing our side of the group makes their collective fail now.
                     group.teardown(sever=True)
-        seq = _state.sink.flush()
+        # The last batch (the end event, the last steps) rides in the result: the notebook
+        # then waits for no event message after the results.
+        tail = _state.sink.take()
+        seq = tail["seq"] - 1 if tail is not None else _state.sink.seq
         _state.cell = None
         alive = group.generation() is not None and (group.generation() == gen
                                                     or _state.elastic_gen is not None)
@@ -311,7 +314,8 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         out["rank"] = plan.rank if _state.plan is None else _state.plan.rank
         _state.elastic_gen = None
         return results.finish(out, seconds=seconds, group_alive=alive,
-                              seq=seq if seq > seq0 else 0)  # 0: this cell sent nothing
+                              seq=seq if seq > seq0 else 0,  # 0: nothing sent to wait for
+                              tail=tail)
 
 
 def push(blob: bytes) -> None:

@@ -3,6 +3,8 @@ group generations and the event grace period, in milliseconds."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fakes import Scripted, ScriptedBackend, failed, ok
 
@@ -16,6 +18,7 @@ from nbdist.errors import (
     OptionError,
     WorkersGone,
 )
+from nbdist.runtime import results
 from nbdist.session import Session
 from nbdist.telemetry import events as ev
 
@@ -122,6 +125,34 @@ def test_last_batch_arriving_after_the_outcome_is_waited_for(session, backend):
     assert snap is not None
     assert [r.steps for r in snap.ranks] == [2, 1]  # rank 0's late step was not lost
     assert backend.jobs[-1].drains_after_done >= 3
+
+
+def test_the_last_batch_a_result_carries_is_folded_after_the_batches_sent_before_it(
+        session, backend):
+    # rank 0 sent batch 1 (arriving late) and carries batch 2; rank 1 sent nothing
+    tail0 = dict(step(0, 1, 2), seq=2)
+    tail1 = dict(step(1, 0, 1), seq=1)
+    backend.script(r0=Scripted(results.finish(results.cell_ok(), seconds=0.01,
+                                              group_alive=True, seq=1, tail=tail0),
+                               late=[step(0, 0, 1)]),
+                   r1=Scripted(results.finish(results.cell_ok(), seconds=0.01,
+                                              group_alive=True, seq=0, tail=tail1)))
+    session.run_cell("train()")
+    events = session.runs[-1].events()
+    assert [e["step"] for e in events[0] if e["kind"] == "step"] == [0, 1]  # in order
+    assert [e["step"] for e in events[1] if e["kind"] == "step"] == [0]
+    assert backend.jobs[-1].drains_after_done >= 3  # waited for rank 0's batch 1
+
+
+def test_a_result_that_carries_its_only_batch_waits_for_nothing(session, backend, monkeypatch):
+    monkeypatch.setattr(session_mod, "_EVENT_GRACE", 30.0)
+    backend.script(r0=Scripted(results.finish(results.cell_ok(), seconds=0.01,
+                                              group_alive=True, seq=0,
+                                              tail=dict(step(0, 0, 1), seq=1))))
+    t0 = time.monotonic()
+    session.run_cell("train()")
+    # no poll for a batch on the channel (the grace would be 30 s); the carried one is folded
+    assert time.monotonic() - t0 < 5 and session.last_run.ranks[0].steps == 1
 
 
 def test_missing_batches_give_up_after_the_grace_period(session, backend, monkeypatch):

@@ -296,11 +296,11 @@ def test_session_interrupt_raises_a_keyboard_interrupt_with_the_reports(
     polls = [0]
     pump = session_mod.Session._pump
 
-    def interrupted_on_the_third_poll(job, run, view, healer=None):
+    def interrupted_on_the_third_poll(job, run, view, healer=None, carried=()):
         polls[0] += 1
         if polls[0] == 3:
             raise KeyboardInterrupt  # the kernel's stop button, while the cell runs
-        pump(job, run, view, healer)
+        pump(job, run, view, healer, carried)
 
     monkeypatch.setattr(session_mod.Session, "_pump", staticmethod(interrupted_on_the_third_poll))
     with pytest.raises(KeyboardInterrupt) as info:
