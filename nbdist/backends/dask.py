@@ -143,17 +143,26 @@ class _DaskJob(Job):
 
     def outcomes(self) -> list[Outcome]:
         if self._outcomes is None:
-            self._outcomes = [self._outcome(w, f) for w, f in self._futures]
+            # One gather for every finished call: Future.result() one by one is a round trip
+            # to the workers each (the results stay on them until fetched).
+            done = [f for w, f in self._futures if w not in self._dead and
+                    f.status == "finished"]
+            values = dict(zip((f.key for f in done),
+                              self._backend._require().gather(done, errors="skip")
+                              if done else ()))
+            self._outcomes = [self._outcome(w, f, values) for w, f in self._futures]
             # Release the results held on the workers, and don't let Dask recompute them
             # elsewhere when a worker leaves.
             for _, f in self._futures:
                 f.release()
         return list(self._outcomes)
 
-    def _outcome(self, w: WorkerId, f: Any) -> Outcome:
+    def _outcome(self, w: WorkerId, f: Any, values: dict[Any, Any]) -> Outcome:
         if w in self._dead:
             return Outcome(w, engine_error=f"worker {w}: {self._dead[w]}")
-        if f.status == "finished":
+        if f.key in values:
+            return Outcome(w, value=values[f.key])
+        if f.status == "finished":  # finished, but its result could not be fetched
             return Outcome(w, value=f.result())
         if f.status == "error":
             exc, tb = f.exception(), f.traceback()
