@@ -15,8 +15,10 @@ times after one untimed round that warms the file cache.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 try:
@@ -35,6 +37,39 @@ FIRST_CELL = (
 )
 
 
+@contextlib.contextmanager
+def phases() -> Iterator[dict[str, float]]:
+    """Where ``%nbdist start`` spends its seconds: the engine starting its workers (until they
+    are registered), then each of the session's own calls to the workers, by what it says it
+    does ("describe workers", "form the process group", ...). Timed by wrapping the two
+    methods for the duration; what is left is the notebook's own work between them."""
+    from nbdist.backends.base import Backend
+    from nbdist.session import Session
+
+    out: dict[str, float] = {}
+    start, call = Backend.start, Session._call
+
+    def timed_start(self: Any, *a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return start(self, *a, **k)
+        finally:
+            out["engine starts and registers workers"] = time.perf_counter() - t
+
+    def timed_call(self: Any, calls: Any, timeout: float, what: str) -> Any:
+        t = time.perf_counter()
+        try:
+            return call(self, calls, timeout, what)
+        finally:
+            out[what] = out.get(what, 0.0) + time.perf_counter() - t
+
+    Backend.start, Session._call = timed_start, timed_call  # type: ignore[method-assign]
+    try:
+        yield out
+    finally:
+        Backend.start, Session._call = start, call  # type: ignore[method-assign]
+
+
 def nbdist_once(ip: Any, args: argparse.Namespace, engine: str) -> dict[str, float]:
     import nbdist
 
@@ -42,8 +77,10 @@ def nbdist_once(ip: Any, args: argparse.Namespace, engine: str) -> dict[str, flo
     t0 = time.perf_counter()
     w0 = time.time()
     try:
-        ip.run_line_magic("nbdist", f"start {flags}")
+        with phases() as spent:
+            ip.run_line_magic("nbdist", f"start {flags}")
         t1 = time.perf_counter()
+        spent["rest (notebook)"] = (t1 - t0) - sum(spent.values())
         ip.run_cell_magic("distributed", "--quiet", "x = 1")
         t2 = time.perf_counter()
         ip.run_cell_magic("distributed", "--quiet",
@@ -56,7 +93,8 @@ def nbdist_once(ip: Any, args: argparse.Namespace, engine: str) -> dict[str, flo
         t5 = time.perf_counter()
     return {"start_s": t1 - t0, "trivial_cell_s": t2 - t1, "ready_s": t2 - t0,
             "first_cell_s": t3 - t2, "ddp_s": first["ddp_s"], "step_s": first["step_s"],
-            "to_first_step_s": first["first_step_done"] - w0, "stop_s": t5 - t4}
+            "to_first_step_s": first["first_step_done"] - w0, "stop_s": t5 - t4,
+            **{f"phase: {k}": v for k, v in spent.items()}}
 
 
 def ipp_once(args: argparse.Namespace) -> dict[str, float]:
@@ -171,6 +209,12 @@ def _run(args: argparse.Namespace) -> int:
           f"{args.repeats} alternating runs per side ({c.machine()}); seconds unless marked\n")
     print(c.table(["median"] + cols, rows))
     print("(ipyparallel column: a plain cluster; 'ready' is its first execute returning)\n")
+    keys = list(dict.fromkeys(k for nb in nbs for r in res[nb] for k in r
+                              if k.startswith("phase: ")))
+    print("where %nbdist start's seconds go (median of each phase):\n")
+    print(c.table(["phase"] + nbs, [[k[len("phase: "):]] + [med(nb, k) for nb in nbs]
+                                    for k in keys]))
+    print()
 
     def m(side: str, key: str) -> float:
         return c.median([r[key] for r in res[side]])
