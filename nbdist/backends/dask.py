@@ -503,15 +503,14 @@ def _worker_process_config() -> dask.config.set:
     (about 950 faults a step and 1.3x the CPU of the same step under torchrun, measured on
     ``bench_training.py``'s MLP). The workers get glibc's defaults, as torchrun's do.
     """
-    from ..runtime import lifeline, preload
+    from ..runtime import lifeline
 
     os.environ.setdefault(lifeline.ENV, lifeline.this_process())
     environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
     environ.pop(MALLOC_TRIM, None)
     return dask.config.set({"distributed.worker.daemon": False,
                             "distributed.worker.profile.enabled": False,
-                            "distributed.worker.preload": [lifeline.__name__,
-                                                           preload.__name__],
+                            "distributed.worker.preload": [lifeline.__name__],
                             "distributed.nanny.preload": [lifeline.__name__],
                             "distributed.nanny.pre-spawn-environ": environ})
 

@@ -3,12 +3,14 @@
 A worker's first call imports torch (about a second) and its warm-up builds a first DDP model,
 which imports ``torch._dynamo`` (about another second, as it does under torchrun). Started at
 process start-up, these imports overlap the engine's own start-up and its registration with
-the controller or scheduler, instead of following them. Nothing waits for the thread: a call
-that needs a module it is still importing waits on Python's import lock for that module.
+the controller, instead of following them. The worker's first call waits for the thread
+(:func:`wait`) rather than importing the same modules beside it: two threads importing one
+package's modules in different orders can deadlock on Python's import locks.
 
-Used two ways: ``python -m nbdist.runtime.preload MODULE [ARGS...]`` starts the imports and runs
-``MODULE`` as ``__main__`` (ipyparallel's engines, under :mod:`.lifeline`); as a Dask worker
-preload (``dask_setup``). Standard library only here; the imports are the thread's.
+Used as ``python -m nbdist.runtime.preload MODULE [ARGS...]``: start the imports, run ``MODULE``
+as ``__main__`` (ipyparallel's engines, under :mod:`.lifeline`). Dask workers do without it: a
+worker that its nanny restarts after a crash takes calls at once, and a replacement's heal
+waits on them. Standard library only here; the imports are the thread's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import importlib.util
 import runpy
 import sys
 import threading
+from typing import Optional
 
 #: what a worker imports before it can run a training cell, slowest first
 MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
@@ -33,16 +36,22 @@ def _import_all() -> None:
             return
 
 
+_thread: Optional[threading.Thread] = None
+
+
 def start() -> threading.Thread:
     """Start importing :data:`MODULES` in a daemon thread."""
-    thread = threading.Thread(target=_import_all, name="nbdist-preload", daemon=True)
-    thread.start()
-    return thread
+    global _thread
+    _thread = threading.Thread(target=_import_all, name="nbdist-preload", daemon=True)
+    _thread.start()
+    return _thread
 
 
-def dask_setup(worker: object) -> None:
-    """Dask worker preload hook."""
-    start()
+def wait() -> None:
+    """Return once the imports :func:`start` began are done (at once where none began)."""
+    thread = _thread
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
 
 
 def main(argv: list[str]) -> None:

@@ -20,7 +20,7 @@ import cloudpickle
 
 from ..telemetry.units import fmt_bytes
 from . import env as envmod
-from . import results
+from . import preload, results
 from .capture import EventSink, Transport, captured_output, flush_interval
 from .execute import mimebundle, run_code
 from .hang import enable_flight_recorder, watching
@@ -55,6 +55,8 @@ _state = _State()
 def describe(controller_ip: Optional[str] = None, gpus: bool = True) -> dict[str, Any]:
     """What this worker knows about its host, without touching CUDA; ``gpus=False`` leaves
     out the GPU count and with it torch's import (the notebook's own description)."""
+    if gpus:
+        preload.wait()  # torch is being imported at the worker's start: not beside it
     addresses = []
     try:
         import psutil
@@ -125,6 +127,7 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
 
     With ``working_dir``, cells run there (the previous directory comes back on leave).
     """
+    preload.wait()
     import torch
 
     from . import group
