@@ -1,0 +1,88 @@
+"""Steps of a CPU DDP model timed by DDP's own reducer timer, on the torch-free measurement
+model: DDP stores a step's times at the next forward, so a step goes out once that forward
+returns, with one all-reduce span; the cell's last step asks DDP to store them at once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from synthetic import Sink
+
+from nbdist.runtime.measure import DDPTimes, Telemetry
+
+
+class ScriptedTimer:
+    """Stands for DDP's timer: hands out the times of the iteration DDP last stored."""
+
+    def __init__(self) -> None:
+        self.stored: DDPTimes | None = None
+        self.reads: list[bool] = []  # the ``final`` flag of each read
+
+    def __call__(self, final: bool) -> DDPTimes | None:
+        self.reads.append(final)
+        out, self.stored = self.stored, None  # each iteration is read once
+        return out
+
+
+def times(t0: float) -> DDPTimes:
+    # compute ends at t0+0.06, the all-reduce runs from t0+0.03 to t0+0.08
+    return DDPTimes(compute_end=t0 + 0.06, comm_start=t0 + 0.03, comm_end=t0 + 0.08,
+                    nbytes=4096, buckets=2, dtype="float")
+
+
+@pytest.fixture
+def cell():
+    t, timer = Telemetry(), ScriptedTimer()
+    t.begin_cell(Sink())
+    return t, timer
+
+
+def forward(t: Telemetry, timer: ScriptedTimer, syncs: bool = True) -> float:
+    now = time.time()
+    t.on_forward((), timer, syncs)
+    t.on_forward_end(None)
+    return now
+
+
+def test_a_step_goes_out_with_its_span_once_the_next_forward_stored_it(cell):
+    t, timer = cell
+    t0 = forward(t, timer)
+    assert t.sink.kinds("step") == []  # DDP has not stored step 0's times yet
+    timer.stored = times(t0)  # DDP's next forward stores them, then nbdist reads them
+    forward(t, timer)
+    [step0] = t.sink.kinds("step")
+    [span] = t.sink.kinds("comm")
+    assert span["step"] == 0 and span["measured"] == "ddp" and span["bucket"] is None
+    assert (span["t0"], span["t1"], span["bytes"]) == (t0 + 0.03, t0 + 0.08, 4096)
+    assert step0["comm_total_s"] == pytest.approx(0.05)
+    assert step0["comm_exposed_s"] == pytest.approx(0.02)  # after compute ended
+    assert step0["buckets"] == 2 and step0["comm_bytes"] == 4096
+    # the cell's last step: DDP is asked to store its times now (final=True)
+    sink = t.sink
+    timer.stored = times(time.time())
+    t.end_cell()
+    assert [s["step"] for s in sink.kinds("step")] == [0, 1]
+    assert timer.reads == [False, True]
+    assert len(sink.kinds("comm")) == 2
+
+
+def test_no_sync_micro_batches_fold_into_the_step_that_syncs(cell):
+    t, timer = cell
+    forward(t, timer, syncs=False)
+    forward(t, timer, syncs=False)
+    t0 = forward(t, timer, syncs=True)  # the one whose backward all-reduces
+    assert t.sink.kinds("step") == [] and timer.reads == []
+    timer.stored = times(t0)
+    forward(t, timer)
+    [step0] = t.sink.kinds("step")
+    assert step0["step"] == 0 and step0["comm_bytes"] == 4096
+
+
+def test_times_from_before_the_step_are_not_its_own(cell):
+    t, timer = cell
+    t0 = forward(t, timer)
+    timer.stored = times(t0 - 100)  # stale: an iteration that ended before this step began
+    forward(t, timer)
+    [step0] = t.sink.kinds("step")
+    assert t.sink.kinds("comm") == [] and step0["comm_bytes"] == 0
