@@ -367,7 +367,10 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
 def _optimizer_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     # A parameter server's thread steps its optimizer beside the rank's training: not a step.
     if telemetry.enabled and not getattr(telemetry.local, "server", False):
-        memory.optimizers.add(optimizer)
+        if optimizer.__dict__.get("_nbdist_seen") is not memory.optimizers:
+            # Once per optimizer: a WeakSet's add makes a weak reference on every call.
+            memory.optimizers.add(optimizer)
+            optimizer._nbdist_seen = memory.optimizers  # type: ignore[attr-defined]
         telemetry.on_optimizer_step(begin=True)
 
 

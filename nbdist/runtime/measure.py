@@ -252,7 +252,9 @@ class Telemetry:
                 self.emit(ev.comm(b.op or "all_reduce", b.ready, b.ready, b.nbytes, step=st.n,
                                   bucket=b.index, dtype=b.dtype, measured="untimed"))
         exposed = st.coll_exposed
-        if ready_last is not None and spans:
+        if ready_last is not None and len(spans) == 1:  # DDP's timer: one span, no union
+            exposed += max(0.0, spans[0][1] - max(spans[0][0], ready_last))
+        elif ready_last is not None and spans:
             exposed += exposed_seconds(ready_last, spans)
         bwd = None
         if ready_last is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -227,6 +228,51 @@ def test_scale_up_and_down_reforms_the_group(dask_session):
     assert len(dask_session.backend.worker_ids()) == 1
     assert repr(cell(dask_session, "dist.get_world_size()")) == "1"
     assert dask_session.pull("kept", rank=0) == 0
+    # The retired workers' runner actors were released: the scheduler holds one, for the
+    # worker that stayed.
+    client = dask_session.backend.client
+    wait_until(lambda: len(client.run_on_scheduler(_runner_keys)) == 1, 30,
+               "the retired workers' runners to be released")
+
+
+def _runner_keys(dask_scheduler=None):
+    return sorted(str(k) for k in dask_scheduler.tasks if "-runner-" in str(k))
+
+
+def test_calls_go_through_nbdist_s_client_when_another_is_the_default(dask_session,
+                                                                      external_cluster):
+    theirs = distributed.Client(external_cluster.scheduler_address, timeout=30)
+    try:
+        assert distributed.default_client() is theirs
+        their_pids = set(theirs.run(os.getpid).values())
+        dask_session.scale(3)  # the new worker's runner is made while theirs is the default
+    finally:
+        theirs.close()
+        external_cluster.close()  # calls relayed by their scheduler would now fail
+    value = cell(dask_session, """
+        import os, torch, torch.distributed as dist
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        pid = os.getpid()
+        t.item()
+    """, timeout=60)
+    assert repr(value) == "3.0"
+    pids = {dask_session.pull("pid", rank=r) for r in range(3)}
+    assert len(pids) == 3 and not pids & their_pids
+
+
+def test_an_error_in_a_worker_call_comes_back_with_its_traceback(dask_session):
+    def failing_call():
+        raise ValueError("no such thing")
+
+    backend = dask_session.backend
+    [w, _] = backend.worker_ids()
+    job = backend.submit([Call(w, failing_call)])
+    assert job.wait(60)
+    [outcome] = job.outcomes()
+    assert outcome.engine_error.startswith("ValueError: no such thing")
+    assert "failing_call" in outcome.engine_error  # the traceback names where it was raised
+    assert repr(cell(dask_session, "rank")) == "0"  # and the worker carries on
 
 
 def test_events_arrive_while_the_cell_runs(dask_session):
