@@ -132,6 +132,14 @@ class _RunnerRef:
         with client.as_current():
             self.actor = Actor(_Runner, worker, created.key)
 
+    def release(self) -> None:
+        """Let Dask forget the actor now. The handle holds a future of its own, which would
+        otherwise go only when a garbage collection finds the handle."""
+        self.created.release()
+        own = getattr(self.actor, "_future", None)
+        if own is not None:
+            own.release()
+
 
 class _DaskJob(Job):
     """Actor calls in flight; each call's coroutine on the client's event loop files its
@@ -355,7 +363,7 @@ class DaskBackend(Backend[distributed.Client]):
         for w in workers:
             runner = self._runners.pop(w, None)
             if runner is not None:
-                runner.created.release()
+                runner.release()
 
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
         if workers:

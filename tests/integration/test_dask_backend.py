@@ -231,7 +231,7 @@ def test_scale_up_and_down_reforms_the_group(dask_session):
     # The retired workers' runner actors were released: the scheduler holds one, for the
     # worker that stayed.
     client = dask_session.backend.client
-    wait_until(lambda: len(client.run_on_scheduler(_runner_keys)) == 1, 30,
+    wait_until(lambda: len(client.run_on_scheduler(_runner_keys)) == 1, 10,
                "the retired workers' runners to be released")
 
 
