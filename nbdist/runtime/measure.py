@@ -67,7 +67,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 from ..telemetry import events as ev
 from ..telemetry.intervals import exposed_seconds
@@ -106,11 +106,25 @@ class DDPTimes(NamedTuple):
     dtype: str
 
 
+class DDPTimer(Protocol):
+    """What the step accounting needs of a DDP model's own timer (``ddp_hooks._DDPTimer``)."""
+
+    iterations: int  # syncing forwards so far: DDP's own iteration count
+    nbytes: int  # bytes each syncing iteration all-reduces
+    buckets: int  # gradient buckets, once known
+
+    def __call__(self, final: bool, iteration: int) -> Optional[DDPTimes]:
+        """The times DDP stored for ``iteration``, or None where it timed none."""
+
+    def pace(self, step_s: float) -> None:
+        """Steps take ``step_s``: choose which iterations DDP times from now on."""
+
+
 class _Step:
     """One open training step: its forward span, buckets and collective time so far."""
 
     __slots__ = ("n", "t0", "source", "samples", "fwd0", "fwd1", "buckets",
-                 "coll_total", "coll_exposed", "last", "held", "timer", "t1")
+                 "coll_total", "coll_exposed", "last", "held", "timer", "iteration", "t1")
 
     def __init__(self, n: int, t0: float, source: str):
         self.n = n
@@ -127,7 +141,8 @@ class _Step:
         self.held: Optional[list[dict[str, Any]]] = None
         # Reads this step's all-reduce from DDP's own timer once DDP has stored it (a CPU
         # model on DDP's default all-reduce; see ddp_hooks); set when the step syncs.
-        self.timer: Optional[Callable[[bool], Optional[DDPTimes]]] = None
+        self.timer: Optional[DDPTimer] = None
+        self.iteration = 0  # DDP's count of the iteration that synced in this step
         self.t1: Optional[float] = None  # when it ended, while it waits for its timer
 
 
@@ -214,21 +229,31 @@ class Telemetry:
             self.step = st
             self._drop_provisional()
             return
-        self._emit_step(st, t1, final, st.timer(final) if st.timer is not None else None)
+        self._emit_step(st, t1, final,
+                        st.timer(final, st.iteration) if st.timer is not None else None)
 
-    def _close_timed(self) -> None:
-        """Emit the step that ended at the last DDP forward, now that DDP stored its times."""
+    def _close_timed(self, pace: bool = False) -> None:
+        """Emit the step that ended at the last DDP forward, now that DDP stored its times;
+        ``pace``: DDP's forward has run, so its timer may be told which iterations to time."""
         st, self.closing = self.closing, None
         if st is not None:
-            self._emit_step(st, st.t1 or st.last, False, st.timer(False))
+            self._emit_step(st, st.t1 or st.last, False, st.timer(False, st.iteration), pace)
 
-    def _emit_step(self, st: _Step, t1: float, final: bool, ddp: Optional[DDPTimes]) -> None:
+    def _emit_step(self, st: _Step, t1: float, final: bool, ddp: Optional[DDPTimes],
+                   pace: bool = False) -> None:
         for e in st.held or ():
             e["step"] = st.n
             self.emit(e)
         ready_last, comm_end, total, nbytes = None, None, st.coll_total, 0
         spans = []
-        if ddp is not None and ddp.comm_end >= st.t0:  # older times: this step never synced
+        timed = True
+        if ddp is not None and ddp.comm_end < st.t0:
+            ddp = None  # older times: DDP did not time this step's iteration
+        if ddp is None and st.timer is not None:
+            # It synced, untimed (DDP times a sample of short steps; see ddp_hooks): its bytes
+            # are known, its all-reduce's span is not.
+            timed, nbytes = False, st.timer.nbytes
+        if ddp is not None:
             ready_last, comm_end = ddp.compute_end, ddp.comm_end
             total += ddp.comm_end - ddp.comm_start
             nbytes = ddp.nbytes
@@ -263,11 +288,18 @@ class Telemetry:
         if final:
             t1 = max(x for x in (t1, comm_end, st.fwd1, st.t0) if x is not None)
         hang_watch.step(t1 - st.t0)
-        nbuckets = ddp.buckets if ddp is not None and spans else len(st.buckets)
+        if ddp is not None:
+            nbuckets = ddp.buckets
+            if pace:
+                st.timer.pace(t1 - st.t0)  # type: ignore[union-attr]
+        elif not timed:
+            nbuckets = st.timer.buckets  # type: ignore[union-attr]
+        else:
+            nbuckets = len(st.buckets)
         self.emit(ev.step(st.n, st.t0, t1, samples=st.samples, comm_total_s=total,
                           comm_exposed_s=exposed, comm_bytes=nbytes, buckets=nbuckets,
                           fwd=(st.fwd0, st.fwd1) if st.fwd0 and st.fwd1 else None, bwd=bwd,
-                          source=st.source))
+                          source=st.source, comm_timed=timed))
 
     def _drop_provisional(self) -> None:
         """Give up the open step no optimizer confirmed: its collectives go out unattributed."""
@@ -278,8 +310,7 @@ class Telemetry:
             self.emit(e)
 
     # called from DDP module hooks (main thread), for forwards with grad enabled only
-    def on_forward(self, args: tuple,
-                   timer: Optional[Callable[[bool], Optional[DDPTimes]]] = None,
+    def on_forward(self, args: tuple, timer: Optional[DDPTimer] = None,
                    syncs: bool = True) -> None:
         """A DDP forward starts: open a step unless ``no_sync()`` micro-batches fold into it.
 
@@ -306,7 +337,7 @@ class Telemetry:
             st = self.open_step(now, "ddp")
         self.ddp_seen = True
         if timer is not None and syncs:
-            st.timer = timer
+            st.timer, st.iteration = timer, timer.iterations
         st.samples += _batch_size(args)
         if st.fwd0 is None:
             st.fwd0 = now
@@ -315,7 +346,7 @@ class Telemetry:
         """A DDP forward returned: backward starts here."""
         now = time.time()
         if self.closing is not None:
-            self._close_timed()
+            self._close_timed(pace=True)
         st = self.step
         if st is None:
             return

@@ -109,7 +109,8 @@ class RunState:
         for r in ranks:
             self._rank(r)
         # step → reports so far: a RankStep's fields, as a plain tuple
-        self._pending: dict[int, dict[int, tuple[float, float, float, int, bool]]] = {}
+        # step -> rank -> its report; None: the rank did not time the step's communication
+        self._pending: dict[int, dict[int, Optional[tuple[float, float, float, int, bool]]]] = {}
         # who was waited for in each of the last WINDOW matched steps, and how many matched
         self._blames: deque[Optional[tuple[int, float, float]]] = deque(maxlen=WINDOW)
         self._nmatched = 0
@@ -183,8 +184,9 @@ class RunState:
         if kind == STEP:
             length = e["t1"] - e["t0"]
             self.stall.step(length, e["t1"], rank)
+            timed = e.get("comm_timed", True)
             self._steps(rank, st, [e["step"]], [e["t0"]], [e["t1"]], [length], [e["samples"]],
-                        [e["comm_exposed_s"]])
+                        [e["comm_exposed_s"]], None if timed else [(False, e["comm_bytes"])])
         elif kind == COMM:
             self._bytes += e["bytes"]
             self._ncomm += 1
@@ -390,28 +392,46 @@ class RunState:
         self.stall.progress_all(t1s, rank)
         lengths = [b - a for a, b in zip(t0s, t1s)]
         self.stall.steps_all(lengths, t1s, rank)
+        untimed = None
+        if "comm_timed" in part["fields"]:
+            flags = column(part, "comm_timed")
+            if not all(flags):
+                untimed = list(zip(flags, column(part, "comm_bytes")))
         self._steps(rank, st, column(part, "step"), t0s, t1s, lengths,
-                    column(part, "samples"), column(part, "comm_exposed_s"))
+                    column(part, "samples"), column(part, "comm_exposed_s"), untimed)
 
     # ------------------------------------------------------------- matching across ranks
     def _steps(self, rank: int, st: RankFold, ns: Sequence[int], t0s: Sequence[float],
                t1s: Sequence[float], lengths: Sequence[float], samples: Sequence[int],
-               exposed: Sequence[float]) -> None:
+               exposed: Sequence[float],
+               timing: Optional[Sequence[tuple[bool, int]]] = None) -> None:
         """Steps ``ns`` of ``rank``, in order: its window, and each step's report, matched
-        across ranks once the last one arrives."""
+        across ranks once the last one arrives.
+
+        ``timing``, where some step's communication went untimed: per step, whether it was
+        timed and its gradient bytes. An untimed step counts its bytes and its length, but
+        neither its exposed communication (unknown, not 0) nor a report to match."""
         exposed = [e if e < s else s for e, s in zip(exposed, lengths)]  # min(), inline
         st.steps += len(ns)
         st.t0s.extend(t0s)
         st.t1 = t1s[-1]
         st.step_s.extend(lengths)
         st.samples.extend(samples)
-        st.exposed.extend(exposed)
+        st.exposed.extend(exposed if timing is None else
+                          [e for e, (ok, _) in zip(exposed, timing) if ok])
         comm, pending = st.comm, self._pending
-        for n, step_s, ex in zip(ns, lengths, exposed):
+        for i, (n, step_s, ex) in enumerate(zip(ns, lengths, exposed)):
             acc = comm.pop(n, None)
-            # A plain tuple of numbers until the step is matched: the garbage collector
-            # stops tracking it at once (reports wait for the last rank's, seconds at scale).
-            if acc is None:
+            # A report is a plain tuple of numbers until the step is matched: the garbage
+            # collector stops tracking it at once (reports wait for the last rank's, seconds
+            # at scale).
+            if timing is not None and not timing[i][0]:
+                nbytes = timing[i][1] + (0 if acc is None else
+                                         acc[0] if type(acc) is tuple else acc.nbytes)
+                st.step_bytes.append(nbytes)
+                self._bytes += timing[i][1]
+                report = None  # reported, untimed: the step is not split (see _settle)
+            elif acc is None:
                 st.step_bytes.append(0)
                 report = (step_s, ex, 0.0, 0, True)
             elif type(acc) is tuple:  # one worker's summary: bytes, timed, untimed, busy
@@ -446,6 +466,8 @@ class RunState:
         if self._waiting_on(reports):
             return
         del self._pending[step]
+        if None in reports.values():
+            return  # a rank did not time this step's communication: nothing to split
         m = match_step(step, reports)
         self._blames.append(blame(m))
         index = self._nmatched

@@ -52,17 +52,19 @@ def warning(category: str, message: str, filename: str, lineno: int) -> Event:
 def step(n: int, t0: float, t1: float, *, samples: int = 0, comm_total_s: float = 0.0,
          comm_exposed_s: float = 0.0, comm_bytes: int = 0, buckets: int = 0,
          fwd: Optional[tuple[float, float]] = None, bwd: Optional[tuple[float, float]] = None,
-         source: str = "ddp") -> Event:
+         source: str = "ddp", comm_timed: bool = True) -> Event:
     """A step ``n`` (0-based, per cell) that ran from ``t0`` to ``t1``.
 
     ``comm_exposed_s`` is the communication time compute did not hide: the wait after the
     last gradient bucket was ready, plus every blocking collective called in the step.
+    ``comm_timed=False``: the step all-reduced ``comm_bytes`` of gradients but nothing timed
+    that (DDP's own timer times a sample of short steps): its comm times are unknown, not 0.
     """
     return {"kind": STEP, "step": n, "t0": t0, "t1": t1, "samples": samples,
             "comm_total_s": comm_total_s, "comm_exposed_s": comm_exposed_s,
             "comm_bytes": comm_bytes, "buckets": buckets,
             "fwd": list(fwd) if fwd else None, "bwd": list(bwd) if bwd else None,
-            "source": source}
+            "source": source, "comm_timed": comm_timed}
 
 
 def comm(op: str, t0: float, t1: float, nbytes: int, *, step: Optional[int] = None,

@@ -56,7 +56,8 @@ class RankFold:
         self.state = RankState.WAITING
         self.error: Optional[str] = None
         self.steps = 0
-        # its last WINDOW steps: start, length, samples, exposed (at most the length)
+        # its last WINDOW steps: start, length, samples; exposed (at most the length) of its
+        # last WINDOW steps whose communication was timed
         self.t0s: deque[float] = deque(maxlen=WINDOW)
         self.t1 = 0.0  # the end of its latest step
         self.step_s: deque[float] = deque(maxlen=WINDOW)
@@ -155,8 +156,10 @@ def figures(st: RankFold, cutoff: int) -> tuple:
             sps = n / span
             smp = sum(st.samples) / span
         step_s = fsum(st.step_s) / n
-        exposed = fsum(st.exposed) / n
-        compute = step_s - exposed
+        # Over the steps whose communication was timed (a sample of short DDP steps).
+        if st.exposed:
+            exposed = fsum(st.exposed) / len(st.exposed)
+            compute = step_s - exposed
     waits: Sequence[float] = st.m_waiting
     transfers: Sequence[float] = st.m_transfer
     bws_all: Sequence[Optional[float]] = st.m_bw

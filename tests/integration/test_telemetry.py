@@ -237,3 +237,31 @@ def test_timeline_magic_in_a_real_shell(cluster, tmp_path, monkeypatch):
     assert json.loads(path.read_text())["traceEvents"]
     with pytest.raises(UsageError):
         shell.run_line_magic("nbdist", "timeline")
+
+
+def test_ddps_timer_times_a_sample_of_short_steps_and_counts_every_steps_bytes(cluster):
+    steps = 120
+    evs_by_rank = train(cluster, steps=steps)
+    grad_bytes = cluster.pull("grad_bytes")
+    timed = {}
+    for r, evs in evs_by_rank.items():
+        step_events = kinds(evs, "step")
+        assert [e["step"] for e in step_events] == list(range(steps))
+        assert all(e["comm_bytes"] == grad_bytes for e in step_events), "every step's bytes"
+        spans = {c["step"]: c for c in kinds(evs, "comm")}
+        timed[r] = {e["step"] for e in step_events if e["comm_timed"]}
+        assert set(spans) == timed[r], "a span for each timed step, none for the others"
+        assert set(range(10)) <= timed[r], "DDP times its first ten iterations"
+        for e in step_events:
+            if not e["comm_timed"]:
+                assert e["comm_total_s"] == e["comm_exposed_s"] == 0 and e["bwd"] is None
+        # Steps of these few milliseconds are sampled, each at most once in 20 ms or so
+        short = [e["t1"] - e["t0"] for e in step_events[10:]]
+        if sorted(short)[len(short) // 2] < 0.005:
+            assert len(timed[r]) < steps // 2, sorted(timed[r])
+    # the ranks pace alike (powers of two): the steps matched across ranks are timed on both
+    common = timed[0] & timed[1]
+    snap = cluster.last_run
+    assert {p.step for p in snap.series} == common
+    assert snap.comm_bytes == 2 * steps * grad_bytes
+    assert all(r.steps == steps and r.exposed_s is not None for r in snap.ranks)

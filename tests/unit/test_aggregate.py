@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 from synthetic import T0, batches, ddp_job, job_batches
@@ -287,3 +288,46 @@ def test_a_rank_far_behind_the_others_does_not_break_the_fold():
             ev.step(n, T0 + 10 * n, T0 + 10 * n + 5, comm_exposed_s=0.1)]}])
     snap = state.snapshot()
     assert [r.steps for r in snap.ranks] == [60, 3]
+
+
+def _sampled(job, timed_steps):
+    """What workers send when DDP's timer timed only ``timed_steps``: the other steps carry
+    their bytes and ``comm_timed=False``, and no collectives."""
+    out = {}
+    for r, events in job.items():
+        keep = []
+        for e in events:
+            if e["step"] in timed_steps:
+                keep.append(e)
+            elif e["kind"] == "step":
+                keep.append({**e, "comm_total_s": 0.0, "comm_exposed_s": 0.0, "bwd": None,
+                             "comm_timed": False})
+        out[r] = keep
+    return out
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["events", "tables"])
+def test_untimed_steps_count_their_bytes_but_not_as_exposed_time_or_matched_steps(packed):
+    from nbdist.telemetry.columns import pack
+
+    job = ddp_job({0: 0.03, 1: 0.06}, steps=30)  # rank 1 is the straggler
+    full = aggregate(job_batches(job))
+    timed = set(range(0, 30, 3))
+    bs = job_batches(_sampled(job, timed))
+    if packed:
+        bs = [{**b, "events": pack(b["events"])} for b in bs]
+    snap = aggregate(bs)
+    assert snap.steps == full.steps == 30
+    assert snap.comm_bytes == full.comm_bytes == 2 * 30 * 2000  # every step's, timed or not
+    # only timed steps are matched across ranks
+    assert [p.step for p in snap.series] == sorted(timed)
+    for r in (0, 1):
+        mine, truth = snap.ranks[r], full.ranks[r]
+        assert mine.step_s == approx(truth.step_s)  # every step's length
+        assert mine.bytes_per_step == approx(truth.bytes_per_step)
+        # exposed time: the timed steps' own (not diluted by zeros for the others)
+        assert mine.exposed_s == approx(statistics.fmean(
+            e["comm_exposed_s"] for e in job[r] if e["kind"] == "step" and e["step"] in timed))
+    # the straggler is still found from the timed steps
+    assert snap.stragglers == full.stragglers == (1,)
+    assert snap.ranks[0].waiting_s == approx(full.ranks[0].waiting_s)

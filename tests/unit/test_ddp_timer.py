@@ -15,14 +15,24 @@ from nbdist.runtime.measure import DDPTimes, Telemetry
 class ScriptedTimer:
     """Stands for DDP's timer: hands out the times of the iteration DDP last stored."""
 
+    iterations = 0  # the hook counts syncing forwards here (forward() below does)
+    nbytes = 4096
+    buckets = 2
+
     def __init__(self) -> None:
         self.stored: DDPTimes | None = None
         self.reads: list[bool] = []  # the ``final`` flag of each read
+        self.read_iterations: list[int] = []
+        self.paced: list[float] = []
 
-    def __call__(self, final: bool) -> DDPTimes | None:
+    def __call__(self, final: bool, iteration: int) -> DDPTimes | None:
         self.reads.append(final)
+        self.read_iterations.append(iteration)
         out, self.stored = self.stored, None  # each iteration is read once
         return out
+
+    def pace(self, step_s: float) -> None:
+        self.paced.append(step_s)
 
 
 def times(t0: float) -> DDPTimes:
@@ -40,6 +50,8 @@ def cell():
 
 def forward(t: Telemetry, timer: ScriptedTimer, syncs: bool = True) -> float:
     now = time.time()
+    if syncs:
+        timer.iterations += 1
     t.on_forward((), timer, syncs)
     t.on_forward_end(None)
     return now
@@ -85,4 +97,24 @@ def test_times_from_before_the_step_are_not_its_own(cell):
     timer.stored = times(t0 - 100)  # stale: an iteration that ended before this step began
     forward(t, timer)
     [step0] = t.sink.kinds("step")
-    assert t.sink.kinds("comm") == [] and step0["comm_bytes"] == 0
+    # It synced, so its bytes are known; its all-reduce was not timed
+    assert t.sink.kinds("comm") == [] and step0["comm_bytes"] == 4096
+    assert step0["comm_timed"] is False and step0["comm_exposed_s"] == 0
+
+
+def test_an_iteration_ddp_did_not_time_goes_out_with_its_bytes_and_no_span(cell):
+    t, timer = cell
+    t0 = forward(t, timer)  # iteration 1: timed
+    timer.stored = times(t0)
+    forward(t, timer)  # iteration 2: DDP does not time it (nothing stored)
+    forward(t, timer)
+    steps = t.sink.kinds("step")
+    assert [(s["step"], s["comm_timed"], s["comm_bytes"], s["buckets"]) for s in steps] == [
+        (0, True, 4096, 2), (1, False, 4096, 2)]
+    assert [c["step"] for c in t.sink.kinds("comm")] == [0]
+    assert steps[1]["bwd"] is None  # no backward span without DDP's times
+    # each step asked the timer about its own iteration; only the timed one set the pace,
+    # once DDP's forward had run (after it, DDP's next backward counts with the new rate)
+    assert timer.read_iterations == [1, 2]
+    assert timer.paced == [pytest.approx(steps[0]["t1"] - steps[0]["t0"])]
+
