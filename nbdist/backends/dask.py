@@ -388,11 +388,16 @@ class DaskBackend(Backend[distributed.Client]):
         spec = getattr(cluster, "worker_spec", None)
         workers = getattr(cluster, "workers", {})
         if spec is not None and all(getattr(w, "status", None) is not None
-                                    and str(w.status).endswith(("running", "init"))
+                                    and str(w.status).endswith(("running", "init", "starting"))
                                     for w in workers.values()):
             return
+        # Never below the spec: right after a death the scheduler may list fewer workers than
+        # there are nannies, and scaling to that would close a nanny restarting its worker.
+        want = len(self.live_workers()) + 1
+        if spec is not None:
+            want = max(want, len(spec))
         with _worker_process_config():
-            cluster.scale(len(self.live_workers()) + 1)
+            cluster.scale(want)
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int],
                    wait: float = 1.0) -> Optional[str]:
