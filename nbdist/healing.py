@@ -27,6 +27,8 @@ from .telemetry.units import fmt_seconds
 REPORT_DEADLINE = 60.0
 #: the default failure budget of an elastic run
 DEFAULT_MAX_FAILURES = 3
+#: seconds without the replacement asked for before the engine is asked once more
+REPLACEMENT_RETRY_S = 10.0
 
 
 @dataclass
@@ -79,6 +81,7 @@ class _Run:
     stopped: dict[WorkerId, str] = field(default_factory=dict)
     joiner: Optional[WorkerId] = None  # a replacement waiting to join
     replacing: Optional[float] = None  # when a replacement was asked for
+    asked_again: bool = False  # the engine was asked a second time (none came up at first)
     asked: dict[WorkerId, float] = field(default_factory=dict)  # replacement -> asked at
     joined: set = field(default_factory=set)  # replacements that healed
     open_recovery: Optional[Recovery] = None
@@ -279,7 +282,7 @@ class Healer:
     # ------------------------------------------------------------------ replacements
     def _replace(self, r: _Run, lost: list[WorkerId]) -> None:
         """Ask the engine for a worker to take a lost rank's slot."""
-        r.replacing = time.time()
+        r.replacing, r.asked_again = time.time(), False
         r.replace_slot = r.slots.get(lost[0]) if lost else None  # type: ignore[attr-defined]
         try:
             self.backend.add_worker(self._known)
@@ -299,7 +302,16 @@ class Healer:
             return
         fresh = sorted((w for w in live if w not in self._known), key=str)
         if not fresh:
-            if time.time() - (r.replacing or time.time()) > self.timeout:
+            waited = time.time() - (r.replacing or time.time())
+            if waited > REPLACEMENT_RETRY_S and not r.asked_again:
+                # The engine may have lost the replacement it was starting (a Dask nanny
+                # closed while it restarted its worker): ask once more.
+                r.asked_again = True
+                try:
+                    self.backend.add_worker(self._known)
+                except Exception:  # no replacement: the time limit below ends the wait
+                    pass
+            if waited > self.timeout:
                 self._give_up_join(r, "no replacement worker came up within "
                                       f"{self.timeout:g} s; the run carries on smaller")
             return

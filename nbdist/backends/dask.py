@@ -236,9 +236,11 @@ class DaskBackend(Backend[distributed.Client]):
         self._topic = f"{self._tag}-events"
         self._events: deque[bytes] = deque()
         self._runners: dict[WorkerId, _RunnerRef] = {}
+        self._size = 0  # workers the cluster nbdist started should have
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self, n: int, timeout: float) -> None:
+        self._size = n
         if not self.launch.local:
             module, name, package, kwargs, scale = cluster_spec(self.launch, n, self._tag)
             cls = _import_cluster_class(module, name, package, self.launch.launcher)
@@ -375,6 +377,7 @@ class DaskBackend(Backend[distributed.Client]):
         client, cluster = self._require(), self.cluster
         assert cluster is not None  # scale() checked
         want = len(self.worker_ids()) + k
+        self._size = want
         with _worker_process_config():
             cluster.scale(want)
             client.wait_for_workers(want, timeout=timeout)
@@ -383,21 +386,17 @@ class DaskBackend(Backend[distributed.Client]):
         cluster = self.cluster
         if not self.owns_cluster or cluster is None:
             super().add_worker(known)
-        # A nanny starts a new worker process when its worker dies; only a lost nanny needs
-        # the cluster to start one.
-        spec = getattr(cluster, "worker_spec", None)
+        # A nanny starts a new worker process when its worker dies: where every nanny of the
+        # cluster's full size is there to do that, there is nothing to ask. Otherwise (a lost
+        # nanny, or one closed while it restarted its worker) the cluster gets back to size.
+        size = max(self._size, len(self.live_workers()) + 1)
         workers = getattr(cluster, "workers", {})
-        if spec is not None and all(getattr(w, "status", None) is not None
-                                    and str(w.status).endswith(("running", "init", "starting"))
-                                    for w in workers.values()):
+        restarting = [w for w in workers.values() if getattr(w, "status", None) is not None
+                      and str(w.status).endswith(("running", "init", "starting"))]
+        if len(restarting) >= size:
             return
-        # Never below the spec: right after a death the scheduler may list fewer workers than
-        # there are nannies, and scaling to that would close a nanny restarting its worker.
-        want = len(self.live_workers()) + 1
-        if spec is not None:
-            want = max(want, len(spec))
         with _worker_process_config():
-            cluster.scale(want)
+            cluster.scale(max(size, len(getattr(cluster, "worker_spec", ()) or ())))
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int],
                    wait: float = 1.0) -> Optional[str]:
@@ -427,6 +426,7 @@ class DaskBackend(Backend[distributed.Client]):
             cluster.scale(len(self.worker_ids()) - len(ids))
             return
         info = self._workers_info()
+        self._size = max(0, len(info) - len(ids))
         self._forget_runners(ids)
         # Dask's own verb: it drops the workers from the cluster's spec (so they are not
         # started again) and returns once their nannies have closed. Its graceful retire

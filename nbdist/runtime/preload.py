@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import os
 import runpy
 import sys
 import threading
+import time
 from typing import Optional
 
 #: what a worker imports before it can run a training cell, slowest first
@@ -54,6 +57,31 @@ def wait() -> None:
         thread.join()
 
 
+def _complete_connection_file(args: list[str]) -> None:
+    """Wait until the controller's engine connection file is complete, where an engine is told
+    to wait for it (``--IPEngine.wait_for_url_file=SECONDS``).
+
+    The engine waits only until the file exists; a controller still writing it leaves it empty
+    for an instant, and an engine reading it then fails on invalid JSON.
+    """
+    limit = next((a.split("=", 1)[1] for a in args
+                  if a.startswith("--IPEngine.wait_for_url_file=")), None)
+    profile_dir = os.environ.get("IPP_PROFILE_DIR")
+    if limit is None or not profile_dir:
+        return
+    cluster_id = os.environ.get("IPP_CLUSTER_ID")
+    name = f"ipcontroller-{cluster_id}-engine.json" if cluster_id else "ipcontroller-engine.json"
+    path = os.path.join(profile_dir, "security", name)
+    deadline = time.monotonic() + float(limit)
+    while time.monotonic() < deadline:
+        try:
+            with open(path, encoding="utf-8") as f:
+                json.load(f)
+            return
+        except (OSError, ValueError):
+            time.sleep(0.02)  # the controller offers nothing to wait on but the file itself
+
+
 def main(argv: list[str]) -> None:
     module, *args = argv
     # A package's own imports first (ipyparallel.engine: the engine's), so the two threads
@@ -63,6 +91,7 @@ def main(argv: list[str]) -> None:
     if spec is not None and spec.submodule_search_locations is not None:
         importlib.import_module(module)
     start()
+    _complete_connection_file(args)
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
+
+from nbdist.runtime import preload
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,3 +27,36 @@ def test_preload_runs_the_module_as_main_with_its_arguments_while_torch_imports(
                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["__main__", "['--x',", "'1']", "1", "True"]
+
+
+def test_an_engine_waits_until_the_connection_file_is_complete(tmp_path, monkeypatch):
+    import json
+    import threading
+
+    security = tmp_path / "security"
+    security.mkdir()
+    path = security / "ipcontroller-c1-engine.json"
+    path.write_text("")  # the controller created it and has not written it yet
+    monkeypatch.setenv("IPP_PROFILE_DIR", str(tmp_path))
+    monkeypatch.setenv("IPP_CLUSTER_ID", "c1")
+    complete = threading.Event()
+
+    def controller():
+        threading.Event().wait(0.3)  # a slow writer: the engine must not read before it ends
+        path.write_text(json.dumps({"location": "127.0.0.1"}))
+        complete.set()
+
+    t = threading.Thread(target=controller)
+    t.start()
+    try:
+        preload._complete_connection_file(["--IPEngine.wait_for_url_file=10"])
+        assert complete.is_set()
+    finally:
+        t.join()
+
+
+def test_without_the_wait_flag_nothing_is_waited_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("IPP_PROFILE_DIR", str(tmp_path))  # no connection file at all
+    start = time.monotonic()
+    preload._complete_connection_file(["--some-other-flag"])
+    assert time.monotonic() - start < 1
