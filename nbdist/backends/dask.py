@@ -389,7 +389,9 @@ class DaskBackend(Backend[distributed.Client]):
         # A nanny starts a new worker process when its worker dies: where every nanny of the
         # cluster's full size is there to do that, there is nothing to ask. Otherwise (a lost
         # nanny, or one closed while it restarted its worker) the cluster gets back to size.
-        size = max(self._size, len(self.live_workers()) + 1)
+        # (Not the scheduler's count plus one: right after a death it may still list the dead
+        # worker, and the cluster would grow past its size.)
+        size = self._size or len(self.live_workers()) + 1
         workers = getattr(cluster, "workers", {})
         restarting = [w for w in workers.values() if getattr(w, "status", None) is not None
                       and str(w.status).endswith(("running", "init", "starting"))]
