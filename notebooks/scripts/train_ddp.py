@@ -62,6 +62,9 @@ def main() -> None:
         print(f"epoch {epoch}: last batch loss {loss.item():.4f}", flush=True)
     if args.save and rank == 0:
         torch.save(model.module.state_dict(), args.save)
+    # Every rank finished its last all-reduce before any tears its connections down (a peer
+    # that closes early can abort a rank still reading its last gradient bucket).
+    dist.barrier()
     dist.destroy_process_group()
 
 
