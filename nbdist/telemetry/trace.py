@@ -122,9 +122,11 @@ def chrome_trace(events_by_rank: Mapping[int, Sequence[Event]],
                 out.append({"ph": "X", "cat": "step", "name": f"step {e['step']}", "pid": pid,
                             "tid": _STEPS, "ts": _us(e["t0"], origin),
                             "dur": _us(e["t1"], e["t0"]),
-                            "args": {k: e.get(k, True) for k in (
+                            "args": {**{k: e[k] for k in (
                                 "samples", "comm_total_s", "comm_exposed_s", "comm_bytes",
-                                "buckets", "source", "comm_timed")}})
+                                "buckets", "source")},
+                                # absent from steps recorded before the field existed
+                                "comm_timed": e.get("comm_timed", True)}})
                 for name, span in (("forward", e.get("fwd")), ("backward", e.get("bwd"))):
                     if span:
                         out.append({"ph": "X", "cat": "compute", "name": name, "pid": pid,
