@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -70,12 +71,34 @@ def phases() -> Iterator[dict[str, float]]:
         Backend.start, Session._call = start, call  # type: ignore[method-assign]
 
 
+#: what a process started for nbdist does, by a piece of its command line (first match)
+ROLES = (("store_host", "rendezvous store"), ("nanny", "engine nannies"),
+         ("ipyparallel.controller", "controller"), ("ipyparallel.engine", "workers"),
+         ("multiprocessing", "workers"))
+
+
+def cpu_by_role(cpu0: float) -> dict[str, float]:
+    """CPU seconds so far of every process this one started, by role, and of this process
+    since ``cpu0`` (its ``time.process_time()`` when the start began)."""
+    import psutil
+
+    out = {"notebook": time.process_time() - cpu0}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd, t = " ".join(p.cmdline()), p.cpu_times()
+        except psutil.Error:
+            continue
+        role = next((r for key, r in ROLES if key in cmd), "other")
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
 def nbdist_once(ip: Any, args: argparse.Namespace, engine: str) -> dict[str, float]:
     import nbdist
 
     flags = f"-n {args.workers} --engine {engine} --threads {args.threads} --timeout 120"
     t0 = time.perf_counter()
-    w0 = time.time()
+    w0, cpu0 = time.time(), time.process_time()
     try:
         with phases() as spent:
             ip.run_line_magic("nbdist", f"start {flags}")
@@ -83,6 +106,7 @@ def nbdist_once(ip: Any, args: argparse.Namespace, engine: str) -> dict[str, flo
         spent["rest (notebook)"] = (t1 - t0) - sum(spent.values())
         ip.run_cell_magic("distributed", "--quiet", "x = 1")
         t2 = time.perf_counter()
+        cpu = cpu_by_role(cpu0)
         ip.run_cell_magic("distributed", "--quiet",
                           FIRST_CELL.format(batch=args.batch, threads=args.threads))
         t3 = time.perf_counter()
@@ -94,7 +118,9 @@ def nbdist_once(ip: Any, args: argparse.Namespace, engine: str) -> dict[str, flo
     return {"start_s": t1 - t0, "trivial_cell_s": t2 - t1, "ready_s": t2 - t0,
             "first_cell_s": t3 - t2, "ddp_s": first["ddp_s"], "step_s": first["step_s"],
             "to_first_step_s": first["first_step_done"] - w0, "stop_s": t5 - t4,
-            **{f"phase: {k}": v for k, v in spent.items()}}
+            "cpu_s": sum(cpu.values()),
+            **{f"phase: {k}": v for k, v in spent.items()},
+            **{f"cpu: {k}": v for k, v in cpu.items()}}
 
 
 def ipp_once(args: argparse.Namespace) -> dict[str, float]:
@@ -118,15 +144,22 @@ def ipp_once(args: argparse.Namespace) -> dict[str, float]:
 
 
 def torchrun_once(args: argparse.Namespace) -> dict[str, float]:
-    t0 = time.perf_counter()
+    def children_cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    t0, cpu0 = time.perf_counter(), children_cpu()
     launch, out, _ = c.run_torchrun(
         WORKLOAD, ["--mode", "startup", "--batch", str(args.batch), "--threads",
                    str(args.threads)], args.workers, timeout=300)
     total = time.perf_counter() - t0
+    # torchrun waits for its workers: their CPU is in its own, which is in our children's
+    cpu = children_cpu() - cpu0
     r = parse_result(out)
     return {"main_s": r["main_started"] - launch, "group_s": r["group_formed"] - launch,
             "ddp_s": r["ddp_s"], "step_s": r["step_s"],
-            "to_first_step_s": r["first_step_done"] - launch, "total_s": total}
+            "to_first_step_s": r["first_step_done"] - launch, "total_s": total,
+            "cpu_s": cpu}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +228,8 @@ def _run(args: argparse.Namespace) -> int:
         ("  first optimizer step (in loop)", "step_s", 1e3, "ms"),
         ("start/launch -> first step done", "to_first_step_s", 1.0, ""),
         ("stop (nbdist) / launch to exit (torchrun)", "stop_s", 1.0, ""),
+        ("CPU s, all processes: to ready (nbdist), launch to exit (torchrun)", "cpu_s", 1.0,
+         ""),
     ]
     rows = []
     for label, key, scale, unit in spec:
@@ -214,6 +249,12 @@ def _run(args: argparse.Namespace) -> int:
     print("where %nbdist start's seconds go (median of each phase):\n")
     print(c.table(["phase"] + nbs, [[k[len("phase: "):]] + [med(nb, k) for nb in nbs]
                                     for k in keys]))
+    print()
+    roles = list(dict.fromkeys(k for nb in nbs for r in res[nb] for k in r
+                               if k.startswith("cpu: ")))
+    print("CPU seconds until ready, by process (median; all cores together):\n")
+    print(c.table(["process"] + nbs, [[k[len("cpu: "):]] + [med(nb, k) for nb in nbs]
+                                      for k in roles]))
     print()
 
     def m(side: str, key: str) -> float:
