@@ -87,17 +87,10 @@ def main(argv: list[str]) -> None:
     # A package's own imports first (ipyparallel.engine: the engine's), so the two threads
     # import disjoint modules: the engine's registration and the torch imports overlap. (A
     # plain module is not imported twice: it runs once, as __main__.)
-    nanny = module == "ipyparallel.engine" and "--IPEngine.enable_nanny=False" not in args
-    if nanny:
-        from . import nanny as early_nanny
-
-        early_nanny.spawn()
     spec = importlib.util.find_spec(module)
     if spec is not None and spec.submodule_search_locations is not None:
         importlib.import_module(module)
     start()
-    if nanny:
-        early_nanny.install(importlib.import_module("ipyparallel.engine.app"))
     _complete_connection_file(args)
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
