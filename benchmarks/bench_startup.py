@@ -7,7 +7,8 @@ which times its own DDP construction and first optimizer step. torchrun side: la
 which its first optimizer step finished, plus the same in-script DDP and first-step timings.
 For reference, a plain 2-engine ipyparallel cluster is started the way nbdist starts its own
 and timed until its first ``%%px``-style execute returns. The sides alternate ``--repeats``
-times after one untimed round that warms the file cache.
+times after one untimed round that warms the file cache. Besides the timings it prints where
+``%nbdist start``'s seconds go (phases) and the CPU each kind of process used until ready.
 
     python benchmarks/bench_startup.py [--repeats 3] [--no-prime]
 """

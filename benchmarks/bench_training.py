@@ -147,9 +147,10 @@ def _run(args: argparse.Namespace, engines: list[str]) -> int:
     for k, base in baseline.items():
         print(f"throughput ratio {k}/torchrun: {med[k] / med[base]:.3f}x "
               f"(CPU per step {cpu[k] / cpu[base]:.3f}x)")
-    main_arm = f"nbdist %%distributed ({engines[0]})"
-    r = med[main_arm] / med[baseline[main_arm]]
-    print(f"target >= 0.97x: {'met' if r >= 0.97 else 'MISSED'} ({main_arm}: {r:.3f}x)")
+    for engine in engines:  # with telemetry on, as a user runs it
+        arm = f"nbdist %%distributed ({engine})"
+        r = med[arm] / med[baseline[arm]]
+        print(f"target >= 0.98x: {'met' if r >= 0.98 else 'MISSED'} ({arm}: {r:.3f}x)")
     return 0
 
 
