@@ -75,7 +75,7 @@ def phases() -> Iterator[dict[str, float]]:
 #: what a process started for nbdist does, by a piece of its command line (first match)
 ROLES = (("store_host", "rendezvous store"), ("nanny", "engine nannies"),
          ("ipyparallel.controller", "controller"), ("ipyparallel.engine", "workers"),
-         ("multiprocessing", "workers"))
+         ("spawn_main", "workers"))
 
 
 def cpu_by_role(cpu0: float) -> dict[str, float]:
