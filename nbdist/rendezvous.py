@@ -109,12 +109,7 @@ class StoreHost:
         proc = self._proc
         if proc is None:
             return
-        if proc.poll() is None and self._port is None:
-            # Still importing torch (it reads its input only once it serves): nobody has used
-            # it yet, so there is nothing to wait for.
-            proc.kill()
-            proc.wait(5)
-        elif proc.poll() is None:
+        if proc.poll() is None:
             try:
                 proc.stdin.close()  # the process exits at end of input
                 proc.wait(5)
