@@ -1,18 +1,14 @@
 """The notebook's handle on the job's rendezvous store (:mod:`nbdist.runtime.store_host`).
 
-The store's socket is bound here, so its port is known at once; its process (which imports
-torch, a second or more of CPU) starts when :meth:`StoreHost.spawn` is called, or at the first
-use. The session starts it once the first process group has formed, so that on a machine with
-few cores its import does not compete with the workers' start. The session writes elastic plans
-into it; workers read them as ``TCPStore`` clients (a client that connects before the process
-serves waits for it).
+Started when a cluster starts, in parallel with the workers (it imports torch, which takes a
+second or two), so it costs no start-up time. The session writes elastic plans into it; workers
+read them as ``TCPStore`` clients.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -24,50 +20,20 @@ class StoreError(RuntimeError):
 
 
 class StoreHost:
-    """A store bound to ``host``: its port at once (:attr:`bound_port`), its process when
-    :meth:`spawn` is called (``spawn=True``: now) or at the first use."""
+    """A store process bound to ``host``; :meth:`port` waits until it listens."""
 
-    def __init__(self, host: str, timeout: float, spawn: bool = True) -> None:
+    def __init__(self, host: str, timeout: float) -> None:
         self.host = host
-        self._timeout = timeout
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock: Optional[socket.socket] = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, 0))
-        self._sock.listen(512)  # clients that come before the process wait in the backlog
-        #: the port the store serves on, known before its process starts
-        self.bound_port: int = self._sock.getsockname()[1]
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "nbdist.runtime.store_host", host, str(timeout)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            bufsize=1)
         self._lock = threading.Lock()
         self._port: Optional[int] = None
-        if spawn:
-            self.spawn()
-
-    @property
-    def spawned(self) -> bool:
-        return self._proc is not None
-
-    def spawn(self) -> None:
-        """Start the store's process on the bound socket (once)."""
-        with self._lock:
-            if self._proc is not None or self._sock is None:
-                return
-            fd = self._sock.fileno()
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "nbdist.runtime.store_host", self.host,
-                 str(self._timeout), str(fd)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, bufsize=1, pass_fds=(fd,))
-            self._sock.close()  # the process has its own copy; the store ends with it
-            self._sock = None
 
     def port(self, timeout: float = 60.0) -> int:
-        """The port, once the store serves on it (starts the process if need be and waits
-        for it to say)."""
+        """The port the store listens on (waits for the process to say)."""
         if self._port is None:
-            self.spawn()
-            if self._proc is None:
-                raise StoreError("the rendezvous store was closed")
             reply = self._read(timeout, "start")
             self._port = int(reply["port"])
         return self._port
@@ -92,23 +58,14 @@ class StoreHost:
 
     @property
     def alive(self) -> bool:
-        """The process runs, or is still to be started on a socket that is open."""
-        if self._proc is None:
-            return self._sock is not None
         return self._proc.poll() is None
 
     @property
-    def pid(self) -> Optional[int]:
-        return None if self._proc is None else self._proc.pid
+    def pid(self) -> int:
+        return self._proc.pid
 
     def close(self) -> None:
-        with self._lock:
-            if self._sock is not None:  # never started
-                self._sock.close()
-                self._sock = None
         proc = self._proc
-        if proc is None:
-            return
         if proc.poll() is None:
             try:
                 proc.stdin.close()  # the process exits at end of input

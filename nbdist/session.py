@@ -87,7 +87,7 @@ class Session:
     """
 
     def __init__(self, backends: Callable[[str], Backend] = get_backend,
-                 stores: Optional[Callable[..., StoreHost]] = StoreHost) -> None:
+                 stores: Optional[Callable[[str, float], StoreHost]] = StoreHost) -> None:
         #: makes a fresh backend for an engine name (tests pass a scripted one)
         self._backends = backends
         #: starts the notebook-side rendezvous store (None: rank 0's worker hosts it)
@@ -175,6 +175,10 @@ class Session:
         """Start workers (``target`` None) or attach to ``target``; then form the job."""
         self.stop()
         backend = self._backends(options.engine)
+        if target is None and options.launch.local and self._stores is not None:
+            # Workers on this host reach a store here on loopback; it starts (importing torch)
+            # while the engine starts its workers.
+            self._store = self._stores(LOOPBACK, options.timeout)
         if target is None:
             backend.launch = options.launch
             backend.start(options.n or 2, options.timeout)
@@ -217,16 +221,14 @@ class Session:
                 "--dist-backend gloo to share GPUs, or --device cpu.")
         self._call([Call(p.worker_id, rt.set_transport, (backend.transport(),))
                     for p in self.plans], timeout, "install event channel")
-        self.port, form_port = self._open_store(infos, timeout)
+        self.port = self._open_store(infos, timeout)
         self.generation += 1
         joined = self._call(
             [Call(p.worker_id, rt.join, (p, self.port, self.options.device,
                                          self.options.dist_backend, timeout, self.generation),
-                  {"working_dir": self.options.working_dir, "form_port": form_port})
+                  {"working_dir": self.options.working_dir})
              for p in self.plans], timeout + 30, "form the process group")
         self._joined = {j["rank"]: j for j in joined}
-        if self._store is not None:
-            self._store.spawn()  # the group is up: its import no longer delays the start
         self.history.reset()  # a new group: what ran before is not this job's script
 
     def _plan(self, infos: list[dict[str, Any]]) -> list[RankPlan]:
@@ -251,38 +253,24 @@ class Session:
             self._store.close()
             self._store = None
         if self._store is None:
-            # Bound now, started once the group has formed (see _open_store)
-            self._store = self._stores(addr, self.options.timeout, spawn=False)
+            self._store = self._stores(addr, self.options.timeout)
         return addr
 
-    def _open_store(self, infos: list[dict[str, Any]], timeout: float
-                    ) -> tuple[int, Optional[int]]:
-        """The port of the job's store, and the port to form this group on where that differs.
-
-        The store is the notebook's own when the plan's ``MASTER_ADDR`` is its host's, else
-        one rank 0's worker opens (rank 0's death then ends the job for good; elastic training
-        says so). While the notebook's store process has not started (a fresh start, workers
-        on this host), the group forms on a store rank 0's worker opens on loopback instead:
-        the workers do not wait for the store process to import torch, and they keep the
-        notebook's store for everything after (elastic plans, re-forming the group).
-        """
+    def _open_store(self, infos: list[dict[str, Any]], timeout: float) -> int:
+        """The port of the job's store: the notebook's own when the plan's ``MASTER_ADDR``
+        is its host's, else a store rank 0's worker opens (rank 0's death then ends the job
+        for good; elastic training says so)."""
         rank0 = self.plans[0]
-        store = self._store
-        if store is not None and self._master is not None and (
-                store.host == self._master == rank0.master_addr):
-            if store.spawned or self._master != LOOPBACK:
-                return store.port(timeout), None
-            [boot] = self._call([Call(rank0.worker_id, rt.open_store,
-                                      (LOOPBACK, "bootstrap", timeout))],
-                                timeout, "open the rendezvous store")
-            return store.bound_port, boot
-        if store is not None:
-            store.close()
+        if self._store is not None and self._master is not None and (
+                self._store.host == self._master == rank0.master_addr):
+            return self._store.port(timeout)
+        if self._store is not None:
+            self._store.close()
             self._store = None
         [port] = self._call([Call(rank0.worker_id, rt.open_store,
                                   (rank0.master_addr, "cluster", timeout))],
                             timeout, "open the rendezvous store")
-        return port, None
+        return port
 
     def _invalidate_group(self) -> None:
         """Some rank's group is gone or suspect: every rank forms a new one at the next full

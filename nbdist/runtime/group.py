@@ -24,21 +24,14 @@ _group_fds: set[int] = set()  # sockets the group opened to its peers (gloo)
 _original_init = dist.init_process_group
 
 
-def listen(host: str) -> socket.socket:
-    """A socket listening on ``host`` (exactly that address) on a free port."""
+def open_store(host: str, purpose: str, timeout: float) -> int:
+    """Start a store server bound to ``host`` on a free port; return the port."""
+    close_store(purpose)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     sock.listen(512)
-    return sock
-
-
-def open_store(host: str, purpose: str, timeout: float, listen_fd: Optional[int] = None) -> int:
-    """Start a store server bound to ``host`` on a free port, or on the listening socket
-    ``listen_fd`` another process bound for it; return the port."""
-    close_store(purpose)
-    sock = listen(host) if listen_fd is None else socket.socket(fileno=listen_fd)
     port = sock.getsockname()[1]
     server = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout),
                            wait_for_workers=False, master_listen_fd=sock.fileno())

@@ -6,10 +6,9 @@ stdout (one JSON request per line, one reply per line), so the notebook itself n
 torch; workers reach it as a ``TCPStore`` bound to exactly the address given. When the notebook
 goes away — even killed with SIGKILL — stdin reaches end of file and this process exits.
 
-``python -m nbdist.runtime.store_host HOST TIMEOUT [FD]`` prints ``{"port": N}`` once the store
+``python -m nbdist.runtime.store_host HOST TIMEOUT`` prints ``{"port": N}`` once the store
 listens, then answers ``{"op": ..., "key": ..., "value": ...}`` for the ops set, get, add,
-check, open and close. With ``FD``, the store serves on that listening socket, which the
-notebook bound (and whose port it knew) before this process started.
+check, open and close.
 """
 
 from __future__ import annotations
@@ -17,15 +16,14 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from typing import Optional
 
 
-def serve(host: str, timeout: float, listen_fd: Optional[int] = None) -> None:
+def serve(host: str, timeout: float) -> None:
     import datetime
 
     from . import group
 
-    port = group.open_store(host, "cluster", timeout, listen_fd)
+    port = group.open_store(host, "cluster", timeout)
     import torch.distributed as dist
 
     store = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout))
@@ -63,4 +61,4 @@ def _reply(obj: dict) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    serve(sys.argv[1], float(sys.argv[2]))

@@ -109,7 +109,6 @@ def set_transport(transport: Transport) -> None:
 
 
 def open_store(host: str, purpose: str = "cluster", timeout: float = 300.0) -> int:
-    preload.wait()  # torch may still be importing at the worker's start: not beside it
     from . import group
 
     return group.open_store(host, purpose, timeout)
@@ -123,13 +122,10 @@ def close_store(purpose: str) -> None:
 
 def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeout: float,
          gen: int, warm: bool = True, working_dir: Optional[str] = None,
-         form: bool = True, form_port: Optional[int] = None) -> dict[str, Any]:
+         form: bool = True) -> dict[str, Any]:
     """Take ``plan``'s rank: set torchrun's env, pin threads and GPU, form the group, warm up.
 
-    ``port`` is the job's store (``MASTER_PORT``, elastic plans, later formations);
-    ``form_port``, where given, the store this formation uses instead (one rank 0's worker
-    opened while the job's store was starting). With ``working_dir``, cells run there (the
-    previous directory comes back on leave).
+    With ``working_dir``, cells run there (the previous directory comes back on leave).
     """
     preload.wait()
     import torch
@@ -170,10 +166,8 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     enable_flight_recorder()  # before the first group: torch reads its size then
     t0 = time.perf_counter()
     if form:  # a replacement worker forms its group with the survivors, when they get there
-        group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr,
-                   form_port or port, timeout, _state.device)
-        if form_port is None:
-            group.close_store("bootstrap")  # the earlier group's, gone with it (rank 0 only)
+        group.form(gen, plan.rank, plan.world_size, _state.backend, plan.master_addr, port,
+                   timeout, _state.device)
     t_group = time.perf_counter() - t0
     if warm:
         _warm_up()

@@ -15,7 +15,6 @@ import time
 
 import pytest
 import torch
-from clusters import ENGINES, start_session
 
 from nbdist.errors import CellTimeoutError, DistributedError, WorkersGone
 
@@ -131,30 +130,6 @@ def test_a_rank_killed_mid_training_heals_and_the_result_is_exact(session, victi
         (0, 2, STEPS), (1, 2, STEPS)]
     assert_trained_like_reference(s)
     assert time.monotonic() - t0 < 120
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-def test_rank_0_killed_in_the_first_cells_after_a_start_heals(engine, tmp_path, capsys):
-    """The first group forms on a store in rank 0's worker while the notebook's store process
-    starts; the job's store (MASTER_PORT, elastic plans) is the notebook's from the start, so
-    losing rank 0, and that first store with it, heals like any other failure."""
-    s = start_session(engine)
-    try:
-        store = s._store
-        assert store is not None and store.host == "127.0.0.1"
-        ports = {int(repr(s.run_cell("import os\nint(os.environ['MASTER_PORT'])",
-                                     ranks=str(r), output="quiet")))
-                 for r in range(2)}
-        assert ports == {store.bound_port}
-        s.run_cell("USE_DDP = False\n" + SETUP, output="quiet")
-        s.flags = tmp_path
-        s.run_cell(f"train(state, {STEPS}, kill=[(5, 0, {flag(s, 'k')!r})])")
-        out = capsys.readouterr().out
-        assert os.path.exists(flag(s, "k")) and "rank 0 on " in out, out
-        assert "a replacement worker joined" in out and "world 1 -> 2" in out, out
-        assert_trained_like_reference(s)
-    finally:
-        s.stop()
 
 
 def test_ddp_wrappers_are_rebuilt_on_the_new_group(cluster, tmp_path, capsys):

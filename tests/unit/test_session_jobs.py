@@ -77,7 +77,7 @@ def test_start_from_a_profile_with_overrides(profile, tmp_path):
     assert session.profile_path == str(profile)
     assert backend.launch.launcher == "local"
     assert all(p.extra == {"TEAM": "ml"} and p.env(1)["TEAM"] == "ml" for p in session.plans)
-    assert backend.kwargs["join"] == [{"working_dir": str(tmp_path), "form_port": None}] * 3
+    assert backend.kwargs["join"] == [{"working_dir": str(tmp_path)}] * 3
 
 
 def test_cells_take_the_profiles_training_defaults(profile):
