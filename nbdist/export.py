@@ -332,7 +332,9 @@ def _preamble(shape: JobShape, data_file: Optional[str]) -> list[str]:
 
 
 def _epilogue() -> list[str]:
-    return ["dist.destroy_process_group()"]
+    # The barrier first: a rank that tears its connections down while a peer still reads its
+    # last message makes that peer abort (seen with gloo).
+    return ["dist.barrier()", "dist.destroy_process_group()"]
 
 
 def _cell_block(entry: CellEntry, futures: list[str]) -> list[str]:

@@ -71,6 +71,7 @@ def run_script(text: str, rank: int, world: int = 2, data: bytes | None = None,
     dist = types.ModuleType("torch.distributed")
     dist.init_process_group = lambda *a, **k: calls.append(("init", a, k))
     dist.destroy_process_group = lambda: calls.append(("destroy",))
+    dist.barrier = lambda: calls.append(("barrier",))
     torch = types.ModuleType("torch")
     torch.distributed = dist
     torch.device = FakeDevice
@@ -122,7 +123,7 @@ def test_the_script_sets_up_what_a_cell_had_and_runs_the_cells_in_order(tmp_path
         assert ns["acc"] == expected
         assert (ns["rank"], ns["local_rank"], ns["world_size"]) == (rank, rank, 2)
         # the cell's own init is a comment; the script forms the group once and ends it
-        assert [c[0] for c in ns["_calls"]] == ["threads", "init", "destroy"]
+        assert [c[0] for c in ns["_calls"]] == ["threads", "init", "barrier", "destroy"]
         assert ns["_calls"][1][1] == ("gloo",)
 
 
