@@ -245,18 +245,18 @@ def _run(args: argparse.Namespace) -> int:
           f"{args.repeats} alternating runs per side ({c.machine()}); seconds unless marked\n")
     print(c.table(["median"] + cols, rows))
     print("(ipyparallel column: a plain cluster; 'ready' is its first execute returning)\n")
-    keys = list(dict.fromkeys(k for nb in nbs for r in res[nb] for k in r
-                              if k.startswith("phase: ")))
-    print("where %nbdist start's seconds go (median of each phase):\n")
-    print(c.table(["phase"] + nbs, [[k[len("phase: "):]] + [med(nb, k) for nb in nbs]
-                                    for k in keys]))
-    print()
-    roles = list(dict.fromkeys(k for nb in nbs for r in res[nb] for k in r
-                               if k.startswith("cpu: ")))
-    print("CPU seconds until ready, by process (median; all cores together):\n")
-    print(c.table(["process"] + nbs, [[k[len("cpu: "):]] + [med(nb, k) for nb in nbs]
-                                      for k in roles]))
-    print()
+    def breakdown(title: str, what: str, prefix: str) -> None:
+        """The medians of every ``prefix``-named figure, one row each, per nbdist engine."""
+        keys = list(dict.fromkeys(k for nb in nbs for r in res[nb] for k in r
+                                  if k.startswith(prefix)))
+        print(f"{title}:\n")
+        print(c.table([what] + nbs, [[k[len(prefix):]] + [med(nb, k) for nb in nbs]
+                                     for k in keys]))
+        print()
+
+    breakdown("where %nbdist start's seconds go (median of each phase)", "phase", "phase: ")
+    breakdown("CPU seconds until ready, by process (median; all cores together)", "process",
+              "cpu: ")
 
     def m(side: str, key: str) -> float:
         return c.median([r[key] for r in res[side]])
