@@ -179,9 +179,6 @@ class ClusterOptions:
         if self.n is None and placed:  # the hosts say how many; a frozen record fills it here
             object.__setattr__(self, "n", placed)
         check_at_least(self.n, 1, "-n", key="workers")
-        if placed and self.n is not None and self.n > placed:
-            raise OptionError(f"workers: {self.n} is more than the {placed} that `hosts` "
-                              "places", key="workers")
         check_at_least(self.threads, 1, "--threads", key="threads")
         if self.dist_backend == "nccl" and self.device == "cpu":
             raise OptionError("--dist-backend nccl needs --device cuda (or auto on a GPU host)",

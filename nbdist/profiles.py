@@ -159,6 +159,11 @@ def parse_profile(text: str, name: str = "<profile>") -> Profile:
         options, defaults = _RECORDS.validate_python(given)
     except ValidationError as exc:
         problems += [_problem(e) for e in exc.errors()]
+    else:
+        placed = sum(options.launch.hosts.values())
+        if placed and options.n > placed:  # the file's own two keys disagree
+            problems.append((("cluster", "workers"), f"workers: {options.n} is more than the "
+                                                     f"{placed} that `hosts` places"))
     if problems:
         found = {(_line_of(tree, keys), ".".join(keys), msg) for keys, msg in problems}
         raise ProfileError(name, sorted(found, key=lambda p: (p[0] or 0, p[1], p[2])))
