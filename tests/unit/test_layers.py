@@ -23,7 +23,8 @@ FORBIDDEN = {
     "nbdist.runtime": ("IPython", "ipywidgets", "ipyparallel", "distributed", "dask",
                        "nbdist.display", "nbdist.session", "nbdist.magics", "nbdist.backends",
                        "nbdist.telemetry.aggregate", "nbdist.telemetry.run",
-                       "nbdist.telemetry.trace", "nbdist.errors", "nbdist.options"),
+                       "nbdist.telemetry.trace", "nbdist.telemetry.stall", "nbdist.errors",
+                       "nbdist.options"),
     "nbdist.telemetry": ("nbdist.session", "nbdist.backends", "nbdist.runtime", "nbdist.magics",
                          "IPython", "ipywidgets", "torch"),
     "nbdist.backends": ("nbdist.session", "nbdist.magics", "nbdist.display", "IPython",
@@ -41,7 +42,8 @@ FORBIDDEN = {
 }
 # Leaves: stdlib only, so any layer may use them.
 LEAVES = ("nbdist.telemetry.units", "nbdist.telemetry.intervals", "nbdist.telemetry.states",
-          "nbdist.telemetry.events", "nbdist.runtime.results", "nbdist.runtime.env")
+          "nbdist.telemetry.events", "nbdist.telemetry.stall_rules", "nbdist.runtime.results",
+          "nbdist.runtime.env")
 
 
 def module_name(path: Path) -> str:
