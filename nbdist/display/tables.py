@@ -12,7 +12,6 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from ..telemetry.matching import STRAGGLER_MIN_S
 from ..telemetry.stall import headline, where_lines
 from ..telemetry.states import RankState
 from ..telemetry.units import (
@@ -26,8 +25,14 @@ from ..telemetry.units import (
 
 if TYPE_CHECKING:
     from ..records import ClusterStatus
-    from ..telemetry.aggregate import MemoryPoint, PipelinePoint, RankSnapshot, RunSnapshot
     from ..telemetry.compare import RunFigures
+    from ..telemetry.snapshot import (
+        MemoryPoint,
+        Outlier,
+        PipelinePoint,
+        RankSnapshot,
+        RunSnapshot,
+    )
 
 
 class Row(NamedTuple):
@@ -56,13 +61,9 @@ RUN_HEADER = ("rank", "progress", "count", "rate", "ETA", "compute", "waiting", 
               "bandwidth", "last values", "state")
 #: more ranks than this are shown as min / median / max rows and the outliers, by name
 AGGREGATE_ABOVE = 16
-#: outliers (stragglers, failed, stalled and the slowest ranks) named one per row in the
+#: outliers (:meth:`~nbdist.telemetry.snapshot.RunSnapshot.outliers`) named one per row in the
 #: aggregate table
 MAX_OUTLIERS = 6
-#: the slowest ranks named as outliers: at most this many, and only those whose compute per
-#: step exceeds the others' median by :data:`SLOW_SHARE` of it (and a millisecond)
-SLOWEST = 3
-SLOW_SHARE = 0.05
 
 #: what each run column means; the legend and docs/telemetry.md say the same
 DEFINITIONS = (
@@ -156,27 +157,15 @@ def _spread(ranks: Sequence[RankSnapshot], get: Callable[[RankSnapshot], Optiona
     return (xs[0], statistics.median(xs), xs[-1]) if xs else None
 
 
-def outliers(snap: RunSnapshot) -> list[tuple[RankSnapshot, str]]:
-    """The ranks an aggregate view names, in rank order, each with what sets it apart (""
-    when its state says it: a straggler, a failed or stopped rank): ranks the hang doctor
-    found away from the collective the others wait in (``"stalled"``), and the
-    :data:`SLOWEST` ranks whose compute per step is well above the others'
-    (``"slow: +5 ms/step"``)."""
-    stalled = set(snap.stall.missing) if snap.stall is not None else set()
-    slow = sorted((r for r in snap.ranks
-                   if r.slower_by_s is not None and r.compute_s
-                   and r.slower_by_s >= max(STRAGGLER_MIN_S, SLOW_SHARE * r.compute_s)),
-                  key=lambda r: -(r.slower_by_s or 0.0))[:SLOWEST]
-    notes = {r.rank: f"slow: +{fmt_seconds(r.slower_by_s)}/step" for r in slow}
-    out = []
-    for r in snap.ranks:
-        if r.rank in stalled:
-            out.append((r, "stalled"))
-        elif r.straggler or r.state.broken:
-            out.append((r, ""))
-        elif r.rank in notes:
-            out.append((r, notes[r.rank]))
-    return out
+def _outliers(snap: RunSnapshot) -> list[tuple[RankSnapshot, str]]:
+    """The snapshot's outliers, each with the note its state cell adds ("" when its state
+    says it: a straggler, a failed or stopped rank)."""
+    def note(o: Outlier) -> str:
+        if o.why == "slow":
+            return f"slow: +{fmt_seconds(o.rank.slower_by_s)}/step"
+        return "stalled" if o.why == "stalled" else ""
+
+    return [(o.rank, note(o)) for o in snap.outliers()]
 
 
 def _more_row(rest: Sequence[tuple[RankSnapshot, str]], width: int, at: int) -> Row:
@@ -218,7 +207,7 @@ def _aggregate_rows(snap: RunSnapshot) -> tuple[Row, ...]:
         cells.append(counts if label == "median" else "")
         frac = spreads[0][i] if spreads[0] is not None else None
         rows.append(Row(tuple(cells), fraction=frac))
-    named = outliers(snap)
+    named = _outliers(snap)
     rows += [_rank_row(r, note) for r, note in named[:MAX_OUTLIERS]]
     if len(named) > MAX_OUTLIERS:
         rows.append(_more_row(named[MAX_OUTLIERS:], len(RUN_HEADER), 2))
@@ -227,7 +216,7 @@ def _aggregate_rows(snap: RunSnapshot) -> tuple[Row, ...]:
 
 def run_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> Table:
     """One row per rank of a run; above ``aggregate_above`` ranks, min / median / max rows
-    over the ranks, then the :func:`outliers` by name (stragglers, failed, stalled and the
+    over the ranks, then the outliers by name (stragglers, failed, stalled and the
     slowest ranks)."""
     if len(snap.ranks) > aggregate_above:
         return Table(RUN_HEADER, _aggregate_rows(snap))
@@ -332,8 +321,8 @@ def _spread_rows(ranks: Sequence[RankSnapshot], width: int,
 
 
 def _named(snap: RunSnapshot, row: Callable[[RankSnapshot], Row], width: int) -> list[Row]:
-    """The :func:`outliers`' own rows, then how many more there are."""
-    named = outliers(snap)
+    """The outliers' own rows, then how many more there are."""
+    named = _outliers(snap)
     rows = [row(r) for r, _ in named[:MAX_OUTLIERS]]
     if len(named) > MAX_OUTLIERS:
         rows.append(_more_row(named[MAX_OUTLIERS:], width, 1))
@@ -352,7 +341,7 @@ def _memory_row(r: RankSnapshot) -> Row:
 
 def memory_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> Optional[Table]:
     """What each rank holds (local shards of sharded tensors) and sends per step; above
-    ``aggregate_above`` ranks, min / median / max rows and the :func:`outliers`. None when no
+    ``aggregate_above`` ranks, min / median / max rows and the outliers. None when no
     rank reported memory (no optimizer stepped)."""
     if not any(r.memory for r in snap.ranks):
         return None
