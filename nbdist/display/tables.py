@@ -1,17 +1,18 @@
-"""The tables and header phrases nbdist shows, as plain strings: text.py and html.py only lay
-them out.
+"""The run tables and header phrases nbdist shows, as plain strings: text.py and html.py only
+lay them out (through :mod:`nbdist.layout`).
 
 One builder per table, so the text and HTML views cannot drift apart in their headers or in
-how a number is written. Pure: no markup, no IPython; the snapshot types are imported for
-annotations only (``records`` and ``aggregate`` import the views back for their reprs).
+how a number is written. Pure: no markup, no IPython; which ranks stand out is the snapshot's
+to say (:meth:`~nbdist.telemetry.snapshot.RunSnapshot.outliers`), the tables only name them.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
+from ..layout import Row, Table
 from ..telemetry.stall import headline, where_lines
 from ..telemetry.states import RankState
 from ..telemetry.units import (
@@ -24,8 +25,6 @@ from ..telemetry.units import (
 )
 
 if TYPE_CHECKING:
-    from ..records import ClusterStatus
-    from ..telemetry.compare import RunFigures
     from ..telemetry.snapshot import (
         MemoryPoint,
         Outlier,
@@ -34,29 +33,6 @@ if TYPE_CHECKING:
         RunSnapshot,
     )
 
-
-class Row(NamedTuple):
-    cells: tuple[str, ...]
-    #: a dead worker, or a rank that failed or stopped: views draw it in the failure colour
-    broken: bool = False
-    #: the rank the others wait for: views mark it in the straggler colour
-    straggler: bool = False
-    #: the progress bar's filled share (run tables; None: no bar with a total)
-    fraction: Optional[float] = None
-    #: the rank's state (run tables; "" for aggregate rows), for the bar's colour
-    state: str = ""
-    #: the rank this row shows (None: an aggregate over ranks)
-    rank: Optional[int] = None
-
-
-class Table(NamedTuple):
-    """A header and its rows, every cell already formatted. Unpacks as ``header, rows``."""
-
-    header: tuple[str, ...]
-    rows: tuple[Row, ...]
-
-
-STATUS_HEADER = ("rank", "host", "pid", "device", "alive", "mem MiB", "state")
 RUN_HEADER = ("rank", "progress", "count", "rate", "ETA", "compute", "waiting", "transfer",
               "bandwidth", "last values", "state")
 #: more ranks than this are shown as min / median / max rows and the outliers, by name
@@ -81,21 +57,6 @@ MEMORY_HEADER = ("rank", "params", "grads", "optimizer", "comm/step", "RSS", "pe
 PIPELINE_HEADER = ("rank", "stage", "schedule", "microbatches", "forward/mb", "backward/mb",
                    "p2p wait/step", "step", "bubble")
 DIMS_HEADER = ("mesh dim", "collectives", "calls", "bytes", "time (all ranks)")
-
-
-def _or_dash(value: Optional[object]) -> str:
-    return "-" if value is None else str(value)
-
-
-def status_rows(status: ClusterStatus) -> Table:
-    """One row per worker of a cluster's status (``NO`` for a dead worker: text has no red)."""
-    rows = tuple(
-        Row((_or_dash(w.rank), w.hostname, str(w.pid or "-"), w.device or "-",
-             "yes" if w.alive else "NO",
-             f"{w.rss_mb:.0f}" if w.rss_mb is not None else "-", w.state),
-            broken=not w.alive)
-        for w in status.rows)
-    return Table(STATUS_HEADER, rows)
 
 
 # ----------------------------------------------------------------- run table
@@ -410,23 +371,3 @@ def dims_table(snap: RunSnapshot) -> Optional[Table]:
     return Table(DIMS_HEADER, tuple(
         Row((d.dim, ", ".join(d.ops), str(d.calls), fmt_bytes(d.nbytes), fmt_seconds(d.seconds)))
         for d in snap.dims))
-
-
-def comparison_table(runs: Sequence[RunFigures]) -> Table:
-    """One row per named run: what each strategy costs and gives (a bubble column when any
-    run is a pipeline)."""
-    scalar_keys = sorted({k for r in runs for k in r.scalars})
-    piped = any(r.bubble is not None for r in runs)
-    header = ("run", "ranks", "samples/s", "step time", "exposed comm",
-              *(("bubble",) if piped else ()), "comm/step", "params/rank", "grads/rank",
-              "optimizer/rank", "peak RSS", *scalar_keys)
-    rows = tuple(Row((r.name, str(r.ranks), fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
-                      fmt_fraction(r.exposed_fraction),
-                      *((fmt_fraction(r.bubble),) if piped else ()),
-                      fmt_bytes(r.bytes_per_step),
-                      fmt_bytes(r.params), fmt_bytes(r.grads), fmt_bytes(r.optimizer),
-                      fmt_bytes(r.peak_rss),
-                      *(f"{r.scalars[k]:.4g}" if k in r.scalars else "-" for k in scalar_keys)))
-                 for r in runs)
-    return Table(header, rows)
-

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Optional, TextIO
 
+from ..layout import text_table
 from ..telemetry.events import STREAM, Batch
 from .html import run_summary
 from .refresh import Throttle
 from .tables import (
-    Table,
-    comparison_table,
     diagnosis_phrases,
     dims_table,
     failure_lines,
@@ -20,13 +19,10 @@ from .tables import (
     progress_phrases,
     run_table,
     stall_lines,
-    status_rows,
 )
 
 if TYPE_CHECKING:
-    from ..records import ClusterStatus
-    from ..telemetry.aggregate import RunSnapshot
-    from ..telemetry.compare import RunFigures
+    from ..telemetry.snapshot import RunSnapshot
 
 
 class StreamView:
@@ -83,24 +79,6 @@ class StreamView:
         self._last_rank.clear()
 
 
-def _lay_out(table: Table) -> list[str]:
-    """The header and rows in left-aligned columns two spaces apart."""
-    header, rows = table
-    cells = [row.cells for row in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h)
-              for i, h in enumerate(header)]
-    return ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip()
-            for line in (header, *cells)]
-
-
-def format_status(status: ClusterStatus) -> str:
-    """A plain table of a :class:`~nbdist.records.ClusterStatus`."""
-    head = (f"nbdist cluster: {status.engine}, {status.alive}/{status.wanted} workers alive"
-            + (f", backend {status.dist_backend}" if status.dist_backend else "")
-            + (f", MASTER_ADDR {status.master}" if status.master else ""))
-    return "\n".join([head, *_lay_out(status_rows(status))])
-
-
 # ----------------------------------------------------------------- run telemetry
 def format_line(snap: RunSnapshot, prefix: str = "nbdist: ", final: bool = False) -> str:
     """One line for a run: state, pace, where the step time goes, failures."""
@@ -116,18 +94,11 @@ def format_summary(snap: RunSnapshot) -> str:
     extra = []
     for table in (pipeline_table(snap), dims_table(snap), memory_table(snap)):
         if table is not None:
-            extra += ["", *_lay_out(table)]
+            extra += ["", *text_table(table)]
     stall = stall_lines(snap)
     if stall:
         extra += ["", *stall]
-    return "\n".join([head, *_lay_out(run_table(snap)), *extra])
-
-
-def format_comparison(runs: Sequence[RunFigures]) -> str:
-    """Named runs side by side, as a plain table."""
-    if not runs:
-        return "no named runs"
-    return "\n".join(_lay_out(comparison_table(runs)))
+    return "\n".join([head, *text_table(run_table(snap)), *extra])
 
 
 class TextDashboard:

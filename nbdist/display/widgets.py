@@ -32,9 +32,8 @@ from .html import (
     run_summary,
     run_table_html,
     stall,
-    status_table,
 )
-from .text import format_status, format_summary
+from .text import format_summary
 
 if TYPE_CHECKING:
     from IPython.display import DisplayHandle
@@ -240,7 +239,7 @@ class ClusterPanel(VBox):
                 _set(self.message, "")  # what the last Scale said is no longer true
             else:
                 if self.status is not None:
-                    _set(self.table, status_table(self.status))
+                    _set(self.table, self.status._repr_html_())
                 _set(self.note, refreshed_note(self.interval, clock, error))
             self.scale_button.disabled = self._scale is None or self.stopped
 
@@ -292,7 +291,7 @@ class ClusterPanel(VBox):
     def __repr__(self) -> str:
         if self.stopped:
             return "nbdist cluster: stopped"
-        return format_status(self.status) if self.status is not None else "<ClusterPanel>"
+        return repr(self.status) if self.status is not None else "<ClusterPanel>"
 
 
 __all__ = ["ClusterPanel", "RunWidget", "WidgetDashboard", "message"]

@@ -11,8 +11,8 @@ import re  # noqa: E402
 
 from synthetic import T0, training_events  # noqa: E402
 
+from nbdist import layout as L  # noqa: E402
 from nbdist.display import display_medium, make_run_view, set_display  # noqa: E402
-from nbdist.display import html as H  # noqa: E402
 from nbdist.display.refresh import Throttle  # noqa: E402
 from nbdist.display.text import StreamView, TextDashboard  # noqa: E402
 from nbdist.display.widgets import ClusterPanel, RunWidget, WidgetDashboard  # noqa: E402
@@ -50,7 +50,7 @@ def test_run_widget_shows_a_row_per_rank_scalars_and_charts():
         bar_width(row_html(w, 1)) == pytest.approx(50)
     assert ">5/20 it<" in row_html(w, 0) and ">10/20 it<" in row_html(w, 1)
     assert "loss 0.25" in row_html(w, 0)  # each rank's own last values, in its row
-    assert f"background:{H.BAR['running']}" in row_html(w, 0)
+    assert f"background:{L.BAR['running']}" in row_html(w, 0)
     assert "nbdist-step-chart" in w.chart.value and "nbdist-bandwidth-chart" in w.chart.value
     assert "nbdist-scalar-chart" in w.chart.value and "loss · ranks 0-1 (equal)" in w.chart.value
     assert "running" in w.header.value and "compute" in w.legend.value
@@ -64,8 +64,8 @@ def test_failed_rank_turns_red_with_its_reason_and_stays():
     state.finish()
     w = RunWidget([0, 1])
     w.show(state.snapshot(), final=True)
-    assert f"background:{H.FAIL}" in row_html(w, 1)
-    assert f"background:{H.BAR['done']}" in row_html(w, 0)
+    assert f"background:{L.FAIL}" in row_html(w, 1)
+    assert f"background:{L.BAR['done']}" in row_html(w, 0)
     assert "ValueError: &lt;bad&gt;" in w.failures.value  # remote text is escaped
     assert "failed" in w.header.value
 
