@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Optional, TextIO
+from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
 from ..layout import text_table
 from ..telemetry.events import STREAM, Batch
-from .html import run_summary
 from .refresh import Throttle
 from .tables import (
     diagnosis_phrases,
@@ -104,16 +103,20 @@ def format_summary(snap: RunSnapshot) -> str:
 class TextDashboard:
     """The no-widget dashboard: a line every ``interval`` seconds, then a summary.
 
-    The summary is shown as a rich display (plain text + static HTML) when IPython is
-    running, so a notebook executed by nbconvert keeps a table and chart that GitHub renders.
+    Without a ``stream``, ``show`` may show the summary as a rich output instead (it returns
+    False where it cannot): :func:`~nbdist.display.make_run_view` passes
+    :func:`~nbdist.display.summary.show_summary`, plain text with static HTML under IPython,
+    so a notebook executed by nbconvert keeps a table and chart that GitHub renders.
     """
 
     interval: float = 5.0
 
-    def __init__(self, stream: Optional[TextIO] = None, interval: Optional[float] = None):
+    def __init__(self, stream: Optional[TextIO] = None, interval: Optional[float] = None,
+                 show: Optional[Callable[[RunSnapshot], bool]] = None):
         if interval is not None:
             self.interval = interval
         self._stream = stream
+        self._show = show
         self._throttle = Throttle(self.interval)
         self.lines = 0
         self._last = ""
@@ -139,18 +142,7 @@ class TextDashboard:
         line = format_line(snap, final=True)
         if line != self._last:
             self._print(line)
-        shown = False
-        if self._stream is None:
-            try:  # deferred: the text view also serves plain Python, without IPython
-                from IPython import get_ipython
-                from IPython.display import display
-
-                if get_ipython() is not None:
-                    display({"text/plain": format_summary(snap), "text/html": run_summary(snap)},
-                            raw=True)
-                    shown = True
-            except ImportError:
-                pass
+        shown = self._stream is None and self._show is not None and self._show(snap)
         if not shown:
             self._print(format_summary(snap))
 

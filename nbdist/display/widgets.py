@@ -29,17 +29,16 @@ from .html import (
     message,
     refreshed_note,
     run_header,
-    run_summary,
     run_table_html,
     stall,
 )
-from .text import format_summary
+from .summary import summary_bundle
 
 if TYPE_CHECKING:
     from IPython.display import DisplayHandle
 
     from ..records import ClusterStatus
-    from ..telemetry.aggregate import RunSnapshot
+    from ..telemetry.snapshot import RunSnapshot
 
 
 def _held(*views: Widget) -> ExitStack:
@@ -133,8 +132,7 @@ class WidgetDashboard:
         self._handle: Optional[DisplayHandle] = None
 
     def _bundle(self, snap: RunSnapshot) -> dict[str, Any]:
-        return {**self.widget._repr_mimebundle_(),
-                "text/html": run_summary(snap), "text/plain": format_summary(snap)}
+        return {**self.widget._repr_mimebundle_(), **summary_bundle(snap)}
 
     def _draw(self, snap: RunSnapshot, final: bool) -> None:
         if not snap.has_telemetry and self._handle is None:

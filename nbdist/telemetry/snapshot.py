@@ -1,6 +1,9 @@
 """What a run looks like now: the frozen records every view draws (a :class:`RunSnapshot`).
 
-The fold (:mod:`.aggregate`) builds them; nothing here changes after it is built.
+The fold (:mod:`.aggregate`) builds them; nothing here changes after it is built. Numbers
+only: no view is imported here. In a notebook a snapshot still shows as the run's HTML
+summary, because the display layer registers that drawing with IPython
+(:func:`nbdist.display.summary.register_formatters`).
 """
 
 from __future__ import annotations
@@ -291,8 +294,3 @@ class RunSnapshot:
         if self.failed:
             parts.append("failed: rank " + ",".join(str(r.rank) for r in self.failed))
         return f"<RunSnapshot: {', '.join(parts)}>"
-
-    def _repr_html_(self) -> str:
-        from ..display.html import run_summary  # views live in display; numbers stay here
-
-        return run_summary(self)

@@ -294,14 +294,12 @@ def test_formatting():
     assert fmt_seconds(3725) == "1:02:05" and fmt_seconds(125) == "2:05"
 
 
-def test_snapshot_repr_is_one_line_and_html_escapes():
+def test_snapshot_repr_is_one_line():
     state = RunState([0, 1])
     state.feed(batches(0, ddp_stream(0)) + batches(1, ddp_stream(1)))
     state.feed([{"rank": 1, "seq": 99, "events": [ev.end(False, T0 + 5, "Bad <input>")]}])
     snap = state.snapshot()
     assert repr(snap) == "<RunSnapshot: 2 ranks, 10 steps, 10 steps/s, failed: rank 1>"
-    html = snap._repr_html_()
-    assert "Bad &lt;input&gt;" in html and "<svg" in html and "<table " in html
 
 
 def test_a_rank_far_behind_the_others_does_not_break_the_fold():
