@@ -16,7 +16,8 @@ from IPython.core.magic_arguments import (
     parse_argstring,
 )
 
-from . import automode as auto
+import nbdist.automode as auto
+
 from .errors import AUTO_NO_CLUSTER, AUTO_ON, NO_CLUSTER, OptionError
 from .options import DEVICES, DIST_BACKENDS, ENGINES, CellOptions, ClusterOptions, parse_ranks
 from .session import Session, default_session

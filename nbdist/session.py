@@ -47,10 +47,10 @@ from .rendezvous import StoreHost
 from .runtime import results
 from .runtime import worker as rt
 from .runtime.env import LOOPBACK, RankPlan, plan_ranks, shared_gpus, store_addr
-from .telemetry.aggregate import RunSnapshot
 from .telemetry.compare import compare
 from .telemetry.events import Batch
 from .telemetry.run import Run
+from .telemetry.snapshot import RunSnapshot
 
 # After an interrupt, how long workers get to return before we call them unresponsive.
 _INTERRUPT_GRACE = 15.0

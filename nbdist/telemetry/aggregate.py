@@ -75,7 +75,7 @@ from .states import RankState
 
 __all__ = ["MAX_RECORDED", "STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
            "BarState", "Diagnosis", "DimPoint", "MemoryPoint", "PipelinePoint", "RankSnapshot",
-           "RunSnapshot", "RunState", "StepPoint", "aggregate"]
+           "RunState", "StepPoint", "aggregate"]
 
 #: events kept per run for ``%nbdist timeline`` (older ones are dropped first)
 MAX_RECORDED = 200_000

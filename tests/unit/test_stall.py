@@ -22,13 +22,12 @@ from nbdist.telemetry.stall import (
     ELSEWHERE,
     FAILED,
     FINISHED,
-    STALL_FLOOR_S,
     UNKNOWN,
     WAITING,
     headline,
-    stall_threshold,
     where_lines,
 )
+from nbdist.telemetry.stall_rules import STALL_FLOOR_S, stall_threshold
 
 
 def feed(state: RunState, rank: int, *events: dict, seq: int = 1) -> None:
