@@ -10,8 +10,8 @@ import logging
 import ipyparallel as ipp
 import pytest
 
-from nbdist.backends.dask import DaskBackend, cluster_spec
-from nbdist.backends.ipyparallel import launcher_settings
+from nbdist.backends.dask import DaskBackend
+from nbdist.backends.launchers import cluster_spec, launcher_settings
 from nbdist.errors import MissingPackageError
 from nbdist.options import LaunchOptions
 from nbdist.session import Session
