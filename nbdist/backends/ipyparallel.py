@@ -156,7 +156,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
         else:  # engines elsewhere are handed the controller's connection info when they start
             self.cluster.start_controller_sync()
             self.cluster.start_engines_sync(n, **self._engine_kwargs)
-        self._launchers()
+        self._engine_launchers()
         self.client = self.cluster.connect_client_sync()
         # No progress bar: the session shows its own status when the job is formed.
         self.client.wait_for_engines(n, timeout=timeout, interactive=False)
@@ -203,15 +203,15 @@ class IpyparallelBackend(Backend[ipp.Client]):
         assert cluster is not None  # scale() checked
         want = len(client.ids) + k
         cluster.start_engines_sync(k, **self._engine_kwargs)
-        self._launchers()
+        self._engine_launchers()
         client.wait_for_engines(want, timeout=timeout, interactive=False)
 
     def _add_worker(self, known: set) -> None:
         assert self.cluster is not None  # add_worker() checked
         self.cluster.start_engines_sync(1, **self._engine_kwargs)
-        self._launchers()
+        self._engine_launchers()
 
-    def _launchers(self) -> list[Any]:
+    def _engine_launchers(self) -> list[Any]:
         """Every engine launcher this backend has seen, ended ones included: where the
         cluster's event loop runs (in a notebook kernel), an engine set drops a launcher as
         soon as its process ends, taking the exit status with it."""
@@ -225,7 +225,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
                    wait: float = 0.5) -> Optional[str]:
         if self.cluster is None or pid is None:
             return None
-        launchers = [la for la in self._launchers() if getattr(la, "pid", None) == pid]
+        launchers = [la for la in self._engine_launchers() if getattr(la, "pid", None) == pid]
         if not launchers:
             return None  # an engine started elsewhere: its launcher is not here to ask
         # The launcher's thread reaps the process within moments; nothing signals it.
