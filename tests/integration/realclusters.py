@@ -181,17 +181,23 @@ class Daemons:
                     proc.wait(timeout=1)
                 except subprocess.TimeoutExpired:
                     pass
-        left = [f"{p.pid} {' '.join(_cmdline(p))[:120]}" for p in self.processes()]
+        left = [describe(p) for p in self.processes()]
         if not left:
             shutil.rmtree(self.base, ignore_errors=True)
         return left
 
 
-def _cmdline(p: psutil.Process) -> list[str]:
+def cmdline(p: psutil.Process) -> list[str]:
+    """``p``'s command line; empty for a process that is gone or a zombie."""
     try:
         return p.cmdline()
     except psutil.Error:
         return []
+
+
+def describe(p: psutil.Process) -> str:
+    """``"PID command line"``, for a message."""
+    return f"{p.pid} {' '.join(cmdline(p))[:120]}"
 
 
 def _mentions(p: psutil.Process, prefix: str) -> bool:
@@ -346,12 +352,17 @@ class LocalSshd(Daemons):
             f"PidFile {b}/sshd.pid\nAuthorizedKeysFile {b}/authorized_keys\n"
             "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-            "StrictModes no\nX11Forwarding no\nPrintMotd no\nLogLevel INFO\n")
+            "StrictModes no\nX11Forwarding no\nPrintMotd no\nLogLevel INFO\n"
+            # Hosts of a cluster share the notebook's environment (a shared home or image);
+            # here the session's PYTHONPATH carries that, so remote workers import this copy.
+            "AcceptEnv PYTHONPATH\n"
+            # scp (ipyparallel sends connection files with it) speaks SFTP since OpenSSH 9
+            "Subsystem sftp internal-sftp\n")
         self.config.write_text(
             f"Host {self.host}\n  HostName 127.0.0.1\n  Port {self.port}\n"
             f"  User {_user()}\n  IdentityFile {self.user_key}\n  IdentitiesOnly yes\n"
             f"  UserKnownHostsFile {b}/known_hosts\n  StrictHostKeyChecking no\n"
-            "  BatchMode yes\n  LogLevel ERROR\n")
+            "  BatchMode yes\n  LogLevel ERROR\n  SendEnv PYTHONPATH\n")
         # Debian's sshd needs its privilege-separation directory, made by its service unit.
         privsep = Path("/run/sshd")
         if not privsep.exists():
