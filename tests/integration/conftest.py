@@ -172,4 +172,4 @@ def outputs_text(cell: Any) -> str:
 
 
 # A real Slurm and sshd for the launcher tests (see realclusters.py).
-from realclusters import slurm, slurm_daemons, sshd  # noqa: E402,F401
+from realclusters import slurm, slurm_daemons, sshd, sshd_daemon  # noqa: E402,F401

@@ -136,10 +136,12 @@ class Daemons:
         """Every live process of this set: the daemons, their descendants, processes that
         :meth:`_belongs` claims, and the descendants of those."""
         found: dict[int, psutil.Process] = {}
-        roots = [psutil.Process(p.pid) for p in self.procs if p.poll() is None]
+        roots = []
+        daemons = {d.pid for d in self.procs if d.poll() is None}
         for p in psutil.process_iter():
             try:
-                if p.pid != os.getpid() and self._belongs(p):
+                if p.pid in daemons or (
+                        p.pid != os.getpid() and self._belongs(p)):
                     roots.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
@@ -469,9 +471,25 @@ def slurm(slurm_daemons: LocalSlurm, monkeypatch) -> Iterator[LocalSlurm]:
 
 
 @pytest.fixture(scope="session")
-def sshd() -> Iterator[LocalSshd]:
+def sshd_daemon() -> Iterator[LocalSshd]:
     """A working sshd on loopback, started once per test session."""
     reason = sshd_why_not()
     if reason:
         pytest.skip(f"no test sshd: {reason}")
     yield from _serve(LocalSshd())
+
+
+@pytest.fixture
+def sshd(sshd_daemon: LocalSshd) -> Iterator[LocalSshd]:
+    """The test sshd; every process its sessions left running when the test ends is killed,
+    by PID, and fails the test."""
+    yield sshd_daemon
+    left = sshd_daemon.sessions()
+    names = [describe(p) for p in left]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=10)
+    assert not left, "processes of ssh sessions left after the test:\n" + "\n".join(names)

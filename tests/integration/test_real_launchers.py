@@ -130,7 +130,7 @@ def open_listeners(procs: list[psutil.Process]) -> list[str]:
     for c in psutil.net_connections("inet"):
         if c.status == psutil.CONN_LISTEN and c.pid in pids \
                 and not ipaddress.ip_address(c.laddr.ip).is_loopback:
-            out.append(f"{pids[c.pid].name()} (pid {c.pid}) on {c.laddr.ip}:{c.laddr.port}")
+            out.append(f"{c.laddr.ip}:{c.laddr.port} ({describe(pids[c.pid])[:90]})")
     return sorted(out)
 
 
@@ -155,11 +155,15 @@ def run_then_stop(site: Site, body: Callable[[], None]) -> tuple[float, float]:
         try:
             wait_until(lambda: not site.leftovers(), max(0.0, STOP_WITHIN - stopped),
                        f"nothing of the cluster left {STOP_WITHIN:g} s after stop()")
+            cleared = time.monotonic() - t0
+            if cleared > STOP_WITHIN:  # wait_until passes a condition already true
+                raise AssertionError(f"stop() itself took {stopped:.1f} s")
         except AssertionError as exc:
             if not failed:  # else the first failure is the one to report
-                raise AssertionError(f"{exc}: stop() took {stopped:.1f} s; left: "
-                                     f"{site.leftovers()}") from None
-        cleared = time.monotonic() - t0
+                raise AssertionError(f"the cluster was not gone {STOP_WITHIN:g} s after "
+                                     f"stop() was called: {exc}; left: {site.leftovers()}"
+                                     ) from None
+            cleared = time.monotonic() - t0
     return stopped, cleared
 
 
