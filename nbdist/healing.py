@@ -6,6 +6,10 @@ that membership as a plan into the rendezvous store, which the notebook hosts. W
 started the cluster it also brings in a replacement worker, which joins the survivors at a
 commit and heals from one of them. The Session feeds it batches and calls :meth:`tick` while the
 cell runs; what happened is kept as :class:`Recovery` records for the cell's output.
+
+The Healer works on the job's :class:`~nbdist.membership.Membership` in place: each plan it
+writes is the job's membership from then on (its plans and generation), and a replacement
+worker enters through :meth:`Membership.admit`, as every worker does.
 """
 
 from __future__ import annotations
@@ -14,14 +18,17 @@ import pickle
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from .backends.base import Backend, Call, Job, WorkerId
+from .backends.base import Call, Job, WorkerId
 from .runtime import worker as rt
 from .runtime.elastic import Plan
 from .runtime.env import RankPlan
 from .telemetry.events import ELASTIC, Batch
 from .telemetry.units import fmt_seconds
+
+if TYPE_CHECKING:
+    from .membership import Membership
 
 #: how long a member may take to report a failure the others saw before it counts as gone
 REPORT_DEADLINE = 60.0
@@ -69,7 +76,6 @@ class _Run:
 
     key: str
     members: list[WorkerId]
-    plans: dict[WorkerId, RankPlan]
     slots: dict[WorkerId, int]
     target: int
     epoch: int = 0
@@ -91,28 +97,46 @@ class _Run:
 class Healer:
     """Coordinates the elastic runs of one cell; see the module docstring."""
 
-    def __init__(self, backend: Backend, store: Any, plans: list[RankPlan],
-                 infos: dict[WorkerId, dict], job: Job, *,
-                 replan: Callable[[list[dict]], list[RankPlan]],
-                 next_generation: Callable[[], int], join_call: Callable[..., Call],
-                 default_max_failures: Optional[int], timeout: float) -> None:
-        self.backend, self.store = backend, store
-        self.start_plans = list(plans)
-        self.infos = dict(infos)
-        self.job = job
-        self.replan, self.next_generation, self.join_call = replan, next_generation, join_call
+    def __init__(self, membership: Membership, measure: dict[str, Any], *,
+                 default_max_failures: Optional[int]) -> None:
+        self.membership = membership
+        #: the cell's telemetry switches, which a replacement worker's run of it takes too
+        self.measure = measure
         self.default_max_failures = default_max_failures
-        self.timeout = timeout
+        self.job: Optional[Job] = None  # the cell's job; see follow()
+        plans = membership.plans
+        self.target = len(plans)  # the size a replacement restores
         self.by_name = {str(p.worker_id): p.worker_id for p in plans}
         self.runs: dict[str, _Run] = {}
         self.records: list[Recovery] = []
         self.joiner_jobs: list[tuple[WorkerId, Job]] = []
         self.slots = {p.worker_id: p.rank for p in plans}  # worker -> telemetry slot
         self._printed = 0
-        self._known = {p.worker_id for p in plans}
-        self._pids = {w: (i.get("hostname"), i.get("pid")) for w, i in infos.items()}
+        self._known = {p.worker_id for p in plans}  # the engine's workers we have seen
         self.seq_base = 1_000_000
         self._oom = _oom_kills()
+
+    @property
+    def backend(self) -> Any:
+        return self.membership.require()
+
+    @property
+    def store(self) -> Any:
+        return self.membership.store
+
+    @property
+    def timeout(self) -> float:
+        return self.membership.options.timeout
+
+    def follow(self, job: Job) -> Job:
+        """Coordinate the cell running as ``job``; returns it with the jobs of replacement
+        workers that join it, as one."""
+        self.job = job
+        return Jobs(job, self)
+
+    def _pid(self, w: WorkerId) -> tuple[Optional[str], Optional[int]]:
+        info = self.membership.infos.get(w)
+        return (info["hostname"], info["pid"]) if info is not None else (None, None)
 
     # ------------------------------------------------------------------ events
     def feed(self, batches: list[Batch]) -> None:
@@ -129,9 +153,8 @@ class Healer:
         r = self.runs.get(key)
         what = ev["what"]
         if r is None:
-            r = self.runs[key] = _Run(key, [p.worker_id for p in self.start_plans],
-                                      {p.worker_id: p for p in self.start_plans},
-                                      dict(self.slots), len(self.start_plans))
+            r = self.runs[key] = _Run(key, [p.worker_id for p in self.membership.plans],
+                                      dict(self.slots), self.target)
         if what == "begin" and ev.get("max_failures") is not None:
             r.max_failures = ev["max_failures"]
         elif what == "failed":
@@ -194,12 +217,13 @@ class Healer:
             live = set(self.slots)
         here = socket.gethostname()
         for w in list(live):
-            host, pid = self._pids.get(w, (None, None))
+            host, pid = self._pid(w)
             if host == here and pid and not _pid_alive(pid):
                 live.discard(w)
         return live
 
     def _decide(self, r: _Run) -> None:
+        assert self.job is not None
         live = self._alive()
         pending = set(self.job.pending()) | {w for w, j in self.joiner_jobs if not j.wait(0)}
         undecided = [w for w in r.members if w in live and w not in r.failed
@@ -241,9 +265,8 @@ class Healer:
                 self.records.append(rec)
             r.ended = True
             return
-        infos = [self.infos[w] for w in keep]
-        plans = self.replan(infos)
-        gen = self.next_generation()
+        plans = self.membership.replan(keep)
+        gen = self.membership.invalidate()
         want_more = (self.backend.owns_cluster and len(keep) < r.target
                      and r.joiner is None)
         joiner = r.joiner if r.joiner in keep else None
@@ -257,7 +280,6 @@ class Healer:
         # After the plan is out: the survivors re-form while the engine is asked how it died.
         rec.lost = [self._lost_text(r, w) for w in lost]
         r.members = [p.worker_id for p in plans]
-        r.plans = {p.worker_id: p for p in plans}
         r.generation = gen
         r.failed, r.first_report = {}, None
         r.open_recovery = rec
@@ -265,7 +287,7 @@ class Healer:
             self._replace(r, lost)
 
     def _lost_text(self, r: _Run, w: WorkerId) -> str:
-        host, pid = self._pids.get(w, (None, None))
+        host, pid = self._pid(w)
         try:
             cause = self.backend.exit_cause(w, pid)
         except Exception:  # how it died is a detail; that it died is the news
@@ -318,15 +340,9 @@ class Healer:
         w = fresh[0]
         self._known.add(w)
         try:
-            [info] = _call(self.backend,
-                           [Call(w, rt.describe, (self.backend.controller_ip,))], self.timeout)
-            info["worker_id"] = w
-            _call(self.backend, [Call(w, rt.set_transport, (self.backend.transport(),))],
-                  self.timeout)
+            self.membership.admit([w])
         except Exception:  # it went away as it came up (e.g. a worker restarted again): wait
             return  # for the next one, within the same time limit
-        self.infos[w] = info
-        self._pids[w] = (info.get("hostname"), info.get("pid"))
         self.by_name[str(w)] = w
         slot = getattr(r, "replace_slot", None)
         if slot is None:
@@ -334,22 +350,29 @@ class Healer:
         r.slots[w] = slot
         self.slots[w] = slot
         members = r.members + [w]
-        plans = self.replan([self.infos[m] for m in members])
-        gen = self.next_generation()
+        plans = self.membership.replan(members)
+        gen = self.membership.invalidate()
         plan = Plan(epoch=r.epoch + 1, generation=gen, ranks={str(p.worker_id): p for p in plans},
                     failures=r.failures, join_expected=len(members) < r.target,
                     joiner=str(w), joiner_slot=slot)
         self._write(r, plan)
         r.members = [p.worker_id for p in plans]
-        r.plans = {p.worker_id: p for p in plans}
         r.generation = gen
         r.joiner = w
         r.asked[w] = r.replacing or time.time()
         self.seq_base += 1_000_000
-        mine = r.plans[w]
-        self.joiner_jobs.append((w, self.backend.submit([self.join_call(w, mine, plan, r.key,
-                                                                        slot, self.seq_base)])))
+        mine = next(p for p in plans if p.worker_id == w)
+        self.joiner_jobs.append((w, self.membership.submit([self._join_call(mine, plan, r.key,
+                                                                            slot)])))
         self.store.set(f"{r.key}/join", str(plan.epoch).encode())
+
+    def _join_call(self, mine: RankPlan, plan: Plan, key: str, slot: int) -> Call:
+        """The replacement's call: take ``mine`` without forming a group, join the members
+        at ``plan``, heal, then run the rest of the cell with the cell's telemetry."""
+        m, o = self.membership, self.membership.options
+        return Call(mine.worker_id, rt.elastic_join,
+                    (mine, m.port, o.device, o.dist_backend, o.timeout, plan, key, slot,
+                     self.seq_base, False), dict(self.measure))
 
     def _join_job(self, w: WorkerId) -> Job:
         return next(j for x, j in self.joiner_jobs if x == w)
@@ -380,17 +403,16 @@ class Healer:
         self.records.append(Recovery(t=time.time(), kind="stopped",
                                      why=f"a replacement worker failed to join ({why})"))
         members = [m for m in r.members if m != w]
-        plans = self.replan([self.infos[m] for m in members])
+        plans = self.membership.replan(members)
         budget = r.max_failures if r.max_failures is not None else (
             self.default_max_failures if self.default_max_failures is not None
             else DEFAULT_MAX_FAILURES)
         again = self.backend.owns_cluster and r.failures <= budget
-        plan = Plan(epoch=r.epoch + 1, generation=self.next_generation(),
+        plan = Plan(epoch=r.epoch + 1, generation=self.membership.invalidate(),
                     ranks={str(p.worker_id): p for p in plans}, failures=r.failures,
                     join_expected=again)
         self._write(r, plan)
         r.members = [p.worker_id for p in plans]
-        r.plans = {p.worker_id: p for p in plans}
         r.generation = plan.generation
         if again:
             self._replace(r, [w])
@@ -404,7 +426,7 @@ class Healer:
                                     abort="the run finished before the replacement joined"))
                 self.store.set(f"{r.key}/join", b"-1")
                 r.members = [m for m in r.members if m != r.joiner]
-                r.plans.pop(r.joiner, None)
+                self.membership.replan(r.members)  # the group the members still have
                 r.joiner = None
                 r.ended = True
 
@@ -446,18 +468,6 @@ def _pid_alive(pid: int) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except Exception:
         return False
-
-
-def _call(backend: Backend, calls: list[Call], timeout: float) -> list[Any]:
-    job = backend.submit(calls)
-    if not job.wait(timeout):
-        raise TimeoutError(f"worker did not answer within {timeout:g} s")
-    out = []
-    for o in job.outcomes():
-        if o.engine_error is not None:
-            raise RuntimeError(o.engine_error)
-        out.append(o.value)
-    return out
 
 
 class Jobs(Job):

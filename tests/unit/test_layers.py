@@ -34,6 +34,14 @@ FORBIDDEN = {
     "nbdist.backends": ("nbdist.session", "nbdist.magics", "nbdist.display", "IPython",
                         "ipywidgets"),
     "nbdist.session": ("nbdist.magics", "IPython", "ipywidgets"),
+    # The session's rooms: who is in the job, and the cell loop. Views reach the cell loop as
+    # objects the session made; neither room draws, nor calls back up into the session.
+    "nbdist.membership": ("nbdist.session", "nbdist.cell_run", "nbdist.healing",
+                          "nbdist.display", "nbdist.magics", "IPython", "ipywidgets", "torch"),
+    "nbdist.cell_run": ("nbdist.session", "nbdist.display", "nbdist.magics", "IPython",
+                        "ipywidgets", "torch"),
+    "nbdist.healing": ("nbdist.session", "nbdist.cell_run", "nbdist.display", "nbdist.magics",
+                       "IPython", "ipywidgets", "torch"),
     "nbdist.errors": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     "nbdist.options": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     # runs on every cell's text: IPython's hook only, nothing heavy

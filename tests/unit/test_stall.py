@@ -9,7 +9,7 @@ import pytest
 from fakes import Scripted, ScriptedBackend
 from synthetic import T0, stack_sleeping, stack_waiting
 
-from nbdist import session as session_mod
+from nbdist import cell_run
 from nbdist.display import html as H
 from nbdist.display.text import TextDashboard, format_summary
 from nbdist.errors import CellInterrupted, CellTimeoutError
@@ -293,7 +293,7 @@ def test_session_interrupt_raises_a_keyboard_interrupt_with_the_reports(
         session, backend, monkeypatch):
     _hung_cell(backend)
     polls = [0]
-    pump = session_mod.Session._pump
+    pump = cell_run.pump
 
     def interrupted_on_the_third_poll(job, run, view, healer=None, carried=()):
         polls[0] += 1
@@ -301,7 +301,7 @@ def test_session_interrupt_raises_a_keyboard_interrupt_with_the_reports(
             raise KeyboardInterrupt  # the kernel's stop button, while the cell runs
         pump(job, run, view, healer, carried)
 
-    monkeypatch.setattr(session_mod.Session, "_pump", staticmethod(interrupted_on_the_third_poll))
+    monkeypatch.setattr(cell_run, "pump", interrupted_on_the_third_poll)
     with pytest.raises(KeyboardInterrupt) as info:
         session.run_cell("hang()")
     assert isinstance(info.value, CellInterrupted) and info.value.ranks == [0, 1]
