@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol
 
-from .backends.base import Call, Job, Outcome, poll_until
+from .backends.base import Call, Job, Outcome, poll_until, wait_all
 from .errors import (
     REBUILD_DDP,
     CellInterrupted,
@@ -28,7 +28,7 @@ from .telemetry.run import Run
 from .telemetry.snapshot import RunSnapshot
 
 if TYPE_CHECKING:
-    from .healing import Healer
+    from .elastic_coordinator import Healer
     from .membership import Membership
 
 # After an interrupt, how long workers get to return before we call them unresponsive.
@@ -89,8 +89,8 @@ class CellRun:
     """Per-rank ``calls`` running as one job, streamed into ``run`` and ``view``.
 
     With a ``healer``, ``nbdist.elastic.run`` calls in the cell are coordinated (see
-    :mod:`nbdist.healing`): it may re-form the group in the membership while the cell runs.
-    ``hint`` is added to a time-out's message.
+    :mod:`nbdist.elastic_coordinator`): it may re-form the group in the membership while the
+    cell runs. ``hint`` is added to a time-out's message.
     """
 
     def __init__(self, membership: Membership, calls: list[Call], run: Run, view: RunView, *,
@@ -113,7 +113,8 @@ class CellRun:
         run, healer = self.run, self.healer
         job = self.job = self.membership.submit(self.calls)
         if healer is not None:
-            job = self.job = healer.follow(job)
+            healer.follow(job)
+            job = self.job = CompositeJob(job, healer.joiner_jobs)
         start = time.monotonic()
         try:
             while True:
@@ -150,10 +151,10 @@ class CellRun:
                for o in outcomes]
         # The engine failed these calls: their worker may be gone; check before the next job.
         self.membership.distrust([o.worker for o in outcomes if o.engine_error is not None])
-        group_lost = any(not r.get("group_alive", True) for r in out)
+        group_lost = any(not r["group_alive"] for r in out)
         if group_lost:
             self.membership.invalidate()
-        hosts = {w: i.get("hostname", "?") for w, i in self.membership.infos.items()}
+        hosts = {w: i["hostname"] for w, i in self.membership.infos.items()}
         failures = [RankFailure.from_result(self.slots[o.worker], hosts.get(o.worker, "?"), r,
                                             cell=self.run.label)
                     for o, r in zip(outcomes, out) if not r["ok"]]
@@ -182,7 +183,7 @@ class CellRun:
         if not job.pending():
             done = [o.value for o in job.outcomes() if o.engine_error is None]
             wanted = {self.slots.get(o.worker): o.value["seq"] for o in job.outcomes()
-                      if o.engine_error is None and o.value.get("seq")}
+                      if o.engine_error is None and o.value["seq"]}
 
             def drained() -> bool:
                 pump(job, run, view, healer)
@@ -203,3 +204,26 @@ class CellRun:
         self.membership.require().interrupt(self.job.pending())
         if not self.job.wait(_INTERRUPT_GRACE):
             raise InterruptTimeoutError(self._late(), _INTERRUPT_GRACE)
+
+
+class CompositeJob(Job):
+    """The cell's job plus the jobs of replacement workers that join it (``joiners``: the
+    elastic coordinator's list, which grows while the cell runs), waited on as one."""
+
+    def __init__(self, first: Job, joiners: list[tuple[Any, Job]]) -> None:
+        self.first, self.joiners = first, joiners
+
+    def _all(self) -> list[Job]:
+        return [self.first] + [j for _, j in self.joiners]
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        return wait_all(self._all(), timeout)
+
+    def pending(self) -> list[Any]:
+        return [w for j in self._all() for w in j.pending()]
+
+    def outcomes(self) -> list[Outcome]:
+        return [o for j in self._all() for o in j.outcomes()]
+
+    def drain_events(self) -> list[Batch]:
+        return [b for j in self._all() for b in j.drain_events()]

@@ -2,9 +2,10 @@
 generation, and the one way nbdist's own calls reach them.
 
 The :class:`~nbdist.session.Session` forms the job through :meth:`Membership.form`; during an
-elastic cell the :class:`~nbdist.healing.Healer` re-plans the same object in place (who is
-left, who joins), as torch elastic's agent works on its ``WorkerGroup``. Nothing copies the
-membership back: there is one, and ``generation`` changes only in :meth:`Membership.invalidate`.
+elastic cell the :class:`~nbdist.elastic_coordinator.Healer` re-plans the same object in place
+(who is left, who joins), as torch elastic's agent works on its ``WorkerGroup``. Nothing copies
+the membership back: there is one, and ``generation`` changes only in
+:meth:`Membership.invalidate`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .options import ClusterOptions
 from .rendezvous import StoreHost
 from .runtime import worker as rt
 from .runtime.env import LOOPBACK, RankPlan, plan_ranks, shared_gpus, store_addr
+from .runtime.results import Joined, WorkerInfo
 
 
 class Membership:
@@ -35,7 +37,7 @@ class Membership:
         #: one per rank, in rank order
         self.plans: list[RankPlan] = []
         #: every worker's ``describe()`` record, by worker id
-        self.infos: dict[WorkerId, dict[str, Any]] = {}
+        self.infos: dict[WorkerId, WorkerInfo] = {}
         #: bumped whenever the process group must be formed again before the next full cell
         #: (workers compare it with the one their group was formed at)
         self.generation = 0
@@ -47,7 +49,7 @@ class Membership:
         #: workers whose last call the engine failed: checked before the next job
         self.suspect: set[WorkerId] = set()
         #: what each rank said when it joined the group, by rank
-        self.joined: dict[int, dict[str, Any]] = {}
+        self.joined: dict[int, Joined] = {}
 
     @property
     def world_size(self) -> int:
@@ -83,7 +85,7 @@ class Membership:
             self.call([Call(self.plans[0].worker_id, rt.close_store, (purpose,))], 30,
                       "close store")
 
-    def _store_addr(self, infos: list[dict[str, Any]]) -> Optional[str]:
+    def _store_addr(self, infos: list[WorkerInfo]) -> Optional[str]:
         """Where the notebook hosts the store, if every worker reaches it (see
         :func:`~nbdist.runtime.env.store_addr`); None leaves it to rank 0's worker."""
         if self.stores is None:
@@ -143,21 +145,22 @@ class Membership:
                 "--dist-backend gloo to share GPUs, or --device cpu.")
         self.port = self._job_store_port(timeout)
         gen = self.invalidate()
-        joined = self.call(
+        joined: list[Joined] = self.call(
             [Call(p.worker_id, rt.join, (p, self.port, options.device, options.dist_backend,
                                          timeout, gen),
                   {"working_dir": options.working_dir})
              for p in self.plans], timeout + 30, "form the process group")
         self.joined = {j["rank"]: j for j in joined}
 
-    def admit(self, workers: Sequence[WorkerId]) -> list[dict[str, Any]]:
+    def admit(self, workers: Sequence[WorkerId]) -> list[WorkerInfo]:
         """Describe ``workers`` and give them the event channel: the one way a worker enters
         the job, when it forms and when a replacement takes a lost rank's place. Returns
         their ``describe()`` records, also kept in :attr:`infos`."""
         backend = self.require()
         timeout = self.options.timeout
-        infos = self.call([Call(w, rt.describe, (backend.controller_ip,)) for w in workers],
-                          timeout, "describe workers")
+        infos: list[WorkerInfo] = self.call(
+            [Call(w, rt.describe, (backend.controller_ip,)) for w in workers], timeout,
+            "describe workers")
         for w, info in zip(workers, infos):
             info["worker_id"] = w
             self.infos[w] = info

@@ -25,8 +25,8 @@ from .backends import get_backend
 from .backends.base import Backend, Call
 from .cell_run import CellRun, cell_name
 from .display import make_run_view
+from .elastic_coordinator import Healer
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
-from .healing import Healer
 from .history import History
 from .membership import Membership
 from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
@@ -216,7 +216,7 @@ class Session:
         live = set(backend.worker_ids())
         rows = []
         by_worker = {p.worker_id: p for p in self.plans}
-        reports: dict[Any, Optional[dict]] = {}
+        reports: dict[Any, Optional[results.WorkerStatus]] = {}
         job = backend.submit([Call(w, rt.status) for w in live])
         if job.wait(10):
             for o in job.outcomes():
@@ -225,15 +225,15 @@ class Session:
             plan, rep = by_worker.get(w), reports.get(w)
             rows.append(WorkerRow(
                 rank=plan.rank if plan else None, worker=str(w),
-                hostname=(rep or {}).get("hostname") or (plan.hostname if plan else "?"),
-                pid=(rep or {}).get("pid"), device=(rep or {}).get("device"),
+                hostname=rep["hostname"] if rep else (plan.hostname if plan else "?"),
+                pid=rep["pid"] if rep else None, device=rep["device"] if rep else None,
                 alive=w in live and rep is not None,
-                rss_mb=(rep["rss"] / 2**20) if rep and rep.get("rss") else None,
+                rss_mb=(rep["rss"] / 2**20) if rep and rep["rss"] else None,
                 state="idle" if rep else ("busy" if w in live else "gone")))
         rows.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))
-        backend_name = next(iter(self.membership.joined.values()), {}).get("backend")
+        joined = next(iter(self.membership.joined.values()), None)
         return ClusterStatus(engine=backend.describe(), wanted=self.options.n or len(rows),
-                             rows=tuple(rows), dist_backend=backend_name,
+                             rows=tuple(rows), dist_backend=joined["backend"] if joined else None,
                              master=self.plans[0].master_addr if self.plans else None)
 
     # ----------------------------------------------------------------- cells
@@ -312,7 +312,7 @@ class Session:
                 self.named[opts.name] = run
         self.history.cell(number, code, None if len(selected) == self.world_size else selected)
         first = outcomes[0]
-        if first.get("value"):
+        if first["value"]:
             return RemoteValue(selected[0], first["value"])
         return None
 

@@ -36,12 +36,16 @@ FORBIDDEN = {
     "nbdist.session": ("nbdist.magics", "IPython", "ipywidgets"),
     # The session's rooms: who is in the job, and the cell loop. Views reach the cell loop as
     # objects the session made; neither room draws, nor calls back up into the session.
-    "nbdist.membership": ("nbdist.session", "nbdist.cell_run", "nbdist.healing",
+    "nbdist.membership": ("nbdist.session", "nbdist.cell_run", "nbdist.elastic_coordinator",
                           "nbdist.display", "nbdist.magics", "IPython", "ipywidgets", "torch"),
     "nbdist.cell_run": ("nbdist.session", "nbdist.display", "nbdist.magics", "IPython",
                         "ipywidgets", "torch"),
-    "nbdist.healing": ("nbdist.session", "nbdist.cell_run", "nbdist.display", "nbdist.magics",
-                       "IPython", "ipywidgets", "torch"),
+    # Elastic training: the notebook's half, and the workers' half, which never reaches back
+    # into the notebook's modules (nbdist.elastic, its user-facing name, included).
+    "nbdist.elastic_coordinator": ("nbdist.session", "nbdist.cell_run", "nbdist.display",
+                                   "nbdist.magics", "IPython", "ipywidgets", "torch"),
+    "nbdist.runtime.elastic": ("nbdist.elastic", "nbdist.elastic_coordinator",
+                               "nbdist.membership", "nbdist.cell_run", "nbdist.rendezvous"),
     "nbdist.errors": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     "nbdist.options": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     # runs on every cell's text: IPython's hook only, nothing heavy

@@ -1,5 +1,5 @@
-"""The notebook's decisions during an elastic run (:class:`nbdist.healing.Healer`), on fakes:
-who is in the next group, when to stop, when a replacement gets in."""
+"""The notebook's decisions during an elastic run (:class:`nbdist.elastic_coordinator.Healer`),
+on fakes: who is in the next group, when to stop, when a replacement gets in."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Optional
 import pytest
 
 from nbdist.backends.base import Call, Job, Outcome
-from nbdist.healing import Healer
+from nbdist.elastic_coordinator import Healer
 from nbdist.membership import Membership
 from nbdist.options import ClusterOptions
 from nbdist.telemetry.events import elastic
