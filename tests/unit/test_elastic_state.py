@@ -157,6 +157,8 @@ def test_what_the_loop_reads_and_sets_on_a_state_is_its_public_api():
     s.adopt(peer.committed())  # a commit from a live peer, as healing brings it
     assert s.commits == 2 and s.restore() == 2 and s.step == 7
     torch.testing.assert_close(s.model.weight, peer.model.weight, rtol=0, atol=0)
+    with pytest.raises(AttributeError, match="State.names is part of State itself"):
+        State(names=["a"])  # the user's object would hide the State's API: said at once
 
 
 def test_a_model_in_transit_is_committed_through_its_module():

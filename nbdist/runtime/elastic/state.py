@@ -44,9 +44,13 @@ class State:
             setattr(self, name, obj)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(getattr(type(self), name, None), property):
-            object.__setattr__(self, name, value)  # the State's own, not an object to commit
+        own = getattr(type(self), name, None)
+        if isinstance(own, property) and own.fset is not None:
+            object.__setattr__(self, name, value)  # the State's own flag, not an object
             return
+        if own is not None and not name.startswith("_"):
+            raise AttributeError(f"State.{name} is part of State itself: give this object "
+                                 "another name")
         if not name.startswith("_") and name not in self._names:
             self._names.append(name)
         object.__setattr__(self, name, value)
