@@ -18,7 +18,7 @@ from traitlets.config import Config
 
 from ..errors import ClusterError, MissingPackageError
 from ..options import LaunchOptions
-from ..runtime import lifeline, preload
+from ..runtime.boot import lifeline, preload
 
 if TYPE_CHECKING:
     import dask
@@ -49,7 +49,7 @@ def launcher_settings(launch: LaunchOptions, timeout: float = 300.0
         return {"config": Config({
             "LocalControllerLauncher": {
                 "controller_cmd": lifeline.command("ipyparallel.controller")},
-            # Engines start importing torch while they start and register (runtime.preload),
+            # Engines start importing torch while they start and register (runtime.boot.preload),
             # and may start before the controller has written its connection file.
             "LocalEngineSetLauncher": {"engine_cmd": [
                 *lifeline.command(preload.__name__), "ipyparallel.engine",

@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
-from . import memory
-from .measure import telemetry
-from .tensors import batch_size
+from .measure import memory
+from .measure.model import telemetry
+from .measure.tensors import batch_size
 
 _PUSH, _PULL, _STOP = 0, 1, 2
 # Point-to-point tags far from the slots gloo numbers collectives with.

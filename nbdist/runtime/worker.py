@@ -20,11 +20,12 @@ import cloudpickle
 
 from ..telemetry.units import fmt_bytes
 from . import env as envmod
-from . import preload, results
+from . import results
+from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
 from .execute import mimebundle, run_code
-from .hang import enable_flight_recorder, watching
 from .interrupt import interruptible
+from .measure.hang import enable_flight_recorder, watching
 
 
 class WorkerState:
@@ -159,7 +160,7 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     _state.sink.rank = plan.rank
     _state.sink.interval = flush_interval(plan.world_size)  # fewer batches from big jobs
     group.install_guard()
-    from . import ddp_hooks, parallel_hooks, tqdm_bars
+    from .measure import ddp_hooks, parallel_hooks, tqdm_bars
 
     ddp_hooks.install()  # DDP and collective timing; each cell switches it on or off
     parallel_hooks.install()  # pipelines, DTensor's collectives, mesh dimensions
@@ -247,7 +248,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
     default, 0: off); ``buckets``: DDP models built in the cell time each bucket."""
     from ..telemetry import events
     from . import group
-    from .measure import telemetry as tel
+    from .measure.model import telemetry as tel
 
     plan = _state.plan
     if plan is None:

@@ -1,5 +1,5 @@
 """When a run counts as stalled: the thresholds the hang doctor shares between the workers
-(:mod:`nbdist.runtime.hang`, which decides when to say where a rank is) and the notebook
+(:mod:`nbdist.runtime.measure.hang`, which decides when to say where a rank is) and the notebook
 (:mod:`.stall`, which gives the verdict).
 
 A leaf: stdlib only, so the worker runtime reads these rules without loading the notebook's

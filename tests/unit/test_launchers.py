@@ -34,11 +34,11 @@ def test_local_needs_no_launcher_but_runs_under_the_lifeline():
     for launcher, module in (("LocalControllerLauncher", "controller"),
                              ("LocalEngineSetLauncher", "engine")):
         cmd = config[launcher][f"{module}_cmd"]
-        assert cmd[1:3] == ["-m", "nbdist.runtime.lifeline"]
+        assert cmd[1:3] == ["-m", "nbdist.runtime.boot.lifeline"]
         assert f"ipyparallel.{module}" in cmd
     # engines import torch while they start, and may start before the controller's file exists
     engine = config["LocalEngineSetLauncher"]["engine_cmd"]
-    assert engine[engine.index("ipyparallel.engine") - 1] == "nbdist.runtime.preload"
+    assert engine[engine.index("ipyparallel.engine") - 1] == "nbdist.runtime.boot.preload"
     assert engine[-1] == "--IPEngine.wait_for_url_file=300"
 
 

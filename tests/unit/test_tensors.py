@@ -7,7 +7,7 @@ from collections import namedtuple
 
 import pytest
 
-from nbdist.runtime.tensors import batch_size
+from nbdist.runtime.measure.tensors import batch_size
 
 torch = pytest.importorskip("torch")
 

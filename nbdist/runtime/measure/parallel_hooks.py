@@ -46,9 +46,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
-from . import mesh as meshes
+from .. import mesh as meshes
 from .ddp_hooks import _payload
-from .measure import telemetry
+from .model import telemetry
 from .tensors import batch_size
 
 # What install() replaced: (owner, attribute) -> original, put back by uninstall().

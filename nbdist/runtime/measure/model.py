@@ -68,8 +68,8 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple, Optional, Protocol
 
-from ..telemetry import events as ev
-from ..telemetry.intervals import exposed_seconds
+from ...telemetry import events as ev
+from ...telemetry.intervals import exposed_seconds
 from .hang import watch as hang_watch
 from .tensors import batch_size
 

@@ -38,9 +38,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Optional
 
-from ..telemetry import events as ev
-from ..telemetry.stall_rules import STALL_WINDOW, probe_after, stall_threshold
-from . import interrupt
+from ...telemetry import events as ev
+from ...telemetry.stall_rules import STALL_WINDOW, probe_after, stall_threshold
+from .. import interrupt
 
 #: at most one stack sample per this many seconds while a cell is stalled
 SAMPLE_S = 1.0
