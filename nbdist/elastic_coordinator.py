@@ -22,12 +22,13 @@ import socket
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from .backends.base import Call, Job, WorkerId
 from .runtime import worker as rt
 from .runtime.elastic.protocol import Plan, join_key, plan_key
 from .runtime.env import RankPlan
+from .runtime.measure.spec import Measure
 from .telemetry.events import ELASTIC, Batch, ElasticWhat
 from .telemetry.units import fmt_seconds
 
@@ -119,7 +120,7 @@ class _Run:
 class Healer:
     """Coordinates the elastic runs of one cell; see the module docstring."""
 
-    def __init__(self, membership: Membership, measure: dict[str, Any], *,
+    def __init__(self, membership: Membership, measure: Measure, *,
                  default_max_failures: Optional[int]) -> None:
         self.membership = membership
         #: the cell's telemetry switches, which a replacement worker's run of it takes too
@@ -401,7 +402,7 @@ class Healer:
         m, o = self.membership, self.membership.options
         return Call(mine.worker_id, rt.elastic_join,
                     (mine, m.port, o.device, o.dist_backend, o.timeout, plan, key, slot,
-                     self.seq_base, False), dict(self.measure))
+                     self.seq_base, False), {"measure": self.measure})
 
     def _join_job(self, w: WorkerId) -> Job:
         return next(j for x, j in self.joiner_jobs if x == w)

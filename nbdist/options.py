@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Optional, get_args
 
 from .errors import OptionError
+from .runtime.measure.spec import Measure
 
 # Each choice is written once, as the type a record's field has; the tuples are for the
 # magics' argument parsers and the records' own checks.
@@ -101,7 +102,7 @@ def check_at_least(value: Optional[int], low: int, what: str, key: str = "") -> 
 
 
 #: the metadata of a record's field that holds its dotted key in a profile
-PROFILE_KEY = "profile"
+PROFILE_KEY = "profile"  # Measure (a leaf) spells it too
 
 
 def _in_profile(key: str, default: Any = None, factory: Optional[Callable[[], Any]] = None
@@ -240,14 +241,14 @@ class CellDefaults:
     ``training`` section). ``elastic_max_failures`` is the budget elastic training reads."""
 
     output: OutputMode = _in_profile("training.output", "rank0")
-    telemetry: bool = _in_profile("training.telemetry", True)
-    collective_timing: bool = _in_profile("training.collective_timing", True)
-    bucket_timing: bool = _in_profile("training.bucket_timing", False)
+    #: what cells measure unless their flags say otherwise
+    measure: Measure = field(default_factory=Measure)
     timeout: Optional[float] = _in_profile("training.cell_timeout")
     elastic_max_failures: Optional[int] = _in_profile("training.elastic.max_failures")
 
     def __post_init__(self) -> None:
         check_choice(self.output, OUTPUT_MODES, "output mode", key="output")
+        check_at_least(self.measure.stall_after, 0, "stall_after (0: off)", key="stall_after")
         check_positive(self.timeout, "cell timeout", key="cell_timeout")
         check_at_least(self.elastic_max_failures, 0, "elastic max_failures",
                        key="max_failures")

@@ -264,12 +264,11 @@ class Session:
         """
         d = self.defaults
         output = d.output if output is None else output
-        telemetry = d.telemetry if telemetry is None else telemetry
-        time_collectives = d.collective_timing if time_collectives is None else time_collectives
-        bucket_timing = d.bucket_timing if bucket_timing is None else bucket_timing
         timeout = d.timeout if timeout is None else timeout
         opts = CellOptions(ranks=ranks, timeout=timeout, output=output, name=name,
                            stall_after=stall_after)
+        measure = d.measure.override(telemetry=telemetry, collectives=time_collectives,
+                                     buckets=bucket_timing, stall_after=opts.stall_after)
         m = self.membership
         m.require()
         selected = parse_ranks(opts.ranks, self.world_size)
@@ -283,15 +282,13 @@ class Session:
         ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
         cell_id = uuid.uuid4().hex
         elastic = m.store is not None and len(selected) == self.world_size
-        measure = {"telemetry": telemetry, "collectives": time_collectives,
-                   "buckets": bucket_timing}
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
                       (shipped, cell.filename, cell_id, self.generation, list(selected),
                        r == selected[0]),
-                      {**measure, "coordinated": elastic, "stall_after": opts.stall_after})
+                      {"measure": measure, "coordinated": elastic})
                  for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
-                  name=opts.name, stall_after=opts.stall_after)
+                  name=opts.name, stall_after=measure.stall_after)
         run.label = cell.label
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
         hint = ""

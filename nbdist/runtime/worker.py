@@ -26,6 +26,7 @@ from .capture import EventSink, Transport, captured_output, flush_interval
 from .execute import mimebundle, run_code
 from .interrupt import interruptible
 from .measure.hang import enable_flight_recorder, watching
+from .measure.spec import DEFAULT, Measure
 
 
 class WorkerState:
@@ -236,16 +237,15 @@ def leave() -> None:
 
 
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
-             want_result: bool, grace: float = 3.0, telemetry: bool = True,
-             collectives: bool = True, coordinated: bool = False,
-             slot: Optional[int] = None, keep_cell: bool = False,
-             stall_after: Optional[float] = None, buckets: bool = False) -> results.CellResult:
+             want_result: bool, grace: float = 3.0, measure: Measure = DEFAULT,
+             coordinated: bool = False, slot: Optional[int] = None,
+             keep_cell: bool = False) -> results.CellResult:
     """Run one cell on this rank. ``peers`` are the ranks running the same cell.
 
+    ``measure``: what the cell measures (telemetry switches, the hang doctor's threshold);
     ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
     fails; ``slot``: the rank this worker's events report as (a replacement worker takes the
-    slot of the rank it replaces); ``stall_after`` is the hang doctor's threshold (None: its
-    default, 0: off); ``buckets``: DDP models built in the cell time each bucket."""
+    slot of the rank it replaces)."""
     from ..telemetry import events
     from . import group
     from .measure.model import telemetry as tel
@@ -277,9 +277,9 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                                          evalue=f"could not re-form the process group: {exc}")
                 return results.cell_failed(err, group_alive=False, seq=_state.sink.flush())
         out = results.cell_ok()
-        tel.begin_cell(_state.sink, telemetry, collectives, buckets)
+        tel.begin_cell(_state.sink, measure)
         with interruptible(group.sever) as watch, captured_output(_state.sink), \
-                watching(_state.sink, filename, telemetry, stall_after):
+                watching(_state.sink, filename, measure.telemetry, measure.stall_after):
             try:
                 value = run_code(source, filename, _state.namespace)
                 if want_result:
@@ -431,8 +431,7 @@ def status() -> results.WorkerStatus:
 
 def elastic_join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str,
                  timeout: float, elastic_plan: Any, key: str, slot: int, seq_base: int,
-                 want_result: bool, telemetry: bool = True,
-                 collectives: bool = True, buckets: bool = False) -> results.CellResult:
+                 want_result: bool, measure: Measure = DEFAULT) -> results.CellResult:
     """On a replacement worker: take ``plan``'s rank without forming a group, join the
     survivors of an elastic run at a commit, heal from a live peer, then run the rest of the
     cell as every rank does."""
@@ -455,9 +454,8 @@ def elastic_join(plan: envmod.RankPlan, port: int, device: str, dist_backend: st
     gen = group.generation()
     world = _state.plan.world_size if _state.plan else 1
     return run_cell(step["source"], step["filename"], _state.cell["cell_id"], gen,
-                    list(range(world)), want_result, telemetry=telemetry,
-                    collectives=collectives, coordinated=True, slot=slot, keep_cell=True,
-                    buckets=buckets)
+                    list(range(world)), want_result, measure=measure, coordinated=True,
+                    slot=slot, keep_cell=True)
 
 
 def call_in_namespace(fn: Callable[..., Any], *args: Any) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nbdist.errors import OptionError, ProfileError
-from nbdist.options import CellDefaults, ClusterOptions, LaunchOptions
+from nbdist.options import CellDefaults, ClusterOptions, LaunchOptions, Measure
 from nbdist.profiles import (
     _LAYOUTS,
     _TREE,
@@ -59,6 +59,7 @@ def test_every_key_reaches_its_field(tmp_path):
           telemetry: false
           collective_timing: false
           bucket_timing: true
+          stall_after: 20
           cell_timeout: 30
           elastic: {max_failures: 2}
     """)
@@ -70,8 +71,9 @@ def test_every_key_reaches_its_field(tmp_path):
                                      threads=2, timeout=60.0, launch=launch,
                                      env={"NCCL_IB_DISABLE": "1", "NAME": "x"},
                                      working_dir="/scratch")
-    assert defaults == CellDefaults(output="all", telemetry=False, collective_timing=False,
-                                    bucket_timing=True, timeout=30.0, elastic_max_failures=2)
+    measure = Measure(telemetry=False, collectives=False, buckets=True, stall_after=20.0)
+    assert defaults == CellDefaults(output="all", measure=measure, timeout=30.0,
+                                    elastic_max_failures=2)
 
 
 def test_each_key_sets_one_field_and_the_layout_is_the_documented_one():
@@ -83,7 +85,7 @@ def test_each_key_sets_one_field_and_the_layout_is_the_documented_one():
     assert list(_TREE["runtime"]) == ["device", "dist_backend", "threads", "timeout", "env",
                                       "working_dir"]
     assert list(_TREE["training"]) == ["output", "telemetry", "collective_timing",
-                                       "bucket_timing", "cell_timeout", "elastic"]
+                                       "bucket_timing", "stall_after", "cell_timeout", "elastic"]
 
 
 def test_an_empty_profile_is_the_defaults(tmp_path):

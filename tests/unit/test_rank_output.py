@@ -136,7 +136,7 @@ def test_a_tqdm_bar_in_a_cell_reports_progress_and_writes_nothing(monkeypatch):
     bar_class = tqdm_bars._reporting(tqdm_std.tqdm)
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
-    telemetry.begin_cell(Sink(), enabled=True)
+    telemetry.begin_cell(Sink())
     try:
         for _ in bar_class(range(30), desc="train", mininterval=0):
             pass

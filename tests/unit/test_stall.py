@@ -286,7 +286,7 @@ def test_session_timeout_error_carries_the_ranks_reports(session, backend):
     assert info.value.where.missing == (1,)
     assert "rank 1: in time.sleep(0.05) at In [7], line 5" in str(info.value)
     call = backend.submitted[-1]
-    assert call.kwargs["stall_after"] == 30  # the workers sample on the same threshold
+    assert call.kwargs["measure"].stall_after == 30  # the workers sample on the same threshold
 
 
 def test_session_interrupt_raises_a_keyboard_interrupt_with_the_reports(

@@ -71,6 +71,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol
 from ...telemetry import events as ev
 from ...telemetry.intervals import exposed_seconds
 from .hang import watch as hang_watch
+from .spec import DEFAULT, Measure
 from .tensors import batch_size
 
 # Collectives held for an optimizer step to claim; past this many, the cell is not training.
@@ -174,15 +175,14 @@ class Telemetry:
         self._memory_at = 0.0
 
     # ------------------------------------------------------------- cell lifecycle
-    def begin_cell(self, sink: Any, enabled: bool = True, collectives: bool = True,
-                   buckets: bool = False) -> None:
-        """Start recording a cell's events into ``sink`` (``enabled=False``: record nothing);
-        ``buckets``: DDP models built in the cell time each gradient bucket."""
+    def begin_cell(self, sink: Any, measure: Measure = DEFAULT) -> None:
+        """Start recording a cell's events into ``sink``, as ``measure`` says (with
+        ``measure.telemetry`` off, record nothing)."""
         self.sink = sink
         self.cells += 1
-        self.enabled = enabled and sink is not None
-        self.collectives = collectives
-        self.buckets = buckets
+        self.enabled = measure.telemetry and sink is not None
+        self.collectives = measure.collectives
+        self.buckets = measure.buckets
         self.step, self.steps, self.ddp_seen = None, 0, False
         self.closing = None
         self.optim_depth, self.optim_seen, self.pending_samples = 0, False, 0
