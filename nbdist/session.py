@@ -34,10 +34,15 @@ from .records import ClusterStatus, Comparison, RemoteValue, WorkerRow
 from .rendezvous import StoreHost
 from .runtime import results
 from .runtime import worker as rt
-from .runtime.env import RankPlan, count_local_gpus
+from .runtime.env import count_local_gpus
 from .telemetry.compare import compare
 from .telemetry.run import Run
 from .telemetry.snapshot import RunSnapshot
+
+
+def _membership(name: str, doc: str) -> Any:
+    """A read-only property of the session that reads the job's :class:`Membership`."""
+    return property(lambda self: getattr(self.membership, name), doc=doc)
 
 
 class Session:
@@ -179,28 +184,13 @@ class Session:
         return self
 
     # ----------------------------------------------------------------- the job, read-only
-    @property
-    def backend(self) -> Optional[Backend]:
-        return self.membership.backend
-
-    @property
-    def options(self) -> ClusterOptions:
-        return self.membership.options
-
-    @property
-    def plans(self) -> list[RankPlan]:
-        """One :class:`~nbdist.runtime.env.RankPlan` per rank, in rank order."""
-        return self.membership.plans
-
-    @property
-    def generation(self) -> int:
-        """Bumped whenever the process group must be formed again before the next full cell."""
-        return self.membership.generation
-
-    @property
-    def port(self) -> Optional[int]:
-        """The job store's port (``MASTER_PORT``)."""
-        return self.membership.port
+    backend = _membership("backend", "The engine's adapter (None when not running).")
+    options = _membership("options", "The cluster's :class:`~nbdist.options.ClusterOptions`.")
+    plans = _membership("plans", "One :class:`~nbdist.runtime.env.RankPlan` per rank, in "
+                                 "rank order.")
+    generation = _membership("generation", "Bumped whenever the process group must be formed "
+                                           "again before the next full cell.")
+    port = _membership("port", "The job store's port (``MASTER_PORT``).")
 
     @property
     def running(self) -> bool:

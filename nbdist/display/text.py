@@ -6,19 +6,11 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
+import nbdist.display.tables as tables
+
 from ..layout import text_table
 from ..telemetry.events import STREAM, Batch
 from .refresh import Throttle
-from .tables import (
-    diagnosis_phrases,
-    dims_table,
-    failure_lines,
-    memory_table,
-    pipeline_table,
-    progress_phrases,
-    run_table,
-    stall_lines,
-)
 
 if TYPE_CHECKING:
     from ..telemetry.snapshot import RunSnapshot
@@ -81,23 +73,23 @@ class StreamView:
 # ----------------------------------------------------------------- run telemetry
 def format_line(snap: RunSnapshot, prefix: str = "nbdist: ", final: bool = False) -> str:
     """One line for a run: state, pace, where the step time goes, failures."""
-    parts = progress_phrases(snap, final) + diagnosis_phrases(snap)
-    return prefix + " | ".join(parts + failure_lines(snap))
+    parts = tables.progress_phrases(snap, final) + tables.diagnosis_phrases(snap)
+    return prefix + " | ".join(parts + tables.failure_lines(snap))
 
 
 def format_summary(snap: RunSnapshot) -> str:
     """A plain table of a finished run, one row per rank (or min/median/max and outliers),
     then the pipeline's stages, collectives by mesh dimension and what each rank holds."""
-    head = "nbdist run: " + " | ".join(progress_phrases(snap, final=snap.finished)
-                                       + diagnosis_phrases(snap))
+    head = "nbdist run: " + " | ".join(tables.progress_phrases(snap, final=snap.finished)
+                                       + tables.diagnosis_phrases(snap))
     extra = []
-    for table in (pipeline_table(snap), dims_table(snap), memory_table(snap)):
+    for table in (tables.pipeline_table(snap), tables.dims_table(snap), tables.memory_table(snap)):
         if table is not None:
             extra += ["", *text_table(table)]
-    stall = stall_lines(snap)
+    stall = tables.stall_lines(snap)
     if stall:
         extra += ["", *stall]
-    return "\n".join([head, *text_table(run_table(snap)), *extra])
+    return "\n".join([head, *text_table(tables.run_table(snap)), *extra])
 
 
 class TextDashboard:
@@ -133,7 +125,7 @@ class TextDashboard:
         key = snap.stall.key if snap.stall is not None else None
         if key != self._stall and key is not None:
             self._print("\n".join("nbdist: " + line if i == 0 else "  " + line
-                                  for i, line in enumerate(stall_lines(snap))))
+                                  for i, line in enumerate(tables.stall_lines(snap))))
         self._stall = key
 
     def close(self, snap: RunSnapshot) -> None:
