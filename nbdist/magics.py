@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-from typing import Any, Optional
+import sys
+from typing import Any, NoReturn, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, needs_local_scope
@@ -13,7 +14,6 @@ from IPython.core.magic_arguments import (
     MagicArgumentParser,
     argument,
     magic_arguments,
-    parse_argstring,
 )
 
 import nbdist.automode as auto
@@ -39,9 +39,46 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
                    help="torch threads per worker (default: host cores / workers on host)")
 
 
+class _HelpShown(Exception):
+    """``-h``/``--help`` printed a magic's help: there is nothing to run."""
+
+
+class _Parser(MagicArgumentParser):
+    """IPython's magic parser, with ``-h``/``--help`` on the magic and on every verb.
+
+    argparse ends its help with ``exit()``, which would raise SystemExit in the kernel; here it
+    raises :class:`_HelpShown`, which the magic takes as "done". Errors stay UsageErrors.
+    """
+
+    def __init__(self, *args: Any, add_help: bool = True, **kwargs: Any):
+        super().__init__(*args, add_help=add_help, **kwargs)
+
+    def exit(self, status: int = 0, message: Optional[str] = None) -> NoReturn:
+        if status:
+            self.error(message or "")
+        raise _HelpShown
+
+
+class _CellHelp(argparse._HelpAction):
+    """``%%distributed -h``: print the cell magic's help, run nothing."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> NoReturn:
+        parser.print_help()
+        raise _HelpShown
+
+
+def split_line(line: str) -> list[str]:
+    """A magic's line as shell words, its ``# comment`` dropped as Python would drop it (a
+    ``#`` inside quotes stays)."""
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError as exc:  # unbalanced quotes
+        raise UsageError(str(exc)) from None
+
+
 def _build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The ``%nbdist`` parser and its sub-parser per verb; each verb names its handler."""
-    parser = MagicArgumentParser(prog="nbdist", description="Manage the nbdist cluster.")
+    parser = _Parser(prog="nbdist", description="Manage the nbdist cluster.")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     subs: dict[str, argparse.ArgumentParser] = {}
 
@@ -62,7 +99,11 @@ def _build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPar
     p.add_argument("address", nargs="?", default=None,
                    help="dask: scheduler address tcp://HOST:PORT")
     p.add_argument("--cluster-id", default=None, help="ipyparallel cluster id")
-    p.add_argument("--profile", default=None, help="ipyparallel profile name")
+    p.add_argument("--ipp-profile", default=None, metavar="NAME",
+                   help="ipyparallel profile the cluster was started with (ipcluster "
+                        "--profile NAME)")
+    # connect's --profile before it was --ipp-profile: start's --profile is a YAML file
+    p.add_argument("--profile", dest="old_profile", default=None, help=argparse.SUPPRESS)
     p.add_argument("--url-file", default=None, metavar="FILE",
                    help="ipyparallel client connection file (ipcontroller-client.json)")
     p.add_argument("--scheduler-file", default=None, metavar="FILE",
@@ -117,10 +158,12 @@ def _build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPar
     p.add_argument("names", nargs="*", metavar="NAME", help="runs to show (default: all named)")
 
     p = verb("run", "_run_script", "run a torchrun-style script on every worker")
-    p.add_argument("--timeout", type=float, default=None, metavar="S")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="interrupt the script on every rank after S seconds (default: never)")
     p.add_argument("--all-output", action="store_true", help="show output of every rank")
-    p.add_argument("script", metavar="SCRIPT")
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    p.add_argument("script", metavar="SCRIPT", help="the script, as torchrun would be given it")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="the script's arguments: everything after SCRIPT, -h included")
     return parser, subs
 
 
@@ -135,8 +178,10 @@ class NbdistMagics(Magics):
     @needs_local_scope
     def nbdist(self, line: str, local_ns: Optional[dict] = None) -> Any:
         try:
-            args = _PARSER.parse_args(shlex.split(line))
-        except ValueError as exc:  # unbalanced quotes
+            args = _PARSER.parse_args(split_line(line))
+        except _HelpShown:
+            return None
+        except UsageError as exc:
             raise UsageError(f"%nbdist: {exc}") from None
         if args.verb is None:
             raise UsageError(_PARSER.format_usage() + "\nSee %nbdist? for the verbs.")
@@ -160,8 +205,16 @@ class NbdistMagics(Magics):
 
     def _connect(self, session: Session, args: argparse.Namespace) -> Any:
         opts = _cluster_kwargs(args)
+        if args.old_profile is not None:
+            if args.ipp_profile is not None:
+                raise UsageError("%nbdist connect: give --ipp-profile only (--profile is its "
+                                 "old spelling)")
+            print("nbdist: `%nbdist connect --profile NAME` is deprecated: use --ipp-profile "
+                  "NAME (the ipyparallel profile); --profile is start's profile file",
+                  file=sys.stderr, flush=True)
+            args.ipp_profile = args.old_profile
         target = {k: v for k, v in dict(
-            cluster_id=args.cluster_id, profile=args.profile, url_file=args.url_file,
+            cluster_id=args.cluster_id, profile=args.ipp_profile, url_file=args.url_file,
             address=args.address, scheduler_file=args.scheduler_file).items() if v is not None}
         security = _dask_security(args)
         if security is not None:
@@ -241,6 +294,7 @@ class NbdistMagics(Magics):
                            output="all" if args.all_output else "rank0")
 
     @magic_arguments()
+    @argument("-h", "--help", action=_CellHelp, help="show this help and run nothing")
     @argument("--ranks", default=None, metavar="SPEC",
               help="run on these ranks only, e.g. 0 or 0,2-3 (default: all)")
     @argument("--timeout", type=float, default=None, metavar="S",
@@ -282,7 +336,12 @@ class NbdistMagics(Magics):
         ``--timeout`` and interrupting the kernel name them in the error too. See
         docs/fault-tolerance.md.
         """
-        args = parse_argstring(self.distributed, line)
+        try:
+            args = self.distributed.parser.parse_args(split_line(line))
+        except _HelpShown:
+            return None
+        except UsageError as exc:
+            raise UsageError(f"%%distributed: {exc}") from None
         if args.quiet and args.all_output:
             raise UsageError("%%distributed: use --quiet or --all-output, not both")
         session = default_session()
@@ -308,7 +367,7 @@ class NbdistMagics(Magics):
                                 output=output, telemetry=False if args.no_telemetry else None,
                                 time_collectives=False if args.no_collective_timing else None,
                                 first_line=first_line,
-                                execution_count=getattr(self.shell, "execution_count", None),
+                                execution_count=_prompt_number(self.shell),
                                 name=options.name, stall_after=options.stall_after,
                                 bucket_timing=True if args.bucket_timing else None)
 
@@ -360,6 +419,21 @@ def _dask_security(args: argparse.Namespace) -> Any:
     return Security(require_encryption=True, **{k: v for k, v in files.items() if v})
 
 
+def _prompt_number(shell: Any) -> Optional[int]:
+    """The number the prompt shows for the cell running now (``In [n]``); None outside a
+    stored cell.
+
+    ``shell.execution_count`` is not it on every IPython: 8.x adds one after the cell ran,
+    9.x before running it. Both hand the cell's ExecutionResult, numbered as its prompt, to
+    the display hook before the code runs (9.x numbers an unstored cell too: the next one's).
+    """
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    info = getattr(result, "info", None)
+    if info is None or not info.store_history or info.silent:
+        return None
+    return result.execution_count
+
+
 def _say(message: str) -> None:
     """One progress line for work that takes seconds; the result table follows it."""
     print(f"nbdist: {message}", flush=True)
@@ -370,7 +444,7 @@ NbdistMagics.nbdist.__doc__ = (
     "Examples::\n\n"
     "    %nbdist start -n 2                 # local cluster, gloo on CPU / nccl on GPUs\n"
     "    %nbdist start --profile gpu.yaml   # the cluster a profile describes (-n etc. win)\n"
-    "    %nbdist connect --profile mpi      # an ipcluster started by SSH/MPI/Slurm launchers\n"
+    "    %nbdist connect --ipp-profile mpi  # an ipcluster started by SSH/MPI/Slurm launchers\n"
     "    %nbdist connect --engine dask tls://sched:8786 --tls-ca-file ca.pem --tls-cert me.pem\n"
     "    %nbdist status\n"
     "    %nbdist push lr epochs\n"

@@ -32,7 +32,8 @@ def _option_items(parser: argparse.ArgumentParser) -> list[nodes.list_item]:
     """One list item per option or argument: its spelling, choices/default, help."""
     items = []
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) \
+                or action.help == argparse.SUPPRESS:  # an old spelling kept working
             continue
         choices = "{" + ",".join(str(c) for c in action.choices) + "}" if action.choices \
             else None

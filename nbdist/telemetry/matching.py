@@ -30,9 +30,10 @@ from typing import NamedTuple, Optional
 #: a difference in waiting below this (seconds) is timer noise: nobody is named for it
 WAIT_NOISE_S = 1e-4
 #: a rank is flagged as the straggler when the others spend at least this share of their step
-#: waiting for it, on average over the recent steps ...
+#: waiting for it, on average over the recent steps, more than the median other rank costs ...
 STRAGGLER_SCORE = 0.05
-#: ... and at least this many seconds per step (timer noise on tiny steps is not a straggler)
+#: ... and at least this many seconds per step more (timer noise on tiny steps is not a
+#: straggler)
 STRAGGLER_MIN_S = 0.001
 #: steps every rank must have reported before anyone is flagged
 STRAGGLER_MIN_STEPS = 5
@@ -183,7 +184,20 @@ def straggler_scores(steps: Sequence[MatchedStep], ranks: Sequence[int]
 def flagged(scores: Mapping[int, StragglerScore], steps: int, *,
             min_score: float = STRAGGLER_SCORE, min_s: float = STRAGGLER_MIN_S,
             min_steps: int = STRAGGLER_MIN_STEPS) -> list[int]:
-    """The ranks whose scores make them stragglers (``steps``: matched steps scored)."""
+    """The ranks whose scores make them stragglers (``steps``: matched steps scored).
+
+    A rank is measured against the median of the other ranks' scores, not against zero: where
+    a busy machine takes the CPU from one rank and then another, every rank is waited for in
+    turn and each scores about the same. That is noise, not a rank the others keep waiting for
+    (in a 2-rank job both would otherwise be named); a rank the others wait for more than they
+    wait for the rest is.
+    """
     if steps < min_steps or len(scores) < 2:
         return []
-    return sorted(r for r, s in scores.items() if s.score >= min_score and s.caused_s >= min_s)
+    out = []
+    for r, s in scores.items():
+        others = [q for p, q in scores.items() if p != r]
+        if (s.score - statistics.median(q.score for q in others) >= min_score
+                and s.caused_s - statistics.median(q.caused_s for q in others) >= min_s):
+            out.append(r)
+    return sorted(out)

@@ -114,6 +114,26 @@ def test_no_straggler_on_noise_or_too_few_steps():
     assert flagged(straggler_scores(slow, [0]), 8) == []
 
 
+def test_ranks_waited_for_in_turn_are_noise_not_stragglers():
+    # A busy machine takes the CPU from one rank, then the other: on 5 ms steps each rank is
+    # waited for 2 ms in every other step. Both score 0.2 and cost 1 ms per step; neither is
+    # the rank the others keep waiting for.
+    def step(n, late):
+        return match_step(n, {r: RankStep(0.005, 0.0025 if r != late else 0.0005, 0.002, 100)
+                              for r in (0, 1)})
+    turns = [step(n, n % 2) for n in range(20)]
+    scores = straggler_scores(turns, [0, 1])
+    assert scores[0].score == approx(0.2) and scores[1].score == approx(0.2)
+    assert flagged(scores, len(turns)) == []
+    # one rank waited for more than the other, by more than the thresholds, is flagged
+    mostly_1 = [step(n, 1 if n % 10 else 0) for n in range(20)]
+    assert flagged(straggler_scores(mostly_1, [0, 1]), 20) == [1]
+    # two slow ranks of eight are both named: each is measured against the median rank
+    eight = [match_step(n, {r: RankStep(0.010, 0.001 if r == n % 2 else 0.004, 0.001, 100)
+                            for r in range(8)}) for n in range(20)]
+    assert flagged(straggler_scores(eight, list(range(8))), 20) == [0, 1]
+
+
 def test_one_slow_rank_splits_exposed_time_into_waiting_and_transfer():
     # Rank 1 computes 15 ms per step, rank 0 10 ms: rank 0 waits 5 ms for it in the last
     # bucket's all-reduce, then both spend 2 ms in the transfer (see synthetic.ddp_job).
