@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from typing import Any, Callable, Optional
 
 import cloudpickle
@@ -456,6 +457,18 @@ def elastic_join(plan: envmod.RankPlan, port: int, device: str, dist_backend: st
     return run_cell(step["source"], step["filename"], _state.cell["cell_id"], gen,
                     list(range(world)), want_result, measure=measure, coordinated=True,
                     slot=slot, keep_cell=True)
+
+
+#: the names nbdist puts in every rank's namespace
+PREDEFINED = ("rank", "local_rank", "world_size", "device")
+
+
+def defined_names() -> list[str]:
+    """The names cells defined on this worker (modules, private names and nbdist's own left
+    out): what a restart of its process loses. Safe to call beside a running cell."""
+    return sorted(k for k, v in list(_state.namespace.items())
+                  if not k.startswith("_") and k not in PREDEFINED
+                  and not isinstance(v, types.ModuleType))
 
 
 def call_in_namespace(fn: Callable[..., Any], *args: Any) -> Any:

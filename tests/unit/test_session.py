@@ -8,7 +8,7 @@ import time
 import pytest
 from fakes import Scripted, ScriptedBackend, failed, ok
 
-from nbdist import cell_run
+from nbdist import cell_run, escalation
 from nbdist.backends.base import Outcome
 from nbdist.errors import (
     REBUILD_DDP,
@@ -104,7 +104,7 @@ def test_timeout_interrupts_the_late_ranks_and_bumps_the_generation(session, bac
 
 
 def test_a_rank_that_ignores_the_interrupt_is_named(session, backend, monkeypatch):
-    monkeypatch.setattr(cell_run, "_INTERRUPT_GRACE", 0.05)
+    monkeypatch.setattr(escalation, "STOP_GRACE", 0.05)
     backend.script(r0=Scripted(hang=True, ignores_interrupt=True))
     with pytest.raises(InterruptTimeoutError, match=r"rank\(s\) \[0\] did not stop.*restart"):
         session.run_cell("stuck()", timeout=0.1)
