@@ -307,12 +307,14 @@ class RanksRestarted:
         """`` (it held: model, opt)``: what a rank's namespace held, as far as known."""
         if rank not in self.names:
             return ""
-        names = list(self.names[rank])
-        if not names:
-            return " (it held no names of its own)"
-        more = len(names) - MAX_NAMES
-        return (f" (it held: {', '.join(names[:MAX_NAMES])}"
-                + (f" and {more} more" if more > 0 else "") + ")")
+        names = self.names[rank]
+        return f" (it held: {fmt_names(names)})" if names else " (it held no names of its own)"
+
+
+def fmt_names(names: Sequence[str]) -> str:
+    """``model, opt and 3 more``: names a namespace held, at most :data:`MAX_NAMES` of them."""
+    more = len(names) - MAX_NAMES
+    return ", ".join(names[:MAX_NAMES]) + (f" and {more} more" if more > 0 else "")
 
 
 def restarted_section(r: Optional[RanksRestarted]) -> str:

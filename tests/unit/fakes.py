@@ -152,6 +152,7 @@ class ScriptedBackend(Backend):
             "describe": lambda: {"hostname": self.hostname, "pid": c.worker, "cpu_count": 2,
                                  "gpu_count": 0, "addresses": [], "route_ip": "127.0.0.1"},
             "open_store": lambda: 29500,
+            "defined_names": lambda: self.names.get(c.worker, []),
             "join": lambda: {"rank": c.args[0].rank, "device": "cpu", "backend": "gloo",
                              "threads": 1},
             "status": lambda: {"rank": None, "hostname": self.hostname, "pid": c.worker,
