@@ -167,6 +167,8 @@ class Session:
     def _form(self, options: ClusterOptions) -> None:
         self.membership.form(options)
         self.history.reset()  # a new group: what ran before is not this job's script
+        if self.membership.note:  # e.g. ranks that share a GPU get gloo
+            print(f"nbdist: {self.membership.note}", flush=True)
 
     def stop(self) -> Optional[str]:
         """Stop workers nbdist started (or disconnect from a cluster it attached to).
@@ -400,8 +402,10 @@ class Session:
         from ._version import __version__
         from .export import write
 
-        self.membership.require()
-        return write(path, self.history.entries, self.plans, self.options, self.profile_path,
+        m = self.membership
+        m.require()
+        options = replace(self.options, dist_backend=m.dist_backend)  # gloo on shared GPUs
+        return write(path, self.history.entries, self.plans, options, self.profile_path,
                      version=__version__, force=force)
 
     def save_profile(self, path: str) -> str:

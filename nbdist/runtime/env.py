@@ -199,13 +199,37 @@ def count_local_gpus() -> int:
 def shared_gpus(plans: Sequence[RankPlan]) -> dict[tuple[str, int], list[int]]:
     """GPUs that more than one rank is pinned to, as ``{(host, gpu): [ranks]}``.
 
-    NCCL needs one GPU per rank, so the session refuses such a plan for NCCL.
+    NCCL needs one GPU per rank: see :func:`choose_dist_backend`.
     """
     users: dict[tuple[str, int], list[int]] = {}
     for p in plans:
         if p.gpu is not None:
             users.setdefault((p.hostname, p.gpu), []).append(p.rank)
     return {k: v for k, v in users.items() if len(v) > 1}
+
+
+def choose_dist_backend(asked: str, plans: Sequence[RankPlan]) -> tuple[str, str]:
+    """The process group's backend for ``plans`` (``auto``: each rank picks NCCL on a GPU,
+    gloo on the CPU), and a line for the user ("" when there is nothing to say).
+
+    NCCL needs one GPU per rank, so where ranks would share one, ``auto`` becomes gloo: the
+    ranks still compute on their GPU, and gloo carries the CUDA tensors of ``all_reduce`` and
+    ``broadcast`` (what DDP calls) through host memory. ``nccl`` on shared GPUs is refused
+    (:class:`ValueError`, naming the GPU and its ranks).
+    """
+    shared = shared_gpus(plans) if asked != "gloo" else {}
+    if not shared:
+        return asked, ""
+    (host, gpu), ranks = next(iter(shared.items()))
+    where = f"ranks {', '.join(map(str, ranks))} share GPU {gpu} on {host}"
+    if len(shared) > 1:
+        more = len(shared) - 1
+        where += f" (and {more} more GPU{'s are' if more > 1 else ' is'} shared)"
+    if asked == "nccl":
+        raise ValueError(where)
+    return "gloo", (f"{where}, and NCCL needs one GPU per rank: the process group uses gloo, "
+                    "which carries the ranks' CUDA tensors through host memory (one worker per "
+                    "GPU gets NCCL: -n without a number)")
 
 
 def apply_env(target: MutableMapping[str, str],

@@ -68,7 +68,9 @@ def form(gen: int, rank: int, world_size: int, backend: str, addr: str, port: in
     teardown()
     store = dist.PrefixStore(f"nbdist/pg/{gen}", client(addr, port, timeout))
     kwargs: dict[str, Any] = {}
-    if device is not None and device.type == "cuda":
+    if device is not None and device.type == "cuda" and backend == "nccl":
+        # NCCL binds its communicator to the rank's GPU at once; gloo (ranks sharing a GPU)
+        # takes CUDA tensors as they come, and binding it would move barriers to the GPU.
         kwargs["device_id"] = device
     before = _socket_fds()
     _original_init(backend, store=store, rank=rank, world_size=world_size,

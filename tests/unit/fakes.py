@@ -104,6 +104,7 @@ class ScriptedBackend(Backend):
         self.calls: list[str] = []
         self.submitted: list[Call] = []
         self.jobs: list[ScriptedJob] = []
+        self.gpus = 0  # GPUs each worker's describe() reports
         self.can_restart_workers = False  # True: restart_workers replaces a worker's process
         self.restarted: list[WorkerId] = []  # old ids, in the order restarted
         self.no_nanny: set[WorkerId] = set()  # restart_workers only stops these
@@ -150,7 +151,8 @@ class ScriptedBackend(Backend):
     def _answer(self, name: str, c: Call) -> Any:
         answers: dict[str, Callable[[], Any]] = {
             "describe": lambda: {"hostname": self.hostname, "pid": c.worker, "cpu_count": 2,
-                                 "gpu_count": 0, "addresses": [], "route_ip": "127.0.0.1"},
+                                 "gpu_count": self.gpus, "addresses": [],
+                                 "route_ip": "127.0.0.1"},
             "open_store": lambda: 29500,
             "defined_names": lambda: self.names.get(c.worker, []),
             "join": lambda: {"rank": c.args[0].rank, "device": "cpu", "backend": "gloo",
