@@ -176,8 +176,9 @@ class Membership:
         """Make ``workers`` (admitted already) the job, ranked by host in this order, with the
         profile's variables; returns the new plans."""
         o = self.options
+        held = {p.worker_id: p.gpu for p in self.plans if p.gpu is not None}  # kept by each
         plans = plan_ranks([self.infos[w] for w in workers], threads=o.threads,
-                           use_gpus=o.device != "cpu", master=self.master)
+                           use_gpus=o.device != "cpu", master=self.master, pinned=held)
         if o.env:  # the profile's variables, set and restored with torchrun's
             plans = [replace(p, extra={**o.env, **p.extra}) for p in plans]
         self.plans = plans

@@ -134,7 +134,8 @@ def store_addr(kernel: Mapping[str, Any], workers: Sequence[Mapping[str, Any]]) 
 
 
 def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] = None,
-               use_gpus: bool = True, master: Optional[str] = None) -> list[RankPlan]:
+               use_gpus: bool = True, master: Optional[str] = None,
+               pinned: Optional[Mapping[Any, int]] = None) -> list[RankPlan]:
     """Assign ranks to workers, grouped by host, in the order the workers are given.
 
     Parameters
@@ -145,7 +146,11 @@ def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] =
     threads : int, optional
         torch intra-op threads per worker; default: the host's cores divided among its workers.
     use_gpus : bool
-        Pin each worker to GPU ``local_rank % gpu_count`` where its host has GPUs.
+        Pin each worker to a GPU where its host has GPUs: the next one no worker holds, else
+        ``local_rank % gpu_count`` (more workers than GPUs share them).
+    pinned : mapping, optional
+        The GPU a worker already uses, by worker id: it keeps it (a process keeps its CUDA
+        device when the group is formed again around it, e.g. after an elastic failure).
     master : str, optional
         ``MASTER_ADDR`` when the store is hosted elsewhere than rank 0's host (see
         :func:`store_addr`); default: an address of rank 0's host.
@@ -162,13 +167,19 @@ def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] =
                   else choose_master_addr(host_list[0], host_list[1:]))
     plans = []
     rank = 0
+    pinned = pinned or {}
     for node_rank, members in enumerate(host_list):
         local_n = len(members)
+        held = {pinned[w["worker_id"]] for w in members if w["worker_id"] in pinned}
+        free = [g for g in range(int(members[0].get("gpu_count") or 0)) if g not in held]
         for local_rank, w in enumerate(members):
             cores = int(w.get("cpu_count") or 1)
             n_threads = threads or max(1, cores // local_n)
             gpus = int(w.get("gpu_count") or 0)
-            gpu = local_rank % gpus if (use_gpus and gpus) else None
+            gpu = None
+            if use_gpus and gpus:
+                gpu = (pinned[w["worker_id"]] if w["worker_id"] in pinned
+                       else free.pop(0) if free else local_rank % gpus)
             ifname = "lo" if master == LOOPBACK else _iface_for(w, master)
             plans.append(RankPlan(
                 worker_id=w["worker_id"], hostname=w["hostname"], rank=rank,

@@ -128,3 +128,15 @@ def test_nccl_on_a_shared_gpu_is_refused_naming_it():
     assert choose_dist_backend("nccl", plan_ranks([worker(1, "a", gpus=1)])) == ("nccl", "")
     cpu = plan_ranks([worker(i, "a", gpus=1) for i in range(2)], use_gpus=False)
     assert choose_dist_backend("auto", cpu) == ("auto", "")  # --device cpu: nothing shared
+
+
+def test_workers_keep_their_gpu_and_a_newcomer_takes_the_free_one():
+    """Rank 0 (GPU 0) died: the survivor, now rank 0, stays on GPU 1, where its tensors are,
+    and the replacement takes GPU 0, not GPU 1 by its local rank."""
+    survivor, newcomer = worker("w1", "a", gpus=2), worker("w9", "a", gpus=2)
+    plans = plan_ranks([survivor, newcomer], pinned={"w1": 1})
+    assert [(p.rank, p.worker_id, p.gpu) for p in plans] == [(0, "w1", 1), (1, "w9", 0)]
+    assert shared_gpus(plans) == {}
+    fresh = plan_ranks([worker(i, "a", gpus=2) for i in range(3)])
+    assert [p.gpu for p in fresh] == [0, 1, 0]  # more workers than GPUs: by local rank
+    assert [p.gpu for p in plan_ranks([survivor], pinned={"w1": 1}, use_gpus=False)] == [None]
