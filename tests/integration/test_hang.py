@@ -20,7 +20,7 @@ from nbdist.errors import CellInterrupted, CellTimeoutError
 pytestmark = pytest.mark.timeout(180)
 
 # Short sleeps: on Dask the interrupt is raised in the cell's thread, where it lands between
-# two bytecodes (one long sleep would take it only when the sleep ends).
+# two bytecodes (a rank in one long sleep is restarted instead: the last test).
 CELL = """\
 import time, torch, torch.distributed as dist
 t = torch.ones(4)
