@@ -99,6 +99,8 @@ class RankFold:
         self.step_bytes: deque[int] = deque(maxlen=WINDOW)
         self.pipes: deque[Event] = deque(maxlen=WINDOW)  # schedule steps
         self.stage_s: dict[str, deque[float]] = {}  # "forward"/"backward" -> per microbatch
+        self.models: dict[int, Event] = {}  # DDP model number -> what it runs with, latest
+        self.trial: Optional[Event] = None  # a tuning trial's end on this rank
 
     def add_collective(self, step: int, t0: float, t1: float, nbytes: int,
                        untimed: bool = False) -> None:
@@ -203,7 +205,9 @@ def rank_snapshot(r: int, st: RankFold, numbers: tuple, now: Optional[float], st
         m = st.memory
         mem = st.memory_point = MemoryPoint(m["params"], m["grads"], m["optimizer"],
                                             m.get("rss"), m.get("peak"),
-                                            m.get("device_peak"))
+                                            m.get("device_peak"), m.get("elements"),
+                                            m.get("local_elements"), m.get("state_elements"),
+                                            m.get("sharding"))
     if st.scalars_copy is None:
         st.scalars_copy = dict(st.scalars)
     return RankSnapshot(

@@ -19,6 +19,7 @@ from .events import Batch, Event
 from .snapshot import RunSnapshot
 from .stall import Verdict
 from .trace import write_trace
+from .verdicts import NO_CONTEXT, Context, verdicts
 
 
 class Run:
@@ -59,6 +60,9 @@ class Run:
         self.notes: list[str] = []
         self._stall_key: Optional[tuple] = None  # what the last stall verdict said
         self._stalled = False  # a stall verdict was given at some point
+        #: what the session knew when the run started (other runs, tuning results): what
+        #: the run's verdicts may compare with
+        self.context: Context = NO_CONTEXT
 
     def feed(self, batches: Iterable[Batch]) -> bool:
         """Take batches (any ranks, any order); True if any carried telemetry."""
@@ -77,10 +81,14 @@ class Run:
         self.ended = time.time()
 
     def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
-        """The run's numbers now, with its wall-clock time so far; views draw this."""
+        """The run's numbers now, with its wall-clock time so far, and once it is over what
+        they mean (:mod:`.verdicts`); views draw this."""
         end = self.ended if self.ended is not None else time.time()
-        return replace(self._state.snapshot(now, at=end), wall_s=max(0.0, end - self.started),
+        snap = replace(self._state.snapshot(now, at=end), wall_s=max(0.0, end - self.started),
                        notes=tuple(self.notes))
+        if self.ended is None:
+            return snap
+        return replace(snap, verdicts=verdicts(snap, self.context))
 
     def stall_news(self) -> bool:
         """True once each time the stall verdict appears, changes or goes (views redraw

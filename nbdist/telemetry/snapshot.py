@@ -17,8 +17,9 @@ from .stall import Verdict
 from .states import RankState
 from .units import fmt_rate
 
-__all__ = ["BarState", "DimPoint", "Diagnosis", "MemoryPoint", "Outlier", "PipelinePoint",
-           "RankSnapshot", "RunSnapshot", "StepPoint"]
+__all__ = ["BarState", "DimPoint", "Diagnosis", "MemoryPoint", "ModelPoint", "Outlier",
+           "PipelinePoint", "RankSnapshot", "RunSnapshot", "RunVerdict", "StepPoint",
+           "TrialPoint"]
 
 #: steps used for rates, means and straggler scores (recent behaviour, not the whole run's)
 WINDOW = 20
@@ -72,11 +73,61 @@ class MemoryPoint:
     rss: Optional[int]  # resident memory of the process now
     peak: Optional[int]  # its peak resident memory
     device_peak: Optional[int] = None  # torch.cuda.max_memory_allocated on a GPU
+    #: parameters' elements in full (Ψ), held by this rank, and with optimizer state here
+    elements: Optional[int] = None
+    local_elements: Optional[int] = None
+    state_elements: Optional[int] = None
+    #: how parameters and state are split: "none", "zero1", "fsdp2" or "other"
+    sharding: Optional[str] = None
 
     @property
     def training(self) -> int:
         """Parameters + gradients + optimizer state."""
         return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
+class ModelPoint:
+    """A DDP model the run built (as its lowest rank reported it) and its communication
+    setting: what runs, and which knobs nbdist set (``applied``: the session's or a trial's
+    setting) or the cell's code set itself (``explicit``: they win)."""
+
+    params: int  # elements of the parameters that train
+    tensors: int
+    bucket_cap_mb: Optional[float]
+    gradient_as_bucket_view: bool
+    static_graph: bool
+    comm_hook: Optional[str]  # "fp16", "bf16", "powersgd", another hook's name, or None
+    applied: tuple[str, ...] = ()
+    explicit: tuple[str, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(parameters, tensors)``: how runs of the same model are recognised."""
+        return (self.params, self.tensors)
+
+
+@dataclass(frozen=True)
+class TrialPoint:
+    """A tuning trial's end over its ranks: the fewest optimizer steps a rank took, and
+    whether the step budget cut every rank (else the cell ended first)."""
+
+    steps: int
+    budget: int
+    cut: bool
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """One sentence about what a run's numbers mean (:mod:`.verdicts` writes them), with the
+    figures it states, by name."""
+
+    rule: Literal["exposed", "memory", "compression", "imbalance"]
+    text: str
+    figures: tuple[tuple[str, float], ...] = ()
+
+    def figure(self, name: str) -> Optional[float]:
+        return dict(self.figures).get(name)
 
 
 @dataclass(frozen=True)
@@ -208,6 +259,12 @@ class RunSnapshot:
     #: name -> ((step, min, median, max), ...) over the ranks that logged it at that step
     scalar_spread: dict[str, tuple[tuple[float, float, float, float], ...]] = field(
         default_factory=dict)
+    #: the DDP models the run built, in order, with their communication setting
+    models: tuple[ModelPoint, ...] = ()
+    #: a tuning trial's end (None: the run was no trial)
+    trial: Optional[TrialPoint] = None
+    #: what the numbers mean, once the run is over (at most three; see :mod:`.verdicts`)
+    verdicts: tuple[RunVerdict, ...] = ()
 
     @property
     def bubble(self) -> Optional[float]:

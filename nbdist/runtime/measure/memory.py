@@ -43,15 +43,17 @@ def _add(t: Any, seen: set[tuple[int, int]]) -> int:
     return local.numel() * local.element_size()
 
 
-def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, int]:
-    """Bytes of parameters, gradients and optimizer state held by this rank."""
+def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, Any]:
+    """Bytes of parameters, gradients and optimizer state held by this rank, and what ZeRO's
+    memory model needs to predict them (see :func:`_model`)."""
     params = grads = state = 0
     seen: set[tuple[int, int]] = set()
     for module in list(modules) if opts is None else ():
         for p in module.parameters():
             params += _add(p, seen)
             grads += _add(p.grad, seen)
-    for opt in list(optimizers) if opts is None else opts:
+    chosen = list(optimizers) if opts is None else opts
+    for opt in chosen:
         for group in opt.param_groups:
             for p in group["params"]:
                 params += _add(p, seen)
@@ -60,7 +62,40 @@ def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, int]:
             values = per_param.values() if isinstance(per_param, dict) else ()
             for v in values:
                 state += _add(v, seen)
-    return {"params": params, "grads": grads, "optimizer": state}
+    return {"params": params, "grads": grads, "optimizer": state, **_model(chosen)}
+
+
+def _model(opts: list[torch.optim.Optimizer]) -> dict[str, Any]:
+    """The parameters' elements in full (Ψ, a sharded parameter at its full size), held here,
+    and with optimizer state here; and how they are split: ``"zero1"`` (a
+    ``ZeroRedundancyOptimizer``: its inner optimizer holds the state of this rank's share),
+    ``"fsdp2"`` (every parameter a DTensor sharded on dim 0 over one mesh dimension),
+    ``"other"`` (other DTensor layouts: tensor parallel) or ``"none"``."""
+    every: dict[int, torch.Tensor] = {}
+    stateful: set[int] = set()
+    zero = False
+    for opt in opts:
+        zero = zero or type(opt).__name__ == "ZeroRedundancyOptimizer"
+        for group in opt.param_groups:
+            for p in group["params"]:
+                every.setdefault(id(p), p)
+        stateful.update(id(p) for p, per_param in opt.state.items() if per_param)
+    full = local = with_state = 0
+    placements = set()
+    for key, p in every.items():
+        part = _local(p)
+        full += p.numel()  # a DTensor's numel is its full size
+        local += part.numel()
+        if key in stateful:
+            with_state += part.numel()
+        if part is not p:
+            placements.add(tuple((type(x).__name__, getattr(x, "dim", None))
+                                 for x in getattr(p, "placements", ())))
+    sharding = "zero1" if zero else "none"
+    if placements:
+        sharding = "fsdp2" if placements == {(("Shard", 0),)} else "other"
+    return {"elements": full, "local_elements": local, "state_elements": with_state,
+            "sharding": sharding}
 
 
 def probe() -> Optional[dict[str, Any]]:
