@@ -249,8 +249,15 @@ class Tuning:
             raise OptionError(TUNE_TOO_FEW.format(least=MIN_STEPS, steps=steps))
         skip = warmup(steps)
         search = Search(candidates(dist_backend))
-        shown: dict[DDPSettings, ModelPoint] = {}
-        count = 0
+        # A first run with torch's defaults warms the workers up (first-use costs would
+        # count against whichever setting ran first) and shows whether the cell can be tuned.
+        model = _check(self._trial(trial, search.reference, search, skip, record=False), steps)
+        for s in search.alive:
+            kept = sorted(set(s.given()) & set(model.explicit))
+            if kept:
+                search.skip(s, f"the cell sets {', '.join(kept)} itself")
+        shown: dict[DDPSettings, ModelPoint] = {search.reference: model}
+        count = 1
         while True:
             todo = search.next_round()
             if not todo:
@@ -262,12 +269,6 @@ class Tuning:
                     say(f"nbdist: tune trial {count} ({setting.label}): failed, "
                         f"{search.failed[setting]}")
                     continue
-                if setting == search.reference and search.rounds == 1:
-                    model = _check(snap, steps)
-                    for s in search.alive:
-                        kept = sorted(set(s.given()) & set(model.explicit))
-                        if kept:
-                            search.skip(s, f"the cell sets {', '.join(kept)} itself")
                 shown[setting] = snap.models[0]
                 f = search.figures(setting)
                 say(f"nbdist: tune trial {count} ({setting.label}): "
@@ -276,8 +277,10 @@ class Tuning:
             search.advance()
         return self._choose(search, shown, steps, count, say)
 
-    def _trial(self, trial: Trial, setting: DDPSettings, search: Search,
-               skip: int) -> Optional[RunSnapshot]:
+    def _trial(self, trial: Trial, setting: DDPSettings, search: Search, skip: int,
+               record: bool = True) -> Optional[RunSnapshot]:
+        """Run one trial and keep its steps (``record``); None when the cell failed with this
+        setting (with torch's defaults, its error is raised: the cell itself fails)."""
         name = TRIAL_PREFIX + setting.label
         try:
             run = trial(setting, name)
@@ -288,7 +291,8 @@ class Tuning:
             return None
         if name not in self.trial_names:
             self.trial_names.append(name)
-        search.record(setting, steps_of(run.events(), skip))
+        if record:
+            search.record(setting, steps_of(run.events(), skip))
         return run.snapshot()
 
     def _choose(self, search: Search, shown: Mapping[DDPSettings, ModelPoint], steps: int,

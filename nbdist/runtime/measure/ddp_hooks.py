@@ -354,7 +354,8 @@ def _put_hook(self: Any, state: object, hook: Callable) -> None:
 def _use_hook(ddp: Any, name: str) -> None:
     """Register the compression hook ``name`` the session's setting asks for on a model just
     built, in the slot, so that a hook the cell registers afterwards replaces it."""
-    if ddp._comm_hooks or getattr(ddp, "_use_python_reducer", False):
+    if any(h is not _timed_hook for h, _ in ddp._comm_hooks) or \
+            getattr(ddp, "_use_python_reducer", False):
         return  # DDP registered one itself (mixed precision), or the compiled reducer
     if getattr(ddp, "_nbdist_slot", None) is None and getattr(ddp, "_nbdist_timer", None) is None:
         slot = _HookSlot(default_hooks.allreduce_hook, ddp.process_group)  # telemetry off
