@@ -146,18 +146,22 @@ def scalars(values: dict[str, float], t: float, step: Optional[int] = None) -> E
 
 def memory(t: float, *, params: int, grads: int, optimizer: int, rss: Optional[int],
            peak: Optional[int], device_peak: Optional[int] = None,
-           step: Optional[int] = None, **model: Any) -> Event:
+           step: Optional[int] = None, model: Optional[dict[str, Any]] = None) -> Event:
     """What this rank holds at ``t``: bytes of parameters, gradients and optimizer state
     (sharded tensors counted by their local shard), the process's resident memory now and
     at its peak, and on a GPU the peak of memory allocated by torch on it.
 
-    ``model`` adds what ZeRO's memory model needs (``runtime/measure/memory.py``): the
+    ``model`` is what ZeRO's memory model needs of the optimizers stepped in the running cell
+    (``runtime/measure/memory.py``): their ``params``, ``grads`` and ``optimizer`` bytes, the
     parameters' elements in full (``elements``), held here (``local_elements``) and with
     optimizer state here (``state_elements``), and how they are split (``sharding``:
     ``"none"``, ``"zero1"``, ``"fsdp2"`` or ``"other"``).
     """
-    return {"kind": MEMORY, "t": t, "params": params, "grads": grads, "optimizer": optimizer,
-            "rss": rss, "peak": peak, "device_peak": device_peak, "step": step, **model}
+    event = {"kind": MEMORY, "t": t, "params": params, "grads": grads, "optimizer": optimizer,
+             "rss": rss, "peak": peak, "device_peak": device_peak, "step": step}
+    if model is not None:
+        event["model"] = model
+    return event
 
 
 def ddp_model(t: float, *, model: int, params: int, tensors: int,

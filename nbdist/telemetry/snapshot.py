@@ -17,7 +17,8 @@ from .stall import Verdict
 from .states import RankState
 from .units import fmt_rate
 
-__all__ = ["BarState", "DimPoint", "Diagnosis", "MemoryPoint", "ModelPoint", "Outlier",
+__all__ = ["BarState", "DimPoint", "Diagnosis", "MemoryPoint", "ModelMemory", "ModelPoint",
+           "Outlier",
            "PipelinePoint", "RankSnapshot", "RunSnapshot", "RunVerdict", "StepPoint",
            "TrialPoint"]
 
@@ -64,6 +65,24 @@ class BarState:
 
 
 @dataclass(frozen=True)
+class ModelMemory:
+    """What one rank holds for the optimizers its run stepped, and their parameters' sizes:
+    what ZeRO's memory model predicts from (see :mod:`.verdicts`)."""
+
+    params: int  # bytes
+    grads: int
+    optimizer: int
+    elements: int  # the parameters' elements in full (Ψ)
+    local_elements: int  # ... held by this rank (its shards)
+    state_elements: int  # ... with optimizer state on this rank
+    sharding: str  # "none", "zero1", "fsdp2" or "other"
+
+    @property
+    def training(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
 class MemoryPoint:
     """Bytes one rank held at its latest sample (see ``runtime/measure.py``)."""
 
@@ -73,12 +92,8 @@ class MemoryPoint:
     rss: Optional[int]  # resident memory of the process now
     peak: Optional[int]  # its peak resident memory
     device_peak: Optional[int] = None  # torch.cuda.max_memory_allocated on a GPU
-    #: parameters' elements in full (Ψ), held by this rank, and with optimizer state here
-    elements: Optional[int] = None
-    local_elements: Optional[int] = None
-    state_elements: Optional[int] = None
-    #: how parameters and state are split: "none", "zero1", "fsdp2" or "other"
-    sharding: Optional[str] = None
+    #: what ZeRO's memory model needs of the optimizers stepped in the run
+    model: Optional[ModelMemory] = None
 
     @property
     def training(self) -> int:

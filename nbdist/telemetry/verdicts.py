@@ -4,8 +4,9 @@ support it, each stating them. Pure rules over a :class:`~.snapshot.RunSnapshot`
 The rules, in the order they are given (the first three that speak are kept):
 
 1. **exposed** — communication that compute did not hide takes more than
-   :data:`EXPOSED_SHARE` of a step (its transfer share alone when a straggler makes the
-   others wait: waiting for a slow rank is not the network's cost). It says what would cut
+   :data:`EXPOSED_SHARE` of a step: the exposed transfer where the ranks' steps were matched
+   (waiting for the slowest rank to arrive is not the network's cost, and no DDP setting cuts
+   it; the sentence adds it when it is large), else the exposed time. It says what would cut
    it: the tuned setting for this model when ``--tune`` found one, else ``--tune`` itself.
 2. **memory** — what a rank holds next to the ZeRO paper's model for the strategy in use
    (Rajbhandari et al., 2020). With Ψ parameters, ``b`` bytes per parameter (and per
@@ -32,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Optional
 
-from .snapshot import MemoryPoint, RunSnapshot, RunVerdict
+from .snapshot import ModelMemory, RunSnapshot, RunVerdict
 from .units import fmt_bytes, fmt_fraction, fmt_seconds
 
 __all__ = ["COMPRESSION_MIN_GAIN", "EXPOSED_SHARE", "IMBALANCE_MIN_BYTES", "IMBALANCE_RATIO",
@@ -136,11 +137,13 @@ def _exposed(snap: RunSnapshot, context: Context) -> Optional[RunVerdict]:
     if snap.steps < MIN_STEPS:
         return None
     d = snap.diagnosis
-    if d.waited_for is not None and d.transfer is not None:
-        share, what = d.transfer, "Transfer that compute did not hide"
+    waited = ""
+    if d.transfer is not None:  # matched steps: the transfer itself, apart from waiting
+        share = d.transfer
+        if d.waiting is not None and d.waiting >= EXPOSED_SHARE / 4:
+            waited = f"; waiting for the slowest rank adds {fmt_fraction(d.waiting)}"
     else:
         share = _mean(r.exposed_fraction for r in snap.ranks)
-        what = "Communication that compute did not hide"
     if share is None or share <= EXPOSED_SHARE:
         return None
     tuned = _tuned_for(snap, context)
@@ -162,22 +165,23 @@ def _exposed(snap: RunSnapshot, context: Context) -> Optional[RunVerdict]:
     else:
         remedy = ("`%%distributed --tune` on this cell measures bucket sizes, bucket views, "
                   "static graph and compression for this model")
-    return RunVerdict("exposed", f"{what} takes {fmt_fraction(share)} of each step (over the "
-                                 f"{fmt_fraction(EXPOSED_SHARE)} flagged here): {remedy}.",
-                      (("share", share),))
+    return RunVerdict("exposed", f"Communication that compute did not hide takes "
+                                 f"{fmt_fraction(share)} of each step (over the "
+                                 f"{fmt_fraction(EXPOSED_SHARE)} flagged here{waited}): "
+                                 f"{remedy}.", (("share", share),))
 
 
 _STRATEGY = {"zero1": "ZeRO-1", "fsdp2": "FSDP2", "none": "DDP"}
 
 
-def _predicted(m: MemoryPoint, n: int) -> Optional[tuple[float, float, float, float, float]]:
-    """ZeRO's model for rank memory ``m`` of ``n`` ranks: (params, grads, optimizer) bytes,
-    and the bytes per parameter ``b`` and of optimizer state ``K`` it used."""
-    psi, local = m.elements, m.local_elements
-    if not psi or not local or m.sharding not in _STRATEGY:
+def _predicted(m: ModelMemory, n: int) -> Optional[tuple[float, float, float, float, float]]:
+    """ZeRO's model for what ``m`` holds on one of ``n`` ranks: (params, grads, optimizer)
+    bytes, and the bytes per parameter ``b`` and of optimizer state ``K`` it used."""
+    if not m.elements or not m.local_elements or m.sharding not in _STRATEGY:
         return None
-    b = m.params / local
+    b = m.params / m.local_elements
     k = m.optimizer / m.state_elements if m.state_elements else 0.0
+    psi = m.elements
     opt_share = 1 if m.sharding == "none" else n
     rest_share = n if m.sharding == "fsdp2" else 1
     return b * psi / rest_share, b * psi / rest_share, k * psi / opt_share, b, k
@@ -187,7 +191,7 @@ def _memory(snap: RunSnapshot) -> Optional[RunVerdict]:
     n = len(snap.ranks)
     worst = None
     for r in snap.ranks:
-        m = r.memory
+        m = r.memory.model if r.memory is not None else None
         pred = _predicted(m, n) if m is not None else None
         if m is None or pred is None:
             continue
@@ -202,9 +206,9 @@ def _memory(snap: RunSnapshot) -> Optional[RunVerdict]:
     off, rank, m, measured, model, (_, _, _, b, k) = worst
     if m.sharding == "none" and off <= MEMORY_TOLERANCE:
         return None  # a replicated model holding what it should: nothing to say
-    name = _STRATEGY[m.sharding or "none"] if snap.models or m.sharding != "none" \
+    name = _STRATEGY[m.sharding] if snap.models or m.sharding != "none" \
         else "a replicated model"
-    psi = m.elements or 0
+    psi = m.elements
     if m.sharding == "zero1":
         head = (f"Optimizer state on rank {rank} is {fmt_bytes(measured)}; ZeRO-1's model "
                 f"predicts {fmt_bytes(model)} ({k:.3g} B × Ψ = {psi:,} parameters ÷ {n} ranks)")
@@ -220,18 +224,17 @@ def _memory(snap: RunSnapshot) -> Optional[RunVerdict]:
                                              ("state_per_param", k), ("ranks", n)))
 
 
-def _memory_reason(m: MemoryPoint, n: int, rank: int) -> str:
-    psi = m.elements or 0
-    share = psi / n
-    if m.sharding == "zero1" and m.state_elements is not None:
+def _memory_reason(m: ModelMemory, n: int, rank: int) -> str:
+    share = m.elements / n
+    if m.sharding == "zero1":
         return (f"ZeRO-1 gives each rank the state of whole tensors, and rank {rank} got "
                 f"{m.state_elements:,} parameters' worth instead of Ψ/{n} = {share:,.0f}")
-    if m.sharding == "fsdp2" and m.local_elements is not None and m.local_elements > share:
+    if m.sharding == "fsdp2" and m.local_elements > share:
         return (f"rank {rank} holds {m.local_elements:,} parameters instead of Ψ/{n} = "
                 f"{share:,.0f}: parameters outside fully_shard stay whole on every rank")
     if not m.grads:
         return "it held no gradients when memory was sampled (zero_grad sets them to None)"
-    if m.state_elements is not None and m.state_elements < (m.local_elements or 0):
+    if m.state_elements < m.local_elements:
         return (f"the optimizer holds state for {m.state_elements:,} of the "
                 f"{m.local_elements:,} parameters (frozen, or not stepped yet)")
     return "the optimizer or the model holds tensors the model does not count"

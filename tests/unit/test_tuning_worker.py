@@ -157,3 +157,27 @@ def test_hooks_are_named_as_a_setting_names_them():
     assert tuning.hook_name(powerSGD_hook.powerSGD_hook) == "powersgd"
     assert tuning.hook_name(test_hooks_are_named_as_a_setting_names_them) == \
         "test_hooks_are_named_as_a_setting_names_them"
+
+
+def test_memory_tells_zeros_model_what_the_cells_own_optimizers_hold(group):
+    from nbdist.runtime.measure import memory
+
+    old = torch.nn.Linear(100, 100)
+    old_opt = torch.optim.SGD(old.parameters(), lr=0.1)
+    sink = cell(Measure())
+    old(torch.randn(2, 100)).sum().backward()
+    old_opt.step()  # stepped in an earlier cell: held by the rank, not part of the model
+    end(sink)
+    sink = cell(Measure())
+    ddp = DDP(model())
+    opt = torch.optim.Adam(ddp.parameters(), lr=0.1)
+    train(ddp, opt, 1)
+    held = memory.held()
+    psi = 8 * 8 + 8 + 8 + 1
+    assert held["params"] == 4 * (psi + 100 * 100 + 100)  # everything the rank holds
+    m = held["model"]
+    assert (m["elements"], m["local_elements"], m["state_elements"], m["sharding"]) == (
+        psi, psi, psi, "none")
+    assert m["params"] == m["grads"] == 4 * psi and m["optimizer"] == 8 * psi + 4 * 4
+    end(sink)
+    del old_opt

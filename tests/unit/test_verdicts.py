@@ -14,7 +14,7 @@ from nbdist.records import Comparison
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
 from nbdist.telemetry.compare import compare
-from nbdist.telemetry.snapshot import MemoryPoint
+from nbdist.telemetry.snapshot import ModelMemory
 from nbdist.telemetry.verdicts import (
     EXPOSED_SHARE,
     IMBALANCE_MIN_BYTES,
@@ -37,9 +37,12 @@ def model_event(params=1000, tensors=4, hook=None, applied=(), explicit=()):
 
 def memory_event(params, grads, optimizer, *, elements, local, state, sharding,
                  peak=400 * MB, device_peak=None):
-    return ev.memory(T0 + 5, params=params, grads=grads, optimizer=optimizer, rss=peak,
-                     peak=peak, device_peak=device_peak, elements=elements,
-                     local_elements=local, state_elements=state, sharding=sharding)
+    """A rank's memory sample: the cell's optimizers hold these bytes (and an older one
+    another megabyte, which the model leaves out)."""
+    model = {"params": params, "grads": grads, "optimizer": optimizer, "elements": elements,
+             "local_elements": local, "state_elements": state, "sharding": sharding}
+    return ev.memory(T0 + 5, params=params + MB, grads=grads, optimizer=optimizer, rss=peak,
+                     peak=peak, device_peak=device_peak, model=model)
 
 
 def snapshot(compute=(0.05, 0.05), transfer=0.002, bucket_bytes=(1000, 1000), extra=None,
@@ -210,5 +213,5 @@ def test_compare_has_a_verdicts_column_judged_against_the_other_runs():
 def test_memory_points_carry_what_the_model_needs():
     snap = snapshot(extra=zero1())
     m = snap.ranks[0].memory
-    assert isinstance(m, MemoryPoint) and (m.elements, m.local_elements, m.state_elements,
-                                           m.sharding) == (PSI, PSI, 500, "zero1")
+    assert m is not None and m.params == 4 * PSI + MB  # what the rank holds, all of it
+    assert m.model == ModelMemory(4 * PSI, 4 * PSI, 8 * 500, PSI, PSI, 500, "zero1")

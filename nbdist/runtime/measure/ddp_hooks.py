@@ -442,6 +442,7 @@ def _optimizer_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> 
             # Once per optimizer: a WeakSet's add makes a weak reference on every call.
             memory.optimizers.add(optimizer)
             optimizer._nbdist_seen = memory.optimizers  # type: ignore[attr-defined]
+        optimizer._nbdist_cell = telemetry.cells  # type: ignore[attr-defined]
         telemetry.on_optimizer_step(begin=True)
 
 
