@@ -185,18 +185,13 @@ class TrialRow:
     note: str = ""
 
 
-#: (attribute, column label, scale): a tuning table's numeric columns, units in the labels
-TRIAL_COLUMNS: tuple[tuple[str, str, float], ...] = (
-    ("samples_per_s", "samples/s", 1),
-    ("step_s", "step time (ms)", 1e3),
-    ("spread_s", "spread IQR (ms)", 1e3),
-    ("exposed_fraction", "exposed comm (%)", 100),
-    ("bytes_per_step", "comm/step (MB)", 1e-6),
-    ("peak_memory", "peak memory (MB)", 1e-6),
-    ("bucket_cap_mb", "bucket_cap_mb", 1),
-    ("trials", "trials", 1),
-    ("steps", "steps timed", 1),
-)
+#: a tuning table's numeric columns: attribute -> (column label with its unit, scale)
+TRIAL_COLUMNS: dict[str, tuple[str, float]] = {
+    "samples_per_s": ("samples/s", 1), "step_s": ("step time (ms)", 1e3),
+    "spread_s": ("spread IQR (ms)", 1e3), "exposed_fraction": ("exposed comm (%)", 100),
+    "bytes_per_step": ("comm/step (MB)", 1e-6), "peak_memory": ("peak memory (MB)", 1e-6),
+    "bucket_cap_mb": ("bucket_cap_mb", 1), "trials": ("trials", 1),
+    "steps": ("steps timed", 1)}
 
 
 class TuneResult:
@@ -224,9 +219,10 @@ class TuneResult:
         import pandas as pd
 
         rows = [[None if getattr(r, attr) is None else getattr(r, attr) * scale
-                 for attr, _label, scale in TRIAL_COLUMNS] + [self._note(r)]
+                 for attr, (_label, scale) in TRIAL_COLUMNS.items()] + [self._note(r)]
                 for r in self.rows]
-        frame = pd.DataFrame(rows, columns=[label for _, label, _ in TRIAL_COLUMNS] + ["note"],
+        labels = [label for label, _scale in TRIAL_COLUMNS.values()]
+        frame = pd.DataFrame(rows, columns=labels + ["note"],
                              index=[r.setting for r in self.rows])
         frame.index.name = "setting"
         return frame

@@ -339,13 +339,13 @@ class Session:
             self.named.pop(name, None)
         self.tuning.trial_names.clear()
 
-        def trial(setting: DDPSettings, name: str) -> Run:
+        def trial(setting: DDPSettings, name: str, limit: Optional[float]) -> Run:
             measure = replace(base, ddp=setting, trial_steps=steps)
-            return self._run(code, replace(opts, name=name), measure, first_line,
-                             execution_count, trial=True)[2]
+            return self._run(code, replace(opts, name=name, timeout=limit), measure,
+                             first_line, execution_count, trial=True)[2]
 
         joined = next(iter(self.membership.joined.values()), {"backend": "gloo"})
-        result = self.tuning.tune(trial, steps, joined["backend"],
+        result = self.tuning.tune(trial, steps, joined["backend"], timeout=opts.timeout,
                                   say=(lambda line: None) if quiet else print)
         self.history.cell(self._cells, code, None)
         return result

@@ -28,6 +28,7 @@ from .errors import (
     TUNE_NO_DDP,
     TUNE_TOO_FEW,
     TUNE_TOO_SHORT,
+    CellTimeoutError,
     DistributedError,
     OptionError,
     TuneError,
@@ -56,20 +57,38 @@ CHOOSE_MIN_GAIN = 0.02
 #: how tuning trials are named among the session's runs (``nbdist.compare()`` shows them)
 TRIAL_PREFIX = "tune: "
 
-#: a trial: the cell run with a setting, named, its record returned (DistributedError if the
-#: cell failed with it)
-Trial = Callable[[DDPSettings, str], "Run"]
+#: a trial: the cell run with a setting, named, within a time limit (seconds or None); its
+#: record returned (DistributedError if the cell failed, CellTimeoutError past the limit)
+Trial = Callable[[DDPSettings, str, Optional[float]], "Run"]
 
 
-def candidates(dist_backend: str) -> list[DDPSettings]:
-    """Round one: torch's defaults first, then each knob off its default alone."""
+#: on gloo, torch's PowerSGD hook stops making progress once the gradients span more than
+#: one DDP bucket (the first holds 1 MiB; docs/strategies.md): larger models skip it there
+POWERSGD_GLOO_MAX_BYTES = 2**20
+#: a trial may take this many times the first trial's wall time (or the cell's --timeout)
+TRIAL_TIMEOUT_FACTOR = 10
+#: ... and at least this many seconds
+TRIAL_TIMEOUT_MIN_S = 60.0
+
+
+def candidates(dist_backend: str, grad_bytes: int = 0
+               ) -> tuple[list[DDPSettings], dict[DDPSettings, str]]:
+    """Round one: torch's defaults first, then each knob off its default alone; and the
+    settings left out on this backend for a model of ``grad_bytes`` gradients, with why."""
     out = [DDPSettings()]
     out += [DDPSettings(bucket_cap_mb=float(mb)) for mb in BUCKET_SIZES_MB if mb != 25]
     out += [DDPSettings(gradient_as_bucket_view=True), DDPSettings(static_graph=True),
-            DDPSettings(comm_hook="fp16"), DDPSettings(comm_hook="powersgd")]
+            DDPSettings(comm_hook="fp16")]
+    left_out = {}
+    powersgd = DDPSettings(comm_hook="powersgd")
+    if dist_backend == "nccl" or grad_bytes <= POWERSGD_GLOO_MAX_BYTES:
+        out.append(powersgd)
+    else:
+        left_out[powersgd] = (f"on gloo PowerSGD stalls once gradients span more than one "
+                              f"bucket ({grad_bytes / 2**20:.3g} MiB here)")
     if dist_backend == "nccl":
         out.append(DDPSettings(comm_hook="bf16"))
-    return out
+    return out, left_out
 
 
 class Search:
@@ -241,21 +260,30 @@ class Tuning:
 
     # ------------------------------------------------------------- the search
     def tune(self, trial: Trial, steps: int, dist_backend: str,
-             say: Callable[[str], None] = print) -> TuneResult:
-        """Run the search with ``trial`` (each trial ``steps`` optimizer steps), choose, and
-        return the table. Raises :class:`~nbdist.errors.OptionError` for too few steps and
+             say: Callable[[str], None] = print, timeout: Optional[float] = None
+             ) -> TuneResult:
+        """Run the search with ``trial`` (each trial ``steps`` optimizer steps, within
+        ``timeout`` seconds, else a limit from the first trial's time), choose, and return
+        the table. Raises :class:`~nbdist.errors.OptionError` for too few steps and
         :class:`~nbdist.errors.TuneError` for a cell it cannot tune (nothing changes then)."""
         if steps < MIN_STEPS:
             raise OptionError(TUNE_TOO_FEW.format(least=MIN_STEPS, steps=steps))
         skip = warmup(steps)
-        search = Search(candidates(dist_backend))
         # A first run with torch's defaults warms the workers up (first-use costs would
         # count against whichever setting ran first) and shows whether the cell can be tuned.
-        model = _check(self._trial(trial, search.reference, search, skip, record=False), steps)
+        self.trial_names.append(TRIAL_PREFIX + DDPSettings().label)
+        first = trial(DDPSettings(), self.trial_names[-1], timeout)
+        snap = first.snapshot()
+        model = _check(snap, steps)
+        grid, left_out = candidates(dist_backend, 4 * model.params)
+        search = Search(grid)
+        for s, why in left_out.items():
+            search.skip(s, why)
         for s in search.alive:
             kept = sorted(set(s.given()) & set(model.explicit))
             if kept:
                 search.skip(s, f"the cell sets {', '.join(kept)} itself")
+        limit = timeout or max(TRIAL_TIMEOUT_MIN_S, TRIAL_TIMEOUT_FACTOR * (snap.wall_s or 0))
         shown: dict[DDPSettings, ModelPoint] = {search.reference: model}
         count = 1
         while True:
@@ -264,7 +292,7 @@ class Tuning:
                 break
             for setting in todo:
                 count += 1
-                snap = self._trial(trial, setting, search, skip)
+                snap = self._trial(trial, setting, search, skip, limit)
                 if snap is None:
                     say(f"nbdist: tune trial {count} ({setting.label}): failed, "
                         f"{search.failed[setting]}")
@@ -278,21 +306,23 @@ class Tuning:
         return self._choose(search, shown, steps, count, say)
 
     def _trial(self, trial: Trial, setting: DDPSettings, search: Search, skip: int,
-               record: bool = True) -> Optional[RunSnapshot]:
-        """Run one trial and keep its steps (``record``); None when the cell failed with this
-        setting (with torch's defaults, its error is raised: the cell itself fails)."""
+               limit: float) -> Optional[RunSnapshot]:
+        """Run one trial and keep its steps; None when the cell failed with this setting, or
+        took past ``limit`` seconds (with torch's defaults, the error is raised: the cell
+        fails as it is)."""
         name = TRIAL_PREFIX + setting.label
-        try:
-            run = trial(setting, name)
-        except DistributedError as exc:
-            if setting == search.reference:
-                raise  # the cell fails as it is: that is the user's error, shown whole
-            search.fail(setting, str(exc).strip().splitlines()[0])
-            return None
         if name not in self.trial_names:
             self.trial_names.append(name)
-        if record:
-            search.record(setting, steps_of(run.events(), skip))
+        try:
+            run = trial(setting, name, limit)
+        except (DistributedError, CellTimeoutError) as exc:
+            if setting == search.reference:
+                raise  # the cell fails as it is: that is the user's error, shown whole
+            why = str(exc).strip().splitlines()[0]
+            search.fail(setting, why if isinstance(exc, DistributedError)
+                        else f"ran past {limit:.3g} s and was interrupted")
+            return None
+        search.record(setting, steps_of(run.events(), skip))
         return run.snapshot()
 
     def _choose(self, search: Search, shown: Mapping[DDPSettings, ModelPoint], steps: int,

@@ -111,7 +111,7 @@ def test_a_profile_setting_applies_with_a_note_and_the_cells_argument_wins(ipp, 
 @pytest.mark.parametrize("cell, message", [
     ("x = sum(range(10))", "built no DistributedDataParallel model"),
     (TRAIN.replace("range(200)", "range(3)"), "ended after 3 optimizer steps, before the 6"),
-])
+], ids=["no-ddp", "too-short"])
 def test_a_cell_that_cannot_be_tuned_gets_one_line(ipp, cell, message):
     with pytest.raises(TuneError, match=message):
         ipp.tune(cell, STEPS)

@@ -10,7 +10,13 @@ import sys
 import pytest
 from synthetic import T0
 
-from nbdist.errors import DistributedError, OptionError, RankFailure, TuneError
+from nbdist.errors import (
+    CellTimeoutError,
+    DistributedError,
+    OptionError,
+    RankFailure,
+    TuneError,
+)
 from nbdist.options import CellDefaults
 from nbdist.records import TuneResult
 from nbdist.runtime.measure.spec import DDPSettings, Measure
@@ -22,6 +28,7 @@ from nbdist.tuning import (
     CHOOSE_MIN_GAIN,
     MIN_STEPS,
     TRIAL_PREFIX,
+    TRIAL_TIMEOUT_MIN_S,
     Search,
     Tuning,
     candidates,
@@ -67,20 +74,30 @@ def scripted(speeds: dict[str, float], default: float = 0.010, **kw):
     """A trial function: each setting's step time by label; the calls it got, in order."""
     calls: list[tuple[str, str]] = []
 
-    def trial(setting: DDPSettings, name: str) -> FakeRun:
+    def trial(setting: DDPSettings, name: str, timeout) -> FakeRun:
         calls.append((setting.label, name))
         return FakeRun(setting, speeds.get(setting.label, default), **kw)
 
     return trial, calls
 
 
+def labels(grid):
+    return [s.label for s in grid[0]]
+
+
 def test_the_grid_tries_bucket_sizes_views_static_graph_and_this_backends_hooks():
-    gloo = [s.label for s in candidates("gloo")]
+    gloo = labels(candidates("gloo", 4000))
     assert gloo[0] == "torch's defaults" and len(set(gloo)) == len(gloo)
     assert {f"bucket_cap_mb={mb}" for mb in BUCKET_SIZES_MB if mb != 25} <= set(gloo)
     assert {"gradient_as_bucket_view=True", "static_graph=True", "comm_hook=fp16",
             "comm_hook=powersgd"} <= set(gloo) and "comm_hook=bf16" not in gloo
-    assert "comm_hook=bf16" in [s.label for s in candidates("nccl")]
+    assert "comm_hook=bf16" in labels(candidates("nccl", 4000))
+    # PowerSGD stalls on gloo past one bucket: a larger model leaves it out, saying why
+    big, left_out = candidates("gloo", 8 * 2**20)
+    assert "comm_hook=powersgd" not in [s.label for s in big]
+    assert "stalls once gradients span more than one bucket (8 MiB here)" in \
+        left_out[DDPSettings(comm_hook="powersgd")]
+    assert "comm_hook=powersgd" in labels(candidates("nccl", 8 * 2**20))
 
 
 def test_successive_halving_keeps_the_faster_half_and_the_reference_and_combines():
@@ -90,11 +107,11 @@ def test_successive_halving_keeps_the_faster_half_and_the_reference_and_combines
     said: list[str] = []
     t = Tuning()
     result = t.tune(trial, STEPS, "gloo", say=said.append)
-    labels = [label for label, _ in calls]
-    n1 = len(candidates("gloo"))
-    assert labels[0] == "torch's defaults"  # the warm-up and check
-    round1, rest = labels[1:1 + n1], labels[1 + n1:]
-    assert sorted(round1) == sorted(s.label for s in candidates("gloo"))
+    tried = [label for label, _ in calls]
+    n1 = len(candidates("gloo")[0])
+    assert tried[0] == "torch's defaults"  # the warm-up and check
+    round1, rest = tried[1:1 + n1], tried[1 + n1:]
+    assert sorted(round1) == sorted(labels(candidates("gloo")))
     assert "static_graph=True" not in rest and "bucket_cap_mb=100" not in rest  # halved
     assert "bucket_cap_mb=5, gradient_as_bucket_view=True" in rest  # combined after round 1
     assert rest.count("torch's defaults") >= 1  # the reference stays in every round
@@ -119,12 +136,17 @@ def test_torch_defaults_stay_when_nothing_beats_them_by_the_margin():
     assert t.tuned is not None and t.tuned.speedup is None and t.tuned.knobs == ()
 
 
-def test_a_trial_that_fails_is_shown_and_the_search_goes_on():
-    def trial(setting, name):
+def test_a_trial_that_fails_or_hangs_is_shown_and_the_search_goes_on():
+    limits = []
+
+    def trial(setting, name, timeout):
+        limits.append(timeout)
         if setting.static_graph:
             failure = RankFailure(0, "h", "RuntimeError", "static graph: the graph changed",
                                   traceback="", communication=False)
             raise DistributedError([failure])
+        if setting.comm_hook == "powersgd":
+            raise CellTimeoutError(timeout, [0, 1])
         return FakeRun(setting, 0.01)
 
     said: list[str] = []
@@ -132,10 +154,13 @@ def test_a_trial_that_fails_is_shown_and_the_search_goes_on():
     [row] = [r for r in result.rows if r.setting == "static_graph=True"]
     assert row.note.startswith("failed: ") and "static graph" in row.note
     assert any("static_graph=True): failed" in s for s in said)
+    [row] = [r for r in result.rows if r.setting == "comm_hook=powersgd"]
+    assert f"ran past {TRIAL_TIMEOUT_MIN_S:.3g} s and was interrupted" in row.note
+    assert limits[0] is None and set(limits[1:]) == {TRIAL_TIMEOUT_MIN_S}
 
 
 def test_the_cell_failing_with_torch_defaults_raises_its_own_error():
-    def trial(setting, name):
+    def trial(setting, name, timeout):
         raise DistributedError([RankFailure(0, "h", "ValueError", "bad data", traceback="")])
 
     with pytest.raises(DistributedError, match="bad data"):
@@ -242,7 +267,7 @@ def test_trial_figures_skip_warm_up_and_take_the_slowest_rank_per_step():
 
 
 def test_search_rounds_alternate_their_order_and_stop():
-    s = Search(candidates("gloo"))
+    s = Search(candidates("gloo")[0])
     first = s.next_round()
     assert first[0].label == "torch's defaults"
     for k, setting in enumerate(first):
