@@ -271,6 +271,8 @@ class Tuning:
         skip = warmup(steps)
         # A first run with torch's defaults warms the workers up (first-use costs would
         # count against whichever setting ran first) and shows whether the cell can be tuned.
+        say("nbdist: --tune: a first, untimed run with torch's defaults warms the workers up "
+            "and checks that the cell can be tuned")
         self.trial_names.append(TRIAL_PREFIX + DDPSettings().label)
         first = trial(DDPSettings(), self.trial_names[-1], timeout)
         snap = first.snapshot()
@@ -285,7 +287,7 @@ class Tuning:
                 search.skip(s, f"the cell sets {', '.join(kept)} itself")
         limit = timeout or max(TRIAL_TIMEOUT_MIN_S, TRIAL_TIMEOUT_FACTOR * (snap.wall_s or 0))
         shown: dict[DDPSettings, ModelPoint] = {search.reference: model}
-        count = 1
+        count = 0
         while True:
             todo = search.next_round()
             if not todo:
@@ -341,11 +343,11 @@ class Tuning:
                                           steps=steps, trials=count)
         if best is not None:
             say(f"nbdist: --tune chose {best.label}: {gain:.2f}x the samples/s of torch's "
-                f"defaults ({count} trials of {steps} steps); DDP models built from now on "
-                "use it (`%nbdist tune reset` drops it)")
+                f"defaults ({count} trials of {steps} optimizer steps); DDP models built from "
+                "now on use it (`%nbdist tune reset` drops it)")
         else:
             say(f"nbdist: --tune kept torch's defaults: no exact setting beat them by "
-                f"{CHOOSE_MIN_GAIN:.0%} or more ({count} trials of {steps} steps)")
+                f"{CHOOSE_MIN_GAIN:.0%} or more ({count} trials of {steps} optimizer steps)")
         lossy_gain = _gain(search.figures(lossy), search.figures(search.reference)) \
             if lossy is not None and search.figures(search.reference) else None
         if lossy is not None and lossy_gain is not None and lossy_gain > (gain or 1):

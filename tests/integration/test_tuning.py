@@ -65,7 +65,8 @@ def test_tune_tries_bucket_sizes_cuts_every_trial_and_its_choice_applies_later(i
     frame = result.to_pandas()
     assert {1, 5, 25, 100} <= set(frame["bucket_cap_mb"].dropna())  # torch's 25: the reference
     assert result.rows[0].samples_per_s and result.trials >= len(frame)
-    assert said.count("nbdist: tune trial") == result.trials - 1 and "--tune " in said
+    assert said.count("nbdist: tune trial") == result.trials
+    assert "--tune chose " in said or "--tune kept " in said
     # every trial stopped at its budget on every rank; none left the group broken
     trials = [n for n in s.named if n.startswith(TRIAL_PREFIX)]
     assert TRIAL_PREFIX + "bucket_cap_mb=1" in trials

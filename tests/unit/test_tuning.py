@@ -122,7 +122,8 @@ def test_successive_halving_keeps_the_faster_half_and_the_reference_and_combines
     assert result.rows[0].setting == "comm_hook=fp16" and result.rows[0].lossy
     assert any("chose bucket_cap_mb=5, gradient_as_bucket_view=True: 2.00x" in s for s in said)
     assert any("comm_hook=fp16 measured 2.50x but changes the gradients" in s for s in said)
-    assert len([s for s in said if "tune trial" in s]) == result.trials - 1
+    assert len([s for s in said if "tune trial" in s]) == result.trials == len(calls) - 1
+    assert "untimed run with torch's defaults" in said[0]
 
 
 def test_torch_defaults_stay_when_nothing_beats_them_by_the_margin():
