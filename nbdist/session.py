@@ -294,7 +294,8 @@ class Session:
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
                   name=opts.name, stall_after=measure.stall_after)
         run.label = cell.label
-        run.context = self.tuning.context(self.named)  # what its verdicts may compare with
+        if not trial:  # what its verdicts may compare it with, once it is over
+            run.context = lambda: self.tuning.context(self.named, opts.name)
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
         hint = ""
         if len(selected) < self.world_size:
@@ -335,9 +336,7 @@ class Session:
                                   buckets=bucket_timing, stall_after=opts.stall_after)
         self.membership.require()
         ast.parse(code)  # a syntax error before the first trial
-        for name in self.tuning.trial_names:  # the last tuning's trials make way
-            self.named.pop(name, None)
-        self.tuning.trial_names.clear()
+        self.tuning.forget(self.named)  # the last tuning's trials make way
 
         def trial(setting: DDPSettings, name: str, limit: Optional[float]) -> Run:
             measure = replace(base, ddp=setting, trial_steps=steps)

@@ -251,14 +251,20 @@ class Tuning:
         return (f"nbdist: {'; '.join(parts)} ({n} model{'s' if n > 1 else ''}; "
                 "`%nbdist tune show` says more, `%nbdist tune reset` drops a tuned one)")
 
-    def context(self, named: Mapping[str, Run]) -> Context:
-        """What a run's verdicts may compare it with: the named runs (trials included) and
-        what tuning found."""
-        refs = tuple(r for r in (reference(n, run.snapshot()) for n, run in named.items())
-                     if r is not None)
+    def context(self, named: Mapping[str, Run], own: Optional[str] = None) -> Context:
+        """What a run (named ``own``) may be compared with by its verdicts: the other named
+        runs (tuning trials included) and what tuning found."""
+        refs = tuple(r for r in (reference(n, run.snapshot()) for n, run in named.items()
+                                 if n != own) if r is not None)
         return Context(refs, (self.tuned,) if self.tuned is not None else ())
 
     # ------------------------------------------------------------- the search
+    def forget(self, named: dict[str, Run]) -> None:
+        """Take the last tuning's trials out of the session's ``named`` runs."""
+        for name in self.trial_names:
+            named.pop(name, None)
+        self.trial_names.clear()
+
     def tune(self, trial: Trial, steps: int, dist_backend: str,
              say: Callable[[str], None] = print, timeout: Optional[float] = None
              ) -> TuneResult:

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from .aggregate import RunState
 from .events import Batch, Event
@@ -60,9 +60,10 @@ class Run:
         self.notes: list[str] = []
         self._stall_key: Optional[tuple] = None  # what the last stall verdict said
         self._stalled = False  # a stall verdict was given at some point
-        #: what the session knew when the run started (other runs, tuning results): what
-        #: the run's verdicts may compare with
-        self.context: Context = NO_CONTEXT
+        #: what the run's verdicts may compare it with (other runs, tuning results): asked
+        #: once, when the run is over
+        self.context: Callable[[], Context] = lambda: NO_CONTEXT
+        self._context: Optional[Context] = None
 
     def feed(self, batches: Iterable[Batch]) -> bool:
         """Take batches (any ranks, any order); True if any carried telemetry."""
@@ -88,7 +89,9 @@ class Run:
                        notes=tuple(self.notes))
         if self.ended is None:
             return snap
-        return replace(snap, verdicts=verdicts(snap, self.context))
+        if self._context is None:
+            self._context = self.context()
+        return replace(snap, verdicts=verdicts(snap, self._context))
 
     def stall_news(self) -> bool:
         """True once each time the stall verdict appears, changes or goes (views redraw

@@ -84,3 +84,11 @@ def test_the_python_twin_returns_the_dataframe(session, monkeypatch):
     monkeypatch.setattr(session, "tune", lambda code, n, **kw: result())
     frame = nbdist.tune("train()", 8)
     assert frame.loc["torch's defaults", "samples/s"] == 80.0
+
+
+def test_a_saved_profile_carries_the_tuned_setting(session, tmp_path):
+    from nbdist.profiles import load_profile
+
+    session.tuning.chosen = DDPSettings(bucket_cap_mb=5.0, gradient_as_bucket_view=True)
+    path = session.save_profile(str(tmp_path / "tuned.yaml"))
+    assert load_profile(path).defaults.measure.ddp == session.tuning.chosen

@@ -1,11 +1,10 @@
-"""The workers' half of tuning on a one-rank gloo group in this process: a cell's DDP setting
+"""The workers' half of tuning on a real one-rank gloo group in this process: a cell's DDP setting
 on every model it builds (its own arguments and hooks win), what each model reports, and a
 trial cut at its step budget after the outermost optimizer step."""
 
 from __future__ import annotations
 
 import pytest
-from synthetic import Sink
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -16,6 +15,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from nbdist.runtime.measure import ddp_hooks, tuning  # noqa: E402
 from nbdist.runtime.measure.model import telemetry  # noqa: E402
 from nbdist.runtime.measure.spec import DDPSettings, Measure  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Sink:
+    """What a rank's cell emits into, kept in memory."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def emit(self, event: dict) -> None:
+        self.events.append(event)
+
+    def kinds(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["kind"] == kind]
 
 
 @pytest.fixture
