@@ -64,10 +64,12 @@ class Run:
         #: once, when the run is over
         self.context: Callable[[], Context] = lambda: NO_CONTEXT
         self._context: Optional[Context] = None
+        self._final: Optional[RunSnapshot] = None  # the snapshot once the run is over
 
     def feed(self, batches: Iterable[Batch]) -> bool:
         """Take batches (any ranks, any order); True if any carried telemetry."""
         batches = list(batches)
+        self._final = None
         for b in batches:
             self._seq[b["rank"]] = max(self._seq.get(b["rank"], 0), b["seq"])
         return self._state.feed(batches)
@@ -83,15 +85,22 @@ class Run:
 
     def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
         """The run's numbers now, with its wall-clock time so far, and once it is over what
-        they mean (:mod:`.verdicts`); views draw this."""
+        they mean (:mod:`.verdicts`, for a run that stepped); views draw this. A finished
+        run's snapshot is made once."""
+        if self._final is not None and now is None:
+            return self._final
         end = self.ended if self.ended is not None else time.time()
         snap = replace(self._state.snapshot(now, at=end), wall_s=max(0.0, end - self.started),
                        notes=tuple(self.notes))
         if self.ended is None:
             return snap
-        if self._context is None:
-            self._context = self.context()
-        return replace(snap, verdicts=verdicts(snap, self._context))
+        if snap.steps or any(r.memory for r in snap.ranks):
+            if self._context is None:
+                self._context = self.context()
+            snap = replace(snap, verdicts=verdicts(snap, self._context))
+        if now is None:
+            self._final = snap
+        return snap
 
     def stall_news(self) -> bool:
         """True once each time the stall verdict appears, changes or goes (views redraw

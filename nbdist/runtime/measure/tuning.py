@@ -121,7 +121,10 @@ class Choice:
 def settle(args: tuple, kwargs: dict[str, Any]) -> Choice:
     """Put the cell's setting into ``DDP(*args, **kwargs)`` (``args`` start with the model
     itself): each knob the call does not pass; the ones it passes are kept."""
-    given = _SIGNATURE.bind_partial(None, *args, **kwargs).arguments
+    try:
+        given = _SIGNATURE.bind_partial(None, *args, **kwargs).arguments
+    except TypeError:  # arguments DDP itself refuses: let it say so, with nothing added
+        return Choice([], [], None)
     explicit = [k for k in DDP_KNOBS if k in given]
     if "bucket_cap_mb_list" in given and "bucket_cap_mb" not in explicit:
         explicit.append("bucket_cap_mb")  # buckets sized one by one: not ours to change
