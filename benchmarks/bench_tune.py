@@ -9,10 +9,10 @@ and **few large ones** (2 layers of 2048x2048, about 8.4M parameters in 4 tensor
 2. torch's defaults against the chosen setting, side by side: ``--rounds`` rounds, each
    running both arms once in alternating order, each arm a ``%%distributed`` cell that times
    ``--steps`` steps after ``--warmup`` (wall clock around the timed steps, slowest rank,
-   samples/s = steps x batch x world size / time). The tuned arm builds ``DDP(model)`` and
-   gets the session's tuned setting; the defaults arm passes torch's defaults to ``DDP(...)``
-   itself, which wins over the session's setting. Reported: median samples/s of each arm, the
-   median of the per-round ratios, and their spread (min-max).
+   samples/s = steps x batch x world size / time). Both arms run the same cell, which builds
+   ``DDP(model)``: the session's setting is the tuned one in one arm, an empty one (torch's
+   own defaults) in the other. Reported: median samples/s of each arm, the median of the
+   per-round ratios, and their spread (min-max).
 
 On a loaded machine the figures are indicative only: the ratio of one run's interleaved
 arms is the number to read, not absolute samples/s across runs.
@@ -38,15 +38,14 @@ import time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 SHAPES = {"many-small": (64, 48), "few-large": (2048, 2)}
-DEFAULTS = {"bucket_cap_mb": 25, "gradient_as_bucket_view": False, "static_graph": False}
 
 def make(shape):
     width, depth = SHAPES[shape]
     torch.manual_seed(0)
     return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])
 
-def run(shape, steps, warmup, ddp_kwargs, batch=32):
-    model = DDP(make(shape), **ddp_kwargs)
+def run(shape, steps, warmup, batch=32):
+    model = DDP(make(shape))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     width = SHAPES[shape][0]
     g = torch.Generator().manual_seed(rank)
@@ -62,7 +61,7 @@ def run(shape, steps, warmup, ddp_kwargs, batch=32):
     return {"samples_per_s": steps * batch * world_size / took.item()}
 """
 # The cell --tune runs: it builds its model (each trial its own setting) and trains on.
-TUNE_CELL = "run({shape!r}, 10_000, 0, {{}})"
+TUNE_CELL = "run({shape!r}, 10_000, 0)"
 SHAPES = ("many-small", "few-large")
 
 
@@ -110,17 +109,23 @@ def main(argv: list[str] | None = None) -> int:
 def _shape(s: Any, shape: str, args: argparse.Namespace) -> dict[str, Any]:
     import time
 
+    from nbdist.runtime.measure.spec import DDPSettings
+
     s.tune_reset()
     t0 = time.perf_counter()
     result = s.tune(TUNE_CELL.format(shape=shape), args.tune_steps, quiet=True)
     tune_s = time.perf_counter() - t0
     chosen = s.tune_settings()
     c.log(f"{shape}: --tune chose {result.chosen} ({result.trials} trials, {tune_s:.1f} s)")
-    arms = {"defaults": "DEFAULTS", "tuned": "{}"}  # the tuned arm gets the session's setting
+    # The same cell in both arms: the session's DDP setting is torch's defaults in one (an
+    # empty setting: DDP's own defaults, not the same values passed explicitly, which would
+    # size DDP's first bucket too), the tuned one in the other.
+    arms = {"defaults": DDPSettings(), "tuned": s.tuning.chosen}
     speed: dict[str, list[float]] = {arm: [] for arm in arms}
     for k in range(args.rounds):
         for arm in (("defaults", "tuned") if k % 2 == 0 else ("tuned", "defaults")):
-            s.run_cell(f"_bench = run({shape!r}, {args.steps}, {args.warmup}, {arms[arm]})",
+            s.tuning.chosen = arms[arm]
+            s.run_cell(f"_bench = run({shape!r}, {args.steps}, {args.warmup})",
                        output="quiet")
             speed[arm].append(s.pull("_bench")["samples_per_s"])
         c.log(f"{shape} round {k + 1}/{args.rounds}: defaults {speed['defaults'][-1]:.0f}, "

@@ -62,9 +62,11 @@ TRIAL_PREFIX = "tune: "
 Trial = Callable[[DDPSettings, str, Optional[float]], "Run"]
 
 
+#: the first bucket of torch's defaults (``dist._DEFAULT_FIRST_BUCKET_BYTES``)
+FIRST_BUCKET_BYTES = 2**20
 #: on gloo, torch's PowerSGD hook stops making progress once the gradients span more than
-#: one DDP bucket (the first holds 1 MiB; docs/strategies.md): larger models skip it there
-POWERSGD_GLOO_MAX_BYTES = 2**20
+#: one DDP bucket (docs/strategies.md): larger models skip it there
+POWERSGD_GLOO_MAX_BYTES = FIRST_BUCKET_BYTES
 #: a trial may take this many times the first trial's wall time (or the cell's --timeout)
 TRIAL_TIMEOUT_FACTOR = 10
 #: ... and at least this many seconds
@@ -74,21 +76,32 @@ TRIAL_TIMEOUT_MIN_S = 60.0
 def candidates(dist_backend: str, grad_bytes: int = 0
                ) -> tuple[list[DDPSettings], dict[DDPSettings, str]]:
     """Round one: torch's defaults first, then each knob off its default alone; and the
-    settings left out on this backend for a model of ``grad_bytes`` gradients, with why."""
-    out = [DDPSettings()]
-    out += [DDPSettings(bucket_cap_mb=float(mb)) for mb in BUCKET_SIZES_MB if mb != 25]
-    out += [DDPSettings(gradient_as_bucket_view=True), DDPSettings(static_graph=True),
-            DDPSettings(comm_hook="fp16")]
-    left_out = {}
-    powersgd = DDPSettings(comm_hook="powersgd")
-    if dist_backend == "nccl" or grad_bytes <= POWERSGD_GLOO_MAX_BYTES:
-        out.append(powersgd)
-    else:
-        left_out[powersgd] = (f"on gloo PowerSGD stalls once gradients span more than one "
-                              f"bucket ({grad_bytes / 2**20:.3g} MiB here)")
+    settings left out for a model of ``grad_bytes`` of gradients on this backend, with why.
+
+    Bucket sizes that put the model in the very same buckets as another setting are left
+    out: they cannot differ but by noise. Torch's default buckets hold 25 MiB after a first
+    one of :data:`FIRST_BUCKET_BYTES`; a size given (``bucket_cap_mb=5``) sizes the first
+    too. So a model that fits the first bucket is one bucket at every size, and sizes at
+    least as large as the whole model all give one bucket.
+    """
+    grid = [DDPSettings()]
+    grid += [DDPSettings(bucket_cap_mb=float(mb)) for mb in BUCKET_SIZES_MB if mb != 25]
+    grid += [DDPSettings(gradient_as_bucket_view=True), DDPSettings(static_graph=True),
+             DDPSettings(comm_hook="fp16"), DDPSettings(comm_hook="powersgd")]
     if dist_backend == "nccl":
-        out.append(DDPSettings(comm_hook="bf16"))
-    return out, left_out
+        grid.append(DDPSettings(comm_hook="bf16"))
+    size = f"{grad_bytes / 2**20:.3g} MiB of gradients"
+    left_out: dict[DDPSettings, str] = {}
+    whole = [s for s in grid if s.bucket_cap_mb and s.bucket_cap_mb * 2**20 >= grad_bytes]
+    for s in whole:
+        if grad_bytes <= FIRST_BUCKET_BYTES:
+            left_out[s] = f"one bucket, as with torch's defaults ({size})"
+        elif s is not whole[0]:
+            left_out[s] = f"one bucket, as with {whole[0].label} ({size})"
+    if dist_backend != "nccl" and grad_bytes > POWERSGD_GLOO_MAX_BYTES:
+        left_out[DDPSettings(comm_hook="powersgd")] = (
+            f"on gloo PowerSGD stalls once gradients span more than one bucket ({size})")
+    return [s for s in grid if s not in left_out], left_out
 
 
 class Search:
@@ -283,7 +296,7 @@ class Tuning:
         first = trial(DDPSettings(), self.trial_names[-1], timeout)
         snap = first.snapshot()
         model = _check(snap, steps)
-        grid, left_out = candidates(dist_backend, 4 * model.params)
+        grid, left_out = candidates(dist_backend, model.nbytes)
         search = Search(grid)
         for s, why in left_out.items():
             search.skip(s, why)

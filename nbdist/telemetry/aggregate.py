@@ -427,7 +427,7 @@ class RunState:
         """The lowest rank's DDP models (every rank builds the same), and a trial's end over
         the ranks that reported one."""
         first = next((st.models for _, st in sorted(self._ranks.items()) if st.models), {})
-        models = tuple(ModelPoint(e["params"], e["tensors"], e["bucket_cap_mb"],
+        models = tuple(ModelPoint(e["params"], e["tensors"], e["bytes"], e["bucket_cap_mb"],
                                   e["gradient_as_bucket_view"], e["static_graph"],
                                   e["comm_hook"], tuple(e["applied"]), tuple(e["explicit"]))
                        for _, e in sorted(first.items()))

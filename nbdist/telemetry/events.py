@@ -164,16 +164,17 @@ def memory(t: float, *, params: int, grads: int, optimizer: int, rss: Optional[i
     return event
 
 
-def ddp_model(t: float, *, model: int, params: int, tensors: int,
+def ddp_model(t: float, *, model: int, params: int, tensors: int, nbytes: int,
               bucket_cap_mb: Optional[float], gradient_as_bucket_view: bool,
               static_graph: bool, comm_hook: Optional[str], applied: list[str],
               explicit: list[str]) -> Event:
-    """DDP model number ``model`` of the cell (``params`` elements in ``tensors`` tensors)
-    runs with this setting; ``comm_hook`` names its compression hook (``"fp16"``, ``"bf16"``,
-    ``"powersgd"``, another hook's name, or None). ``applied``: the knobs nbdist set (the
-    session's or a trial's setting); ``explicit``: those the cell's code set itself. Sent
-    again when the cell registers a hook."""
+    """DDP model number ``model`` of the cell (``params`` elements in ``tensors`` tensors,
+    ``nbytes`` of gradients) runs with this setting; ``comm_hook`` names its compression hook
+    (``"fp16"``, ``"bf16"``, ``"powersgd"``, another hook's name, or None). ``applied``: the
+    knobs nbdist set (the session's or a trial's setting); ``explicit``: those the cell's
+    code set itself. Sent again when the cell registers a hook."""
     return {"kind": DDP, "t": t, "model": model, "params": params, "tensors": tensors,
+            "bytes": nbytes,
             "bucket_cap_mb": bucket_cap_mb, "gradient_as_bucket_view": gradient_as_bucket_view,
             "static_graph": static_graph, "comm_hook": comm_hook, "applied": applied,
             "explicit": explicit}

@@ -109,6 +109,7 @@ class ModelPoint:
 
     params: int  # elements of the parameters that train
     tensors: int
+    nbytes: int  # bytes of their gradients
     bucket_cap_mb: Optional[float]
     gradient_as_bucket_view: bool
     static_graph: bool

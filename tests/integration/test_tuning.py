@@ -22,9 +22,9 @@ SETUP = """
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-def make():
+def make(width=1024):  # 12.6 MiB of gradients: each bucket size tried buckets it apart
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(6)])
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(3)])
 """
 # A collective right after every optimizer step, and another after the loop: a trial cut on
 # one rank but not the other would leave that rank waiting in one of them.
@@ -32,7 +32,7 @@ TRAIN = """
 model = DDP(make())
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for k in range(200):
-    loss = model(torch.randn(16, 32)).pow(2).mean()
+    loss = model(torch.randn(16, 1024)).pow(2).mean()
     opt.zero_grad(); loss.backward(); opt.step()
     dist.all_reduce(loss.detach().clone())
 dist.barrier()
@@ -64,6 +64,7 @@ def test_tune_tries_bucket_sizes_cuts_every_trial_and_its_choice_applies_later(i
     said = capsys.readouterr().out
     frame = result.to_pandas()
     assert {1, 5, 25, 100} <= set(frame["bucket_cap_mb"].dropna())  # torch's 25: the reference
+    assert not frame.loc["bucket_cap_mb=1", "note"].startswith("skipped")
     assert result.rows[0].samples_per_s and result.trials >= len(frame)
     assert said.count("nbdist: tune trial") == result.trials
     assert "--tune chose " in said or "--tune kept " in said
@@ -123,8 +124,11 @@ def test_tune_on_dask_chooses_and_applies():
     s = start_session("dask")
     try:
         s.run_cell(SETUP)
-        result = s.tune(TRAIN, 5, quiet=True)
+        # a small model (one bucket at every size): views, static graph and compression
+        small = TRAIN.replace("make()", "make(64)").replace("randn(16, 1024)", "randn(16, 64)")
+        result = s.tune(small, 5, quiet=True)
         assert len([r for r in result.rows if r.samples_per_s]) >= 4
+        assert sum(r.note.startswith("skipped: one bucket") for r in result.rows) == 3
         s.run_cell(LATER.format(args=""))
         assert mib(s.pull("cap")) == (s.tune_settings().bucket_cap_mb or 25)
     finally:

@@ -84,6 +84,7 @@ def test_the_cells_setting_goes_on_every_ddp_model_it_builds(group, telemetry_on
     assert built["applied"] == ["bucket_cap_mb", "gradient_as_bucket_view"]
     assert built["explicit"] == [] and built["bucket_cap_mb"] == 5.0
     assert built["params"] == 8 * 8 + 8 + 8 + 1 and built["tensors"] == 4
+    assert built["bytes"] == 4 * built["params"]
     end(sink)
 
 

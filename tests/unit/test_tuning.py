@@ -48,8 +48,8 @@ class FakeRun:
         for r in (0, 1):
             evs = []
             if ddp:
-                evs.append(ev.ddp_model(T0, model=0, params=1000, tensors=4,
-                                        bucket_cap_mb=cap or 25.0,
+                evs.append(ev.ddp_model(T0, model=0, params=4 * 2**20, tensors=4,
+                                        nbytes=16 * 2**20, bucket_cap_mb=cap or 25.0,
                                         gradient_as_bucket_view=False, static_graph=False,
                                         comm_hook=setting.comm_hook,
                                         applied=list(setting.given()), explicit=list(explicit)))
@@ -85,19 +85,35 @@ def labels(grid):
     return [s.label for s in grid[0]]
 
 
+MIB = 2**20
+
+
 def test_the_grid_tries_bucket_sizes_views_static_graph_and_this_backends_hooks():
-    gloo = labels(candidates("gloo", 4000))
+    gloo = labels(candidates("nccl", 16 * MIB))
     assert gloo[0] == "torch's defaults" and len(set(gloo)) == len(gloo)
     assert {f"bucket_cap_mb={mb}" for mb in BUCKET_SIZES_MB if mb != 25} <= set(gloo)
     assert {"gradient_as_bucket_view=True", "static_graph=True", "comm_hook=fp16",
-            "comm_hook=powersgd"} <= set(gloo) and "comm_hook=bf16" not in gloo
-    assert "comm_hook=bf16" in labels(candidates("nccl", 4000))
+            "comm_hook=powersgd", "comm_hook=bf16"} <= set(gloo)
+    assert "comm_hook=bf16" not in labels(candidates("gloo", 16 * MIB))
     # PowerSGD stalls on gloo past one bucket: a larger model leaves it out, saying why
-    big, left_out = candidates("gloo", 8 * 2**20)
+    big, left_out = candidates("gloo", 8 * MIB)
     assert "comm_hook=powersgd" not in [s.label for s in big]
-    assert "stalls once gradients span more than one bucket (8 MiB here)" in \
+    assert "stalls once gradients span more than one bucket (8 MiB of gradients)" in \
         left_out[DDPSettings(comm_hook="powersgd")]
-    assert "comm_hook=powersgd" in labels(candidates("nccl", 8 * 2**20))
+    assert "comm_hook=powersgd" in labels(candidates("gloo", MIB // 2))
+
+
+@pytest.mark.parametrize("grad_mib, tried, why", [
+    (0.5, [], {1: "one bucket, as with torch's defaults (0.5 MiB of gradients)",
+               5: "one bucket, as with torch's defaults", 100: "as with torch's defaults"}),
+    (3, [1, 5], {100: "one bucket, as with bucket_cap_mb=5 (3 MiB of gradients)"}),
+    (40, [1, 5, 100], {}),
+])
+def test_bucket_sizes_that_give_the_same_buckets_are_tried_once(grad_mib, tried, why):
+    grid, left_out = candidates("nccl", int(grad_mib * MIB))
+    assert [s.bucket_cap_mb for s in grid if s.bucket_cap_mb] == tried
+    for mb, reason in why.items():
+        assert reason in left_out[DDPSettings(bucket_cap_mb=float(mb))]
 
 
 def test_successive_halving_keeps_the_faster_half_and_the_reference_and_combines():
@@ -108,10 +124,10 @@ def test_successive_halving_keeps_the_faster_half_and_the_reference_and_combines
     t = Tuning()
     result = t.tune(trial, STEPS, "gloo", say=said.append)
     tried = [label for label, _ in calls]
-    n1 = len(candidates("gloo")[0])
+    n1 = len(candidates("gloo", 16 * MIB)[0])
     assert tried[0] == "torch's defaults"  # the warm-up and check
     round1, rest = tried[1:1 + n1], tried[1 + n1:]
-    assert sorted(round1) == sorted(labels(candidates("gloo")))
+    assert sorted(round1) == sorted(labels(candidates("gloo", 16 * MIB)))
     assert "static_graph=True" not in rest and "bucket_cap_mb=100" not in rest  # halved
     assert "bucket_cap_mb=5, gradient_as_bucket_view=True" in rest  # combined after round 1
     assert rest.count("torch's defaults") >= 1  # the reference stays in every round
@@ -151,7 +167,7 @@ def test_a_trial_that_fails_or_hangs_is_shown_and_the_search_goes_on():
         return FakeRun(setting, 0.01)
 
     said: list[str] = []
-    result = Tuning().tune(trial, STEPS, "gloo", say=said.append)
+    result = Tuning().tune(trial, STEPS, "nccl", say=said.append)  # PowerSGD runs on NCCL
     [row] = [r for r in result.rows if r.setting == "static_graph=True"]
     assert row.note.startswith("failed: ") and "static graph" in row.note
     assert any("static_graph=True): failed" in s for s in said)
@@ -189,7 +205,7 @@ def test_settings_on_knobs_the_cell_sets_itself_are_skipped():
     trial, calls = scripted({}, explicit=("bucket_cap_mb",))
     result = Tuning().tune(trial, STEPS, "gloo", say=lambda s: None)
     assert not any(label.startswith("bucket_cap_mb") for label, _ in calls)
-    skipped = [r for r in result.rows if r.note.startswith("skipped")]
+    skipped = [r for r in result.rows if "sets bucket_cap_mb" in r.note]
     assert {r.setting for r in skipped} == {"bucket_cap_mb=1", "bucket_cap_mb=5",
                                             "bucket_cap_mb=100"}
     assert "the cell sets bucket_cap_mb itself" in skipped[0].note
@@ -214,7 +230,7 @@ def test_a_later_cell_gets_a_note_when_the_setting_applied_or_the_cell_kept_its_
     t.tune(scripted({"bucket_cap_mb=5": 0.005})[0], STEPS, "gloo", say=lambda s: None)
 
     def later(applied=(), explicit=()):
-        evs = [ev.ddp_model(T0, model=0, params=10, tensors=2, bucket_cap_mb=5.0,
+        evs = [ev.ddp_model(T0, model=0, params=10, tensors=2, nbytes=40, bucket_cap_mb=5.0,
                             gradient_as_bucket_view=False, static_graph=False, comm_hook=None,
                             applied=list(applied), explicit=list(explicit))]
         state = RunState([0])
@@ -268,7 +284,7 @@ def test_trial_figures_skip_warm_up_and_take_the_slowest_rank_per_step():
 
 
 def test_search_rounds_alternate_their_order_and_stop():
-    s = Search(candidates("gloo")[0])
+    s = Search(candidates("gloo", 16 * MIB)[0])
     first = s.next_round()
     assert first[0].label == "torch's defaults"
     for k, setting in enumerate(first):

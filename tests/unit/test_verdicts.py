@@ -30,7 +30,8 @@ MB = 2**20
 
 
 def model_event(params=1000, tensors=4, hook=None, applied=(), explicit=()):
-    return ev.ddp_model(T0, model=0, params=params, tensors=tensors, bucket_cap_mb=25.0,
+    return ev.ddp_model(T0, model=0, params=params, tensors=tensors, nbytes=4 * params,
+                        bucket_cap_mb=25.0,
                         gradient_as_bucket_view=False, static_graph=False, comm_hook=hook,
                         applied=list(applied), explicit=list(explicit))
 

@@ -182,7 +182,8 @@ def report(ddp: Any, choice: Optional[Choice] = None, hook: Optional[str] = None
     cap = getattr(ddp, "bucket_bytes_cap", None)
     sink.emit(ev.ddp_model(
         time.time(), model=ddp._nbdist_model, params=sum(p.numel() for p in params),
-        tensors=len(params), bucket_cap_mb=cap / 2**20 if cap else None,
+        tensors=len(params), nbytes=sum(p.numel() * p.element_size() for p in params),
+        bucket_cap_mb=cap / 2**20 if cap else None,
         gradient_as_bucket_view=bool(ddp.gradient_as_bucket_view),
         static_graph=bool(ddp.static_graph), comm_hook=getattr(ddp, "_nbdist_hook", None),
         applied=list(choice.applied), explicit=list(choice.explicit)))
