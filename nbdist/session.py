@@ -16,6 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from html import escape
 from typing import Any, Callable, Optional
 
@@ -278,16 +279,12 @@ class Session:
                            stall_after=stall_after)
         measure = d.measure.override(telemetry=telemetry, collectives=time_collectives,
                                      buckets=bucket_timing, stall_after=opts.stall_after)
-        outcomes, selected, _ = self._run(code, opts, measure, first_line, execution_count)
-        first = outcomes[0]
-        if first["value"]:
-            return RemoteValue(selected[0], first["value"])
-        return None
+        return self._run(code, opts, measure, first_line, execution_count)[0]
 
     def _run(self, code: str, opts: CellOptions, measure: Measure, first_line: int,
              execution_count: Optional[int], trial: bool = False
-             ) -> tuple[list[results.CellResult], tuple[int, ...], Run]:
-        """Run ``code`` as one cell: its results, ranks and run (a ``trial`` is not history)."""
+             ) -> tuple[Optional[RemoteValue], Run]:
+        """Run ``code`` as one cell: its value and its run (a ``trial`` is not history)."""
         m = self.membership
         m.require()
         selected = parse_ranks(opts.ranks, self.world_size)
@@ -328,44 +325,32 @@ class Session:
             if opts.name is not None:
                 self.named.pop(opts.name, None)  # a re-run goes to the end, in run order
                 self.named[opts.name] = run
-        if not trial:
-            self.history.cell(number, code,
-                              None if len(selected) == self.world_size else selected)
-        note = self.tuning.note(run.snapshot(), self.defaults)
-        if note is not None and opts.output != "quiet":
-            print(note, flush=True)  # under the cell: its DDP models got the session's setting
-        return outcomes, selected, run
+        if not trial:  # a tuning's trials are one cell of the script: tune() adds it
+            self.history.cell(number, code, None if len(selected) == self.world_size else selected)
+        self.tuning.say_note(run.snapshot(), self.defaults, opts.output)  # under the cell
+        value = outcomes[0]["value"]
+        return (RemoteValue(selected[0], value) if value else None), run
 
     def tune(self, code: str, steps: int = DEFAULT_STEPS, *, timeout: Optional[float] = None,
              time_collectives: Optional[bool] = None, bucket_timing: Optional[bool] = None,
              stall_after: Optional[float] = None, first_line: int = 1,
              execution_count: Optional[int] = None, quiet: bool = False) -> TuneResult:
         """``%%distributed --tune``: run ``code`` as trials of ``steps`` optimizer steps, each
-        with one DDP setting, and make the fastest exact one the default for DDP models built
-        later. Returns the table, fastest first; trials are named ``tune: SETTING`` for
-        :meth:`compare`. See ``docs/tuning.md``; a cell it cannot tune raises ``TuneError``."""
-        d = self.defaults
-        opts = CellOptions(timeout=d.timeout if timeout is None else timeout, output="quiet",
-                           stall_after=stall_after)
-        base = d.measure.override(telemetry=True, collectives=time_collectives,
-                                  buckets=bucket_timing, stall_after=opts.stall_after)
+        with one DDP setting; the fastest exact one becomes the default of DDP models built
+        later. Returns the table, fastest first (``docs/tuning.md``); raises ``TuneError``."""
         self.membership.require()
         ast.parse(code)  # a syntax error before the first trial
-        self.tuning.forget(self.named)  # the last tuning's trials make way
-
-        def trial(setting: DDPSettings, name: str, limit: Optional[float]) -> Run:
-            measure = replace(base, ddp=setting, trial_steps=steps)
-            return self._run(code, replace(opts, name=name, timeout=limit), measure,
-                             first_line, execution_count, trial=True)[2]
-
+        trial, limit = self.tuning.trials(
+            partial(self._run, code, first_line=first_line, execution_count=execution_count,
+                    trial=True), self.named, self.defaults, steps,
+            timeout, time_collectives, bucket_timing, stall_after)
         joined = next(iter(self.membership.joined.values()), {"backend": "gloo"})
-        result = self.tuning.tune(trial, steps, joined["backend"], timeout=opts.timeout,
+        result = self.tuning.tune(trial, steps, joined["backend"], timeout=limit,
                                   say=(lambda line: None) if quiet else print)
         self.history.cell(self._cells, code, None)
         return result
 
-    def tune_settings(self) -> DDPSettings:
-        """The DDP setting of models built from now on (tuned, else the profile's)."""
+    def tune_settings(self) -> DDPSettings:  # of DDP models built from now on
         return self.tuning.defaults(self.defaults).measure.ddp
 
     def tune_show(self) -> str:  # %nbdist tune show
@@ -423,8 +408,7 @@ class Session:
             raise OptionError(f"no run named {', '.join(map(repr, unknown))}; named runs: "
                               f"{', '.join(self.named)}")
         chosen = {n: self.named[n].snapshot() for n in (names or self.named)}
-        tuned = (self.tuning.tuned,) if self.tuning.tuned is not None else ()
-        return Comparison(compare(chosen, tuned))
+        return Comparison(compare(chosen, self.tuning.known()))
 
     # ----------------------------------------------------------------- data
     def push(self, values: dict[str, Any], *, ranks: Optional[str] = None) -> None:

@@ -33,9 +33,9 @@ from .errors import (
     OptionError,
     TuneError,
 )
-from .options import CellDefaults
+from .options import CellDefaults, CellOptions
 from .records import TrialRow, TuneResult
-from .runtime.measure.spec import DDPSettings
+from .runtime.measure.spec import DDPSettings, Measure
 from .telemetry.snapshot import ModelPoint, RunSnapshot
 from .telemetry.trials import TrialFigures, TrialSteps, figures, steps_of, warmup
 from .telemetry.units import fmt_rate, fmt_seconds
@@ -243,6 +243,12 @@ class Tuning:
         return (f"dropped the tuned DDP setting ({had.label}); DDP models built from now on "
                 f"get {back}")
 
+    def say_note(self, snap: RunSnapshot, defaults: CellDefaults, output: str) -> None:
+        """Print :meth:`note` under the cell (unless its output is quiet)."""
+        note = self.note(snap, defaults)
+        if note is not None and output != "quiet":
+            print(note, flush=True)
+
     def note(self, snap: RunSnapshot, defaults: CellDefaults) -> Optional[str]:
         """The line under a cell whose DDP models got the session's setting (None: none)."""
         models = [m for m in snap.models if m.applied or m.explicit]
@@ -271,7 +277,31 @@ class Tuning:
                                  if n != own) if r is not None)
         return Context(refs, (self.tuned,) if self.tuned is not None else ())
 
+    def known(self) -> tuple[Tuned, ...]:
+        """What tuning found, for ``compare()``'s verdicts (empty: nothing tuned)."""
+        return (self.tuned,) if self.tuned is not None else ()
+
     # ------------------------------------------------------------- the search
+    def trials(self, run: Callable[[CellOptions, Measure], tuple[object, Run]],
+               named: dict[str, Run], defaults: CellDefaults, steps: int,
+               timeout: Optional[float] = None, time_collectives: Optional[bool] = None,
+               bucket_timing: Optional[bool] = None, stall_after: Optional[float] = None
+               ) -> tuple[Trial, Optional[float]]:
+        """A new tuning of the cell that ``run`` runs (with options and a measure; it returns
+        the cell's value and run): its :data:`Trial` and time limit. The last tuning's trials
+        leave ``named``. The other arguments are ``run_cell``'s, over ``defaults``."""
+        self.forget(named)
+        opts = CellOptions(timeout=defaults.timeout if timeout is None else timeout,
+                           output="quiet", stall_after=stall_after)
+        base = defaults.measure.override(telemetry=True, collectives=time_collectives,
+                                         buckets=bucket_timing, stall_after=stall_after)
+
+        def trial(setting: DDPSettings, name: str, limit: Optional[float]) -> Run:
+            measure = replace(base, ddp=setting, trial_steps=steps)
+            return run(replace(opts, name=name, timeout=limit), measure)[1]
+
+        return trial, opts.timeout
+
     def forget(self, named: dict[str, Run]) -> None:
         """Take the last tuning's trials out of the session's ``named`` runs."""
         for name in self.trial_names:
