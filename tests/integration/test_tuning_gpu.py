@@ -29,15 +29,15 @@ SETUP = textwrap.dedent("""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    def make():
+    def make():  # 12.6 MiB of gradients: each bucket size tried buckets it apart
         torch.manual_seed(0)
-        return torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]).to(device)
+        return torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(3)]).to(device)
 """)
 TRAIN = textwrap.dedent("""
     model = DDP(make(), device_ids=[device.index])
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     for k in range(10_000):
-        loss = model(torch.randn(64, 512, device=device)).pow(2).mean()
+        loss = model(torch.randn(64, 1024, device=device)).pow(2).mean()
         opt.zero_grad(); loss.backward(); opt.step()
 """)
 
@@ -55,7 +55,8 @@ def gpu_session():
 def test_tune_on_gpus_tries_bf16_and_its_choice_applies(gpu_session):
     s = gpu_session
     frame = s.tune(TRAIN, 8, quiet=True).to_pandas()
-    assert "comm_hook=bf16" in frame.index and {1, 5, 25, 100} <= set(frame["bucket_cap_mb"])
+    assert "comm_hook=bf16" in frame.index
+    assert {1, 5, 25, 100} <= set(frame["bucket_cap_mb"].dropna())  # none skipped: 12.6 MiB
     s.run_cell("cap = DDP(make(), device_ids=[device.index]).bucket_bytes_cap")
     assert s.pull("cap") / 2**20 == (s.tune_settings().bucket_cap_mb or 25)
     s.tune_reset()
@@ -72,7 +73,7 @@ def test_a_session_hook_on_a_gpu_model_gives_way_to_the_cells_own(gpu_session):
             first = [h.__name__ for h, _ in m._comm_hooks if h.__name__ != "_timed_hook"]
             m.register_comm_hook(None, default_hooks.bf16_compress_hook)
             then = [h.__name__ for h, _ in m._comm_hooks if h.__name__ != "_timed_hook"]
-            m(torch.randn(8, 512, device=device)).sum().backward()
+            m(torch.randn(8, 1024, device=device)).sum().backward()
         """), output="quiet")
         assert s.pull("first") == ["fp16_compress_hook"]
         assert s.pull("then") == ["bf16_compress_hook"]
