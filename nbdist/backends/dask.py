@@ -20,6 +20,7 @@ import logging
 import pickle
 import re
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -38,6 +39,7 @@ from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, WorkerId, poll_until, signal_text
 from .dask_runner import Runner, publish
 from .launchers import cluster_spec, import_cluster_class, worker_process_config
+from .remote import check_with_asyncssh, judge, make_cluster_dir, probe_command, remove_cluster_dir
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
@@ -174,18 +176,14 @@ class DaskBackend(Backend[distributed.Client]):
         self._events: deque[bytes] = deque()
         self._runners: dict[WorkerId, _RunnerRef] = {}
         self._size = 0  # workers the cluster nbdist started should have
+        self._dir: Optional[str] = None  # a batch launcher's directory for its jobs' output
+        self._started = False  # True once every worker came up (a failed start keeps _dir)
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self, n: int, timeout: float) -> None:
         self._size = n
         if not self.launch.local:
-            module, name, package, kwargs, scale = cluster_spec(self.launch, n, self._tag)
-            cls = import_cluster_class(module, name, package, self.launch.launcher)
-            self.cluster = cls(**kwargs)
-            if scale:
-                self.cluster.scale(n)
-            self.client = _new_client(self.cluster, timeout=timeout)
-            self.client.wait_for_workers(n, timeout=timeout)
+            self._start_elsewhere(n, timeout)
             return
         _quiet_relay_errors()
         with worker_process_config():
@@ -198,6 +196,49 @@ class DaskBackend(Backend[distributed.Client]):
                 memory_limit=0)
             self.client = _new_client(self.cluster, timeout=timeout)
             self.client.wait_for_workers(n, timeout=timeout)
+
+    def _start_elsewhere(self, n: int, timeout: float) -> None:
+        """Workers through a launcher: batch jobs write their output into a directory of the
+        cluster's own; SSH hosts are checked before anything starts there."""
+        launcher = self.launch.launcher
+        if launcher in ("slurm", "pbs", "sge", "lsf"):
+            self._dir = make_cluster_dir(self.name)
+        module, name, package, kwargs, scale = cluster_spec(self.launch, n, self._tag,
+                                                            self._dir)
+        cls = import_cluster_class(module, name, package, launcher)
+        if launcher == "ssh":
+            kwargs["routes"] = self._check_hosts(kwargs)
+        try:
+            with worker_process_config(local=False):  # SSH hosts inherit this config
+                self.cluster = cls(**kwargs)
+                if scale:
+                    self.cluster.scale(n)
+                self.client = _new_client(self.cluster, timeout=timeout)
+                self.client.wait_for_workers(n, timeout=timeout)
+        except Exception as exc:
+            if self._dir:  # kept: the jobs' output says why
+                raise ClusterError(f"{type(exc).__name__}: {exc}; the jobs' output is in "
+                                   f"{self._dir}") from exc
+            raise
+        self._started = True
+
+    def _check_hosts(self, kwargs: dict[str, Any]) -> dict[str, Optional[str]]:
+        """Ask every SSH host whether it can run workers (see :mod:`.remote`); each host's
+        address on the route to ``listen``."""
+        given = kwargs.get("remote_python")
+        python = given or sys.executable
+        hosts = check_with_asyncssh(
+            list(self.launch.hosts), probe_command(python, self.name, self.launch.listen),
+            kwargs.get("connect_options") or {})
+        judge(hosts, python, bool(given), self.name)
+        return {h.name: h.route for h in hosts}
+
+    def _close_cluster(self, cluster: Any) -> None:
+        try:
+            cluster.close()
+        finally:
+            if self._started:
+                remove_cluster_dir(self._dir)
 
     def start(self, n: int, timeout: float) -> None:
         super().start(n, timeout)
@@ -315,7 +356,7 @@ class DaskBackend(Backend[distributed.Client]):
         assert cluster is not None  # scale() checked
         want = len(self.worker_ids()) + k
         self._size = want
-        with worker_process_config():
+        with worker_process_config(local=self.launch.local):
             cluster.scale(want)
             client.wait_for_workers(want, timeout=timeout)
 
@@ -333,7 +374,7 @@ class DaskBackend(Backend[distributed.Client]):
                       and str(w.status).endswith(("running", "init", "starting"))]
         if len(restarting) >= size:
             return
-        with worker_process_config():
+        with worker_process_config(local=self.launch.local):
             cluster.scale(max(size, len(getattr(cluster, "worker_spec", ()) or ())))
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int],

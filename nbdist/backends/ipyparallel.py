@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
@@ -24,6 +26,15 @@ from .base import (
     wait_all,
 )
 from .launchers import launcher_settings
+from .remote import (
+    Host,
+    check_with_ssh,
+    judge,
+    make_cluster_dir,
+    probe_command,
+    remove_cluster_dir,
+    remove_remotely,
+)
 
 _KEY = "nbdist:"
 # The controller confirms new engines at its next heart beat; ipyparallel's default period
@@ -136,6 +147,10 @@ class IpyparallelBackend(Backend[ipp.Client]):
     _timeout: float = 300.0
     _dask: Any = None  # the distributed.Client of become_dask, once asked for
     _dask_engines: frozenset = frozenset()
+    _dir: Optional[str] = None  # the cluster's own directory (launchers other than local)
+    _hosts: list[Host] = []  # the SSH hosts as the check before the start found them
+    _ssh: list[str] = []  # the ssh command with its arguments
+    _started = False  # True once every worker came up (a failed start keeps its files)
 
     def _start(self, n: int, timeout: float) -> None:
         self._timeout = timeout
@@ -143,9 +158,22 @@ class IpyparallelBackend(Backend[ipp.Client]):
         # the key); with a launcher that starts engines elsewhere, on the address the profile
         # names.
         ip = "127.0.0.1" if self.launch.local else self.launch.listen
-        cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch, timeout)
+        where: dict[str, Any] = {}
+        python = None
+        if not self.launch.local:
+            # Its own profile: connection files, job scripts and logs, out of the notebook's
+            # directory and the user's ~/.ipython.
+            self._dir = where["profile_dir"] = make_cluster_dir(self.name)
+            for name in ("ipython_config.py", "ipython_kernel_config.py"):
+                # Hosts sharing this filesystem find the profile complete: ipyparallel's
+                # `ipython profile create` there then prints nothing into the notebook.
+                open(os.path.join(self._dir, name), "a").close()
+            if self.launch.launcher == "ssh":
+                python = self._check_hosts()
+        cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch, timeout,
+                                                                self._dir, python)
         self.cluster = ipp.Cluster(n=n, controller_ip=ip, log_level=logging.WARNING,
-                                   controller_args=_HEARTBEAT_ARGS, **cluster_kwargs)
+                                   controller_args=_HEARTBEAT_ARGS, **where, **cluster_kwargs)
         self.cluster.log.addFilter(_KilledEngineLog(self.cluster))
         if self.launch.local:
             # Engines first: they start, and import torch, while the controller starts; each
@@ -162,6 +190,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
         self.client.wait_for_engines(n, timeout=timeout, interactive=False)
         self.controller_ip = "127.0.0.1" if self.launch.local else _registration_host(
             self.client)
+        self._started = True
 
     def connect(self, timeout: float, **target: Any) -> None:
         self._timeout = timeout
@@ -236,10 +265,35 @@ class IpyparallelBackend(Backend[ipp.Client]):
         # Returns once the engines were told; they leave client.ids at their unregistration.
         self._require().shutdown(targets=list(ids), block=True)
 
+    def _check_hosts(self) -> str:
+        """Ask every SSH host, before anything starts, whether it can run engines; the
+        Python they will run (see :mod:`.remote`)."""
+        opts = self.launch.options
+        given = opts.get("remote_python")
+        python = given or sys.executable
+        self._ssh = [*opts.get("ssh_cmd", ["ssh"]), *opts.get("ssh_args", [])]
+        self._hosts = check_with_ssh(
+            list(self.launch.hosts),
+            probe_command(python, self.name, self.launch.listen, self._dir), self._ssh)
+        judge(self._hosts, python, bool(given), self.name)
+        return python
+
     def _close_cluster(self, cluster: ipp.Cluster) -> None:
         # Engines stopped on purpose exit non-zero; ipyparallel would log that as a warning.
         cluster.log.setLevel(logging.ERROR)
-        cluster.stop_cluster_sync()
+        # nbdist stops it here, or says why it could not: ipyparallel's own try at exit
+        # would only repeat the failure later.
+        cluster.shutdown_atexit = False
+        if self.launch.local:
+            cluster.stop_cluster_sync()
+            return
+        try:
+            _stop_remote(cluster)
+        finally:
+            if self._hosts and self._dir:
+                remove_remotely(self._hosts, self._dir, self._ssh)
+            if self._started:
+                remove_cluster_dir(self._dir)
 
     def transport(self) -> Callable[[Batch], None]:
         return publish
@@ -286,6 +340,18 @@ class IpyparallelBackend(Backend[ipp.Client]):
             where = "local" if self.launch.local else self.launch.launcher
             return f"ipyparallel ({where} cluster {self.cluster.cluster_id})"
         return "ipyparallel (connected)"
+
+
+def _stop_remote(cluster: ipp.Cluster) -> None:
+    """Stop the controller and the engines that did start (an engine whose launch failed has
+    nothing to stop, and asking ipyparallel to stop it fails)."""
+    for engine_set in list(cluster.engines.values()):
+        launchers = getattr(engine_set, "launchers", None)
+        if isinstance(launchers, dict):
+            for key, launcher in list(launchers.items()):
+                if getattr(launcher, "state", "running") != "running":
+                    launchers.pop(key)
+    cluster.stop_cluster_sync()
 
 
 def _registration_host(client: ipp.Client) -> Optional[str]:
