@@ -20,7 +20,6 @@ import logging
 import pickle
 import re
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -39,7 +38,7 @@ from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, WorkerId, poll_until, signal_text
 from .dask_runner import Runner, publish
 from .launchers import cluster_spec, import_cluster_class, worker_process_config
-from .remote import check_with_asyncssh, judge, make_cluster_dir, probe_command, remove_cluster_dir
+from .remote import check_ssh_hosts, make_cluster_dir, remove_cluster_dir
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
@@ -206,8 +205,9 @@ class DaskBackend(Backend[distributed.Client]):
         module, name, package, kwargs, scale = cluster_spec(self.launch, n, self._tag,
                                                             self._dir)
         cls = import_cluster_class(module, name, package, launcher)
-        if launcher == "ssh":
-            kwargs["routes"] = self._check_hosts(kwargs)
+        if launcher == "ssh":  # each host's address on the route to listen
+            hosts, kwargs["remote_python"] = check_ssh_hosts(self.launch, self.name)
+            kwargs["routes"] = {h.name: h.route for h in hosts}
         try:
             with worker_process_config(local=False):  # SSH hosts inherit this config
                 self.cluster = cls(**kwargs)
@@ -221,17 +221,6 @@ class DaskBackend(Backend[distributed.Client]):
                                    f"{self._dir}") from exc
             raise
         self._started = True
-
-    def _check_hosts(self, kwargs: dict[str, Any]) -> dict[str, Optional[str]]:
-        """Ask every SSH host whether it can run workers (see :mod:`.remote`); each host's
-        address on the route to ``listen``."""
-        given = kwargs.get("remote_python")
-        python = given or sys.executable
-        hosts = check_with_asyncssh(
-            list(self.launch.hosts), probe_command(python, self.name, self.launch.listen),
-            kwargs.get("connect_options") or {})
-        judge(hosts, python, bool(given), self.name)
-        return {h.name: h.route for h in hosts}
 
     def _close_cluster(self, cluster: Any) -> None:
         try:
@@ -373,9 +362,30 @@ class DaskBackend(Backend[distributed.Client]):
         restarting = [w for w in workers.values() if getattr(w, "status", None) is not None
                       and str(w.status).endswith(("running", "init", "starting"))]
         if len(restarting) >= size:
+            if not self.launch.local:
+                threading.Thread(target=self._rescale_when_dropped, args=(size,),
+                                 daemon=True, name="nbdist-replace").start()
             return
         with worker_process_config(local=self.launch.local):
             cluster.scale(max(size, len(getattr(cluster, "worker_spec", ()) or ())))
+
+    def _rescale_when_dropped(self, size: int, within: float = 60.0) -> None:
+        """Elsewhere a nanny may have gone with its worker (a batch job or a host lost):
+        Dask then drops that worker from the cluster (``distributed.deploy.lost-worker-
+        timeout`` after it left), and a new one is asked for (a new batch job); a nanny that
+        restarted its worker instead ends the wait."""
+        cluster, deadline = self.cluster, time.monotonic() + within
+        while cluster is self.cluster and time.monotonic() < deadline:
+            try:
+                if len(self.live_workers()) >= size:
+                    return
+                if len(getattr(cluster, "workers", {})) < size:
+                    with worker_process_config(local=False):
+                        cluster.scale(size)
+                    return
+            except Exception:  # the cluster is stopping: nothing to replace
+                return
+            time.sleep(0.5)  # Dask's drop of a lost worker offers nothing to wait on
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int],
                    wait: float = 1.0) -> Optional[str]:

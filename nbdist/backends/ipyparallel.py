@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
@@ -28,12 +27,11 @@ from .base import (
 from .launchers import launcher_settings
 from .remote import (
     Host,
-    check_with_ssh,
-    judge,
+    check_ssh_hosts,
     make_cluster_dir,
-    probe_command,
     remove_cluster_dir,
     remove_remotely,
+    ssh_command,
 )
 
 _KEY = "nbdist:"
@@ -168,8 +166,9 @@ class IpyparallelBackend(Backend[ipp.Client]):
                 # Hosts sharing this filesystem find the profile complete: ipyparallel's
                 # `ipython profile create` there then prints nothing into the notebook.
                 open(os.path.join(self._dir, name), "a").close()
-            if self.launch.launcher == "ssh":
-                python = self._check_hosts()
+            if self.launch.launcher == "ssh":  # before anything starts there
+                self._hosts, python = check_ssh_hosts(self.launch, self.name, self._dir)
+                self._ssh = ssh_command(self.launch)
         cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch, timeout,
                                                                 self._dir, python)
         self.cluster = ipp.Cluster(n=n, controller_ip=ip, log_level=logging.WARNING,
@@ -264,19 +263,6 @@ class IpyparallelBackend(Backend[ipp.Client]):
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
         # Returns once the engines were told; they leave client.ids at their unregistration.
         self._require().shutdown(targets=list(ids), block=True)
-
-    def _check_hosts(self) -> str:
-        """Ask every SSH host, before anything starts, whether it can run engines; the
-        Python they will run (see :mod:`.remote`)."""
-        opts = self.launch.options
-        given = opts.get("remote_python")
-        python = given or sys.executable
-        self._ssh = [*opts.get("ssh_cmd", ["ssh"]), *opts.get("ssh_args", [])]
-        self._hosts = check_with_ssh(
-            list(self.launch.hosts),
-            probe_command(python, self.name, self.launch.listen, self._dir), self._ssh)
-        judge(self._hosts, python, bool(given), self.name)
-        return python
 
     def _close_cluster(self, cluster: ipp.Cluster) -> None:
         # Engines stopped on purpose exit non-zero; ipyparallel would log that as a warning.

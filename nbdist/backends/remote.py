@@ -26,6 +26,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..errors import LaunchFailed, OptionError
+from ..options import LaunchOptions
 
 #: what the workers of each engine import
 ENGINE_MODULES = {"ipyparallel": ("nbdist", "ipyparallel", "torch"),
@@ -172,6 +174,30 @@ def check_with_asyncssh(hosts: Sequence[str], command: str, connect_options: Map
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, every()).result()
+
+
+def check_ssh_hosts(launch: LaunchOptions, engine: str, cluster_dir: Optional[str] = None
+                    ) -> tuple[list[Host], str]:
+    """Check ``launch``'s hosts for ``engine`` before a start (raising as :func:`judge`
+    does): the hosts as found, and the Python their workers will run. ipyparallel's hosts
+    are reached with OpenSSH's client and its ``ssh_cmd``/``ssh_args``, Dask's with asyncssh
+    and its ``connect_options``, as each engine's launcher reaches them."""
+    opts = launch.options
+    given = opts.get("remote_python")
+    python = given or sys.executable
+    command = probe_command(python, engine, launch.listen, cluster_dir)
+    if engine == "ipyparallel":
+        hosts = check_with_ssh(list(launch.hosts), command, ssh_command(launch))
+    else:
+        hosts = check_with_asyncssh(list(launch.hosts), command,
+                                    opts.get("connect_options") or {})
+    judge(hosts, python, bool(given), engine)
+    return hosts, python
+
+
+def ssh_command(launch: LaunchOptions) -> list[str]:
+    """ipyparallel's ssh command with its arguments, as the profile sets them."""
+    return [*launch.options.get("ssh_cmd", ["ssh"]), *launch.options.get("ssh_args", [])]
 
 
 # ------------------------------------------------------------------ the cluster's directory
