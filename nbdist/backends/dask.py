@@ -381,7 +381,7 @@ class DaskBackend(Backend[distributed.Client]):
                     return
                 if len(getattr(cluster, "workers", {})) < size:
                     with worker_process_config(local=False):
-                        cluster.scale(size)
+                        getattr(cluster, "replace_lost", cluster.scale)(size)
                     return
             except Exception:  # the cluster is stopping: nothing to replace
                 return

@@ -83,9 +83,25 @@ class SSHWorkers(SpecCluster):
             "remote_python": self._python,
             "kwargs": {**self._bind(host), **self._worker_options}}}
 
+    _avoid: frozenset = frozenset()  # hosts taken to be lost, while replacing their workers
+
     def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
-        """One more worker, on the host furthest below its share of ``hosts``."""
+        """One more worker, on the host furthest below its share of ``hosts`` (of those not
+        taken to be lost, while any is left)."""
         placed = Counter(spec["options"]["address"] for spec in self.worker_spec.values())
-        host = min(self.hosts, key=lambda h: (placed[h] / self.hosts[h], list(self.hosts).index(h)))
+        hosts = [h for h in self.hosts if h not in self._avoid] or list(self.hosts)
+        host = min(hosts, key=lambda h: (placed[h] / self.hosts[h], hosts.index(h)))
         name = max((k for k in self.worker_spec if isinstance(k, int)), default=-1) + 1
         return {name: self._spec(host)}
+
+    def replace_lost(self, size: int) -> None:
+        """Back to ``size`` workers after Dask dropped lost ones (whose nanny went with them):
+        the replacements go to hosts that still have workers, a host whose workers were all
+        lost being taken to be lost itself."""
+        dropped = [name for name in self.worker_spec if name not in self.workers]
+        host_of = {name: spec["options"]["address"] for name, spec in self.worker_spec.items()}
+        alive = {host_of[n] for n in self.workers if n in host_of}
+        self._avoid = frozenset(host_of[n] for n in dropped) - alive
+        for name in dropped:
+            del self.worker_spec[name]
+        self.scale(size)

@@ -340,14 +340,20 @@ def slurm_why_not() -> Optional[str]:
 
 class LocalSshd(Daemons):
     """An sshd on a free 127.0.0.1 port, with throwaway host and user keys, and an ssh client
-    configuration (``ssh -F config``) that reaches it as :attr:`host`."""
+    configuration (``ssh -F config``) that reaches it as :attr:`host`.
+
+    ``netns`` runs it inside that network namespace instead, on ``address`` (the namespace's
+    own), under ``hostname`` (a UTS namespace of its own): another host, as far as the
+    processes its sessions start can tell.
+    """
 
     name = "sshd"
-    host = "nbdist-ssh-test"
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "nbdist-ssh-test", address: str = "127.0.0.1",
+                 netns: Optional[str] = None, hostname: Optional[str] = None) -> None:
         super().__init__()
-        self.port = free_port()
+        self.host, self.address, self.netns, self.hostname = host, address, netns, hostname
+        self.port = free_port() if netns is None else 22
         self.config = self.base / "ssh_config"
         self.user_key = self.base / "user_key"
         self._made_privsep: Optional[Path] = None
@@ -360,7 +366,7 @@ class LocalSshd(Daemons):
                             "-f", str(b / key)], check=True, timeout=30)
         shutil.copy(b / "user_key.pub", b / "authorized_keys")
         (b / "sshd_config").write_text(
-            f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {b}/host_key\n"
+            f"ListenAddress {self.address}\nPort {self.port}\nHostKey {b}/host_key\n"
             f"PidFile {b}/sshd.pid\nAuthorizedKeysFile {b}/authorized_keys\n"
             "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
@@ -371,7 +377,7 @@ class LocalSshd(Daemons):
             # scp (ipyparallel sends connection files with it) speaks SFTP since OpenSSH 9
             "Subsystem sftp internal-sftp\n")
         self.config.write_text(
-            f"Host {self.host}\n  HostName 127.0.0.1\n  Port {self.port}\n"
+            f"Host {self.host}\n  HostName {self.address}\n  Port {self.port}\n"
             f"  User {_user()}\n  IdentityFile {self.user_key}\n  IdentitiesOnly yes\n"
             f"  UserKnownHostsFile {b}/known_hosts\n  StrictHostKeyChecking no\n"
             "  BatchMode yes\n  LogLevel ERROR\n  SendEnv PYTHONPATH\n")
@@ -382,9 +388,12 @@ class LocalSshd(Daemons):
             self._made_privsep = privsep
         sshd = shutil.which("sshd")
         assert sshd is not None  # sshd_why_not checked
-        proc = self.spawn("sshd", [sshd, "-D", "-f", str(b / "sshd_config"),
-                                   "-E", str(b / "log" / "sshd.log")])
-        wait_until(lambda: _listening(self.port), 30, "sshd to listen", [proc])
+        argv = [sshd, "-D", "-f", str(b / "sshd_config"), "-E", str(b / "log" / "sshd.log")]
+        if self.netns is not None:
+            argv = ["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-c",
+                    f"hostname {self.hostname} && exec {' '.join(argv)}"]
+        proc = self.spawn("sshd", argv)
+        wait_until(lambda: _listening(self.port, self.address), 30, "sshd to listen", [proc])
         r = self.ssh("true")
         if r.returncode != 0:
             raise AssertionError(f"ssh -F {self.config} {self.host} true failed "
@@ -404,7 +413,7 @@ class LocalSshd(Daemons):
             conn = p.environ().get("SSH_CONNECTION", "")
         except (psutil.Error, OSError):
             return False
-        return conn.endswith(f" 127.0.0.1 {self.port}")
+        return conn.endswith(f" {self.address} {self.port}")
 
     def sessions(self) -> list[psutil.Process]:
         """Live processes of ssh sessions: everything of this set but the listening sshd."""
@@ -427,9 +436,9 @@ def _user() -> str:
     return pwd.getpwuid(os.geteuid()).pw_name
 
 
-def _listening(port: int) -> bool:
+def _listening(port: int, address: str = "127.0.0.1") -> bool:
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        socket.create_connection((address, port), timeout=1).close()
         return True
     except OSError:
         return False
@@ -609,3 +618,13 @@ def open_listeners(procs: list) -> list:
                 and not ipaddress.ip_address(c.laddr.ip).is_loopback:
             out.append(f"{c.laddr.ip}:{c.laddr.port} ({describe(pids[c.pid])[:90]})")
     return sorted(out)
+
+
+def cluster_logs(cluster_dirs: Path) -> str:
+    """The tail of every file the clusters left in their directories (kept when a start
+    fails), for a failure message."""
+    parts = []
+    for path in sorted(cluster_dirs.rglob("*")):
+        if path.is_file() and path.suffix in (".log", ".out", ".err"):
+            parts.append(f"--- {path}\n{path.read_text(errors='replace')[-3000:]}")
+    return "\n".join(parts)
