@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
 import ipyparallel as ipp
 
-from ..errors import ClusterError, MissingPackageError
+from ..errors import ClusterError, LaunchFailed, MissingPackageError
 from ..telemetry.events import Batch
 from .base import (
     Backend,
@@ -28,6 +29,8 @@ from .launchers import launcher_settings
 from .remote import (
     Host,
     check_ssh_hosts,
+    failure_text,
+    log_tails,
     make_cluster_dir,
     remove_cluster_dir,
     remove_remotely,
@@ -181,15 +184,47 @@ class IpyparallelBackend(Backend[ipp.Client]):
             self.cluster.start_engines_sync(n, **self._engine_kwargs)
             self.cluster.start_controller_sync()
         else:  # engines elsewhere are handed the controller's connection info when they start
-            self.cluster.start_controller_sync()
-            self.cluster.start_engines_sync(n, **self._engine_kwargs)
+            try:
+                self.cluster.start_controller_sync()
+                self.cluster.start_engines_sync(n, **self._engine_kwargs)
+            except Exception as exc:  # a command failed: more time would not help
+                raise LaunchFailed(
+                    f"ipyparallel's {self.launch.launcher!r} launcher could not start the "
+                    f"engines: {failure_text(exc)}. What did start was stopped; the cluster's "
+                    f"files are in {self._dir}") from exc
         self._engine_launchers()
         self.client = self.cluster.connect_client_sync()
-        # No progress bar: the session shows its own status when the job is formed.
-        self.client.wait_for_engines(n, timeout=timeout, interactive=False)
+        if self.launch.local:
+            # No progress bar: the session shows its own status when the job is formed.
+            self.client.wait_for_engines(n, timeout=timeout, interactive=False)
+        else:
+            self._wait_elsewhere(n, timeout)
         self.controller_ip = "127.0.0.1" if self.launch.local else _registration_host(
             self.client)
         self._started = True
+
+    def _wait_elsewhere(self, n: int, timeout: float) -> None:
+        """Wait for engines started elsewhere; fail as soon as too many have exited to make
+        ``n`` (SSH engines: their launchers watch each process), with their logs' ends."""
+        client = self._require()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                client.wait_for_engines(n, timeout=max(0.1, min(1.0, left)),
+                                        interactive=False)
+                return
+            except TimeoutError as exc:
+                running = [la for la in self._engine_launchers()
+                           if getattr(la, "state", "running") == "running" and getattr(
+                               getattr(la, "_wait_thread", None), "is_alive", lambda: True)()]
+                if len(client.ids) + len(running) < n:
+                    raise LaunchFailed(
+                        f"{n - len(client.ids) - len(running)} of the {n} engines exited "
+                        f"before they registered with the controller; "
+                        f"{log_tails(self._dir or '')}") from exc
+                if left <= 1.0:
+                    raise ClusterError(f"{exc}; {log_tails(self._dir or '')}") from exc
 
     def connect(self, timeout: float, **target: Any) -> None:
         self._timeout = timeout

@@ -200,6 +200,20 @@ def ssh_command(launch: LaunchOptions) -> list[str]:
     return [*launch.options.get("ssh_cmd", ["ssh"]), *launch.options.get("ssh_args", [])]
 
 
+def failure_text(exc: BaseException) -> str:
+    """What a launcher's failed command said: the command, its exit status and the last line
+    of its output, for an error message."""
+    if isinstance(exc, subprocess.CalledProcessError):
+        cmd = exc.cmd if isinstance(exc.cmd, str) else shlex.join(map(str, exc.cmd))
+        said = [line for out in (exc.stderr, exc.output) if out
+                for line in (out.decode(errors="replace") if isinstance(out, bytes)
+                             else str(out)).splitlines() if line.strip()]
+        return (f"`{cmd[:200]}` exited with status {exc.returncode}"
+                + (f" ({said[-1][:300]})" if said else ""))
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 # ------------------------------------------------------------------ the cluster's directory
 
 
@@ -237,3 +251,19 @@ def remove_remotely(hosts: Sequence[Host], path: str, ssh: Sequence[str]) -> Non
         else:
             where = shlex.quote(where)
         check_with_ssh(apart, f"rm -rf {where}", ssh, timeout=30)
+
+
+def log_tails(path: str, lines: int = 5, files: int = 4) -> str:
+    """The last ``lines`` of the newest logs in a cluster's directory (kept when a start
+    fails; those of hosts that share this filesystem are here too), for an error message."""
+    logs = sorted((os.path.join(d, f) for d, _, names in os.walk(path) for f in names
+                   if f.endswith((".log", ".out", ".err"))), key=os.path.getmtime)[-files:]
+    parts = [f"the cluster's files are in {path}"]
+    for log in logs:
+        try:
+            with open(log, encoding="utf-8", errors="replace") as f:
+                tail = [line.rstrip() for line in f.readlines()[-lines:]]
+        except OSError:
+            continue
+        parts.append(f"{os.path.relpath(log, path)} ends:\n    " + "\n    ".join(tail))
+    return "\n".join(parts)

@@ -13,6 +13,7 @@ starts.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable
 
@@ -152,3 +153,24 @@ def test_a_host_that_cannot_run_workers_is_named_and_nothing_starts(sshd, engine
     assert not site.leftovers()
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
     assert not nbdist.current_session().running
+
+
+@pytest.mark.ssh
+def test_engines_that_exit_at_start_are_reported_at_once_with_their_logs(sshd, tmp_cwd,
+                                                                         cluster_dirs):
+    """Their Python passes the check, but the engine command fails on the host: the start
+    ends as soon as too few engines are left, with the end of their logs, not after the
+    whole --timeout; nothing is left running."""
+    wrapper = tmp_cwd / "python"
+    wrapper.write_text("#!/bin/sh\ncase \"$*\" in *ipyparallel.engine*)\n"
+                       "  echo 'engine: cannot start here' >&2; exit 1;;\nesac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    site = Site("ssh", sshd)
+    profile = write_profile(tmp_cwd, site, "ipyparallel", remote_python=str(wrapper))
+    t0 = time.monotonic()
+    with pytest.raises(LaunchFailed, match=r"exited before they registered") as info:
+        nbdist.start(profile=str(profile))
+    assert "engine: cannot start here" in str(info.value)
+    assert time.monotonic() - t0 < 90  # the profile's timeout is 120 s
+    wait_until(lambda: not site.leftovers(), 30, "nothing left on the host")
