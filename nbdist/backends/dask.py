@@ -8,11 +8,12 @@ Events travel as Dask events: the worker logs them under a topic private to this
 client is subscribed to that topic.
 
 This module is the notebook's side; what runs inside the workers is :mod:`.dask_runner`, and
-how clusters are launched is :mod:`.launchers`.
+how clusters are launched is :mod:`.launchers` (and :mod:`.dask_elsewhere`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import json
@@ -35,29 +36,17 @@ from distributed.comm.addressing import get_address_host_port
 from ..errors import ClusterError
 from ..runtime.interrupt import interrupt_calls
 from ..telemetry.events import Batch
-from .base import Backend, Call, Job, Outcome, WorkerId, poll_until, signal_text
+from .base import Backend, Call, Job, Outcome, T, WorkerId, poll_until, signal_text
+from .dask_elsewhere import Elsewhere, new_client
 from .dask_runner import Runner, publish
-from .launchers import cluster_spec, import_cluster_class, worker_process_config
-from .remote import check_ssh_hosts, make_cluster_dir, remove_cluster_dir
+from .launchers import worker_process_config
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
 # How often a running job asks the scheduler which workers are still alive.
 _LIVENESS_INTERVAL = 1.0
+_BESIDE_TIMEOUT = 10.0  # how long a call beside a worker's busy task may take
 _LEFT = "the worker left the cluster (its process died, or it lost the scheduler)"
-
-
-def _new_client(*args: Any, **kwargs: Any) -> distributed.Client:
-    """``distributed.Client(...)``, tried twice.
-
-    Right after another client of this process failed or closed, Dask's IO-loop thread
-    sometimes does not come up within its own 10 s wait and the constructor fails with a bare
-    ``AssertionError`` (seen after a refused TLS connection); a second try starts a fresh one.
-    """
-    try:
-        return distributed.Client(*args, **kwargs)
-    except AssertionError:
-        return distributed.Client(*args, **kwargs)
 
 
 class _RunnerRef:
@@ -162,7 +151,7 @@ class _DaskJob(Job):
         return self._backend._drain()
 
 
-class DaskBackend(Backend[distributed.Client]):
+class DaskBackend(Elsewhere, Backend[distributed.Client]):
     """Workers are Dask workers; the channel is the scheduler's, with Dask's own security."""
 
     name = "dask"
@@ -175,8 +164,6 @@ class DaskBackend(Backend[distributed.Client]):
         self._events: deque[bytes] = deque()
         self._runners: dict[WorkerId, _RunnerRef] = {}
         self._size = 0  # workers the cluster nbdist started should have
-        self._dir: Optional[str] = None  # a batch launcher's directory for its jobs' output
-        self._started = False  # True once every worker came up (a failed start keeps _dir)
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self, n: int, timeout: float) -> None:
@@ -193,41 +180,8 @@ class DaskBackend(Backend[distributed.Client]):
                 n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                 dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
                 memory_limit=0)
-            self.client = _new_client(self.cluster, timeout=timeout)
+            self.client = new_client(self.cluster, timeout=timeout)
             self.client.wait_for_workers(n, timeout=timeout)
-
-    def _start_elsewhere(self, n: int, timeout: float) -> None:
-        """Workers through a launcher: batch jobs write their output into a directory of the
-        cluster's own; SSH hosts are checked before anything starts there."""
-        launcher = self.launch.launcher
-        if launcher in ("slurm", "pbs", "sge", "lsf"):
-            self._dir = make_cluster_dir(self.name)
-        module, name, package, kwargs, scale = cluster_spec(self.launch, n, self._tag,
-                                                            self._dir)
-        cls = import_cluster_class(module, name, package, launcher)
-        if launcher == "ssh":  # each host's address on the route to listen
-            hosts, kwargs["remote_python"] = check_ssh_hosts(self.launch, self.name)
-            kwargs["routes"] = {h.name: h.route for h in hosts}
-        try:
-            with worker_process_config(local=False):  # SSH hosts inherit this config
-                self.cluster = cls(**kwargs)
-                if scale:
-                    self.cluster.scale(n)
-                self.client = _new_client(self.cluster, timeout=timeout)
-                self.client.wait_for_workers(n, timeout=timeout)
-        except Exception as exc:
-            if self._dir:  # kept: the jobs' output says why
-                raise ClusterError(f"{type(exc).__name__}: {exc}; the jobs' output is in "
-                                   f"{self._dir}") from exc
-            raise
-        self._started = True
-
-    def _close_cluster(self, cluster: Any) -> None:
-        try:
-            cluster.close()
-        finally:
-            if self._started:
-                remove_cluster_dir(self._dir)
 
     def start(self, n: int, timeout: float) -> None:
         super().start(n, timeout)
@@ -249,9 +203,9 @@ class DaskBackend(Backend[distributed.Client]):
         _check_reachable(address, scheduler_file)
         try:
             if address is not None:
-                self.client = _new_client(address, **kwargs)
+                self.client = new_client(address, **kwargs)
             else:
-                self.client = _new_client(scheduler_file=scheduler_file, **kwargs)
+                self.client = new_client(scheduler_file=scheduler_file, **kwargs)
             self.client.wait_for_workers(1, timeout=timeout)
         except Exception as exc:
             self.stop()
@@ -335,10 +289,39 @@ class DaskBackend(Backend[distributed.Client]):
                 runner.release()
 
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
-        if workers:
-            # Client.run executes on each worker's event loop, not behind the busy task.
-            self._require().run(interrupt_calls, self._tag, workers=list(workers),
-                                on_error="return")
+        self.run_beside(workers, interrupt_calls, self._tag)
+
+    can_restart_workers = True
+
+    def run_beside(self, workers: Sequence[WorkerId], fn: Callable[..., T], *args: Any
+                   ) -> dict[WorkerId, T]:
+        """``Client.run``, on each worker's event loop (not behind the busy task), bounded: a
+        loop that cannot run (a thread holding the GIL in native code) must not hold us."""
+        if not workers:
+            return {}
+        client = self._require()
+        try:  # Client.run has no time limit of its own; Client.sync gives its coroutine one
+            out = client.sync(client._run, fn, *args, workers=list(workers), on_error="return",
+                              callback_timeout=_BESIDE_TIMEOUT)
+        except Exception:
+            return {}
+        return {w: v for w, v in out.items() if not isinstance(v, BaseException)}
+
+    def restart_workers(self, ids: Sequence[WorkerId], timeout: float) -> list[WorkerId]:
+        """Dask's nanny restart: each nanny kills its worker's process if it does not close in
+        4 s, then starts one under the same name (the same rank). No nanny: stopped only."""
+        client = self._require()
+        self._forget_runners(ids)
+        local = self.cluster is not None and self.launch.local  # its nannies run here
+        nanny_log = logging.getLogger("distributed.nanny")
+        nanny_log.addFilter(_not_restart_lines)  # the cell's error says it, by rank
+        try:
+            with worker_process_config() if local else contextlib.nullcontext():
+                status = client.restart_workers(list(ids), timeout=timeout,
+                                                raise_for_error=False)
+        finally:
+            nanny_log.removeFilter(_not_restart_lines)
+        return [w for w in ids if status.get(w) == "OK"]
 
     def _grow(self, k: int, timeout: float) -> None:
         client, cluster = self._require(), self.cluster
@@ -363,29 +346,10 @@ class DaskBackend(Backend[distributed.Client]):
                       and str(w.status).endswith(("running", "init", "starting"))]
         if len(restarting) >= size:
             if not self.launch.local:
-                threading.Thread(target=self._rescale_when_dropped, args=(size,),
-                                 daemon=True, name="nbdist-replace").start()
+                self._replace_when_dropped(size)
             return
         with worker_process_config(local=self.launch.local):
             cluster.scale(max(size, len(getattr(cluster, "worker_spec", ()) or ())))
-
-    def _rescale_when_dropped(self, size: int, within: float = 60.0) -> None:
-        """Elsewhere a nanny may have gone with its worker (a batch job or a host lost):
-        Dask then drops that worker from the cluster (``distributed.deploy.lost-worker-
-        timeout`` after it left), and a new one is asked for (a new batch job); a nanny that
-        restarted its worker instead ends the wait."""
-        cluster, deadline = self.cluster, time.monotonic() + within
-        while cluster is self.cluster and time.monotonic() < deadline:
-            try:
-                if len(self.live_workers()) >= size:
-                    return
-                if len(getattr(cluster, "workers", {})) < size:
-                    with worker_process_config(local=False):
-                        getattr(cluster, "replace_lost", cluster.scale)(size)
-                    return
-            except Exception:  # the cluster is stopping: nothing to replace
-                return
-            time.sleep(0.5)  # Dask's drop of a lost worker offers nothing to wait on
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int],
                    wait: float = 1.0) -> Optional[str]:
@@ -444,6 +408,12 @@ class _RelayErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
         return not (msg.startswith("broadcast to ") and "CommClosedError" in msg)
+
+
+def _not_restart_lines(record: logging.LogRecord) -> bool:
+    """A log filter: False for a nanny's warnings about a restart nbdist asked for."""
+    return not record.getMessage().startswith(("Worker process still alive after",
+                                               "Restarting worker"))
 
 
 def _quiet_relay_errors() -> None:

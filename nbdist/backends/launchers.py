@@ -24,7 +24,9 @@ import importlib.util
 import ipaddress
 import os
 import shlex
+import signal
 import sys
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -240,10 +242,23 @@ def import_cluster_class(module: str, name: str, package: str, launcher: str) ->
     needed = "asyncssh" if package == "asyncssh" else module.split(".")[0]
     if importlib.util.find_spec(needed) is None:
         raise MissingPackageError(what, package, extra=_EXTRAS.get(launcher))
+    # dask_jobqueue.runner replaces SIGINT's handler with sys.exit when imported: in a
+    # kernel, Jupyter's stop button would then raise SystemExit instead of interrupting.
+    sigint = _sigint_handler()
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:
         raise MissingPackageError(what, package, extra=_EXTRAS.get(launcher)) from exc
+    finally:
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
+
+
+def _sigint_handler() -> Any:
+    """SIGINT's handler now, when this thread may set it again; else None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.getsignal(signal.SIGINT)
 
 
 #: the extra of nbdist that installs each launcher's package for the Dask engine
