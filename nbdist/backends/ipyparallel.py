@@ -215,12 +215,10 @@ class IpyparallelBackend(Backend[ipp.Client]):
                                         interactive=False)
                 return
             except TimeoutError as exc:
-                running = [la for la in self._engine_launchers()
-                           if getattr(la, "state", "running") == "running" and getattr(
-                               getattr(la, "_wait_thread", None), "is_alive", lambda: True)()]
-                if len(client.ids) + len(running) < n:
+                running = self._engines_to_come()
+                if len(client.ids) + running < n:
                     raise LaunchFailed(
-                        f"{n - len(client.ids) - len(running)} of the {n} engines exited "
+                        f"{n - len(client.ids) - running} of the {n} engines exited "
                         f"before they registered with the controller; "
                         f"{log_tails(self._dir or '')}") from exc
                 if left <= 1.0:
@@ -273,6 +271,17 @@ class IpyparallelBackend(Backend[ipp.Client]):
         assert self.cluster is not None  # add_worker() checked
         self.cluster.start_engines_sync(1, **self._engine_kwargs)
         self._engine_launchers()
+
+    def _engines_to_come(self) -> int:
+        """Engines whose process still runs (SSH: each has a launcher that watches it), or may
+        still start (a batch job: nothing here watches it in the queue, so all its engines)."""
+        count = 0
+        for engine_set in list(getattr(self.cluster, "engines", {}).values()):
+            if not hasattr(engine_set, "launchers") and engine_set.state == "running":
+                count += engine_set.n
+        return count + len([la for la in self._engine_launchers()
+                            if getattr(la, "state", "running") == "running" and getattr(
+                                getattr(la, "_wait_thread", None), "is_alive", lambda: True)()])
 
     def _engine_launchers(self) -> list[Any]:
         """Every engine launcher this backend has seen, ended ones included: where the
