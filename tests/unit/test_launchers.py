@@ -289,6 +289,33 @@ def test_scaling_an_ipyparallel_cluster_nbdist_did_not_start_names_its_tools():
     assert "(ipcluster, Slurm, ...), then run %nbdist restart" in str(info.value)
 
 
+def test_engines_of_a_queued_batch_job_count_as_still_to_come():
+    # A batch job's engine set has no launcher per engine; nothing here sees the job in the
+    # queue, so all its engines may still come. Per-engine (SSH) launchers count while their
+    # process runs.
+    from types import SimpleNamespace
+
+    from nbdist.backends.ipyparallel import IpyparallelBackend
+
+    class Thread:
+        def __init__(self, alive):
+            self.alive = alive
+
+        def is_alive(self):
+            return self.alive
+
+    ssh = SimpleNamespace(launchers={
+        1: SimpleNamespace(state="running", _wait_thread=Thread(True)),
+        2: SimpleNamespace(state="running", _wait_thread=Thread(False)),
+        3: SimpleNamespace(state="after")})
+    backend = IpyparallelBackend()
+    backend.cluster = SimpleNamespace(engines={"job": SimpleNamespace(state="running", n=2),
+                                               "ssh": ssh})
+    assert backend._engines_to_come() == 3
+    backend.cluster.engines["job"].state = "after"  # the job was cancelled (stop)
+    assert backend._engines_to_come() == 1
+
+
 def test_importing_dask_jobqueue_keeps_the_kernels_interrupt():
     # dask_jobqueue.runner sets SIGINT to sys.exit at import; a fresh interpreter shows it.
     code = ("import signal\n"
