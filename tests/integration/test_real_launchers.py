@@ -113,13 +113,15 @@ def test_profile_starts_trains_and_stops(site, engine, tmp_cwd, cluster_dirs):
         t = time.monotonic()
         check_ddp_matches_union_batch(session)
         trained[0] = time.monotonic() - t
-        # The cluster's files are in its own directory, not the notebook's.
-        assert sorted(p.name for p in tmp_cwd.iterdir()) == sorted([profile.name, "clusters"])
+        # The cluster's files (where it has any here: Dask over SSH has none) are in its own
+        # directory, not the notebook's.
+        assert {p.name for p in tmp_cwd.iterdir()} - {"clusters"} == {profile.name}
 
     stopped, cleared = run_then_stop(site, body)
     print(f"{site.launcher} x {engine}: started in {started:.1f} s, trained in "
           f"{trained[0]:.1f} s, stop() {stopped:.1f} s, nothing left after {cleared:.1f} s")
-    assert not list(cluster_dirs.iterdir()), "the cluster's directory was not removed"
+    assert not cluster_dirs.exists() or not list(cluster_dirs.iterdir()), \
+        "the cluster's directory was not removed"
 
 
 @pytest.mark.ssh
