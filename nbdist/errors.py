@@ -111,13 +111,23 @@ class WorkersDidNotStart(ClusterError):
             "Try a longer --timeout, or fewer workers with -n.")
 
 
-class MissingPackageError(NbdistError, ImportError):
-    """A launcher needs a package that is not installed here; nothing was started."""
+class LaunchFailed(ClusterError):
+    """A launcher could not start the workers, for a reason more time would not change (a
+    host out of reach, its Python without the packages, a batch job refused); whatever was
+    started is stopped."""
 
-    def __init__(self, what: str, package: str) -> None:
+
+class MissingPackageError(NbdistError, ImportError):
+    """A launcher needs a package that is not installed here; nothing was started.
+
+    ``extra`` names nbdist's extra that installs it (``pip install 'nbdist[slurm]'``)."""
+
+    def __init__(self, what: str, package: str, extra: Optional[str] = None) -> None:
         self.package = package
+        install = (f"pip install 'nbdist[{extra}]' (or pip install {package})" if extra
+                   else f"pip install {package}")
         super().__init__(f"{what} needs the `{package}` package, which is not installed: "
-                         f"pip install {package}")
+                         f"{install}")
 
 
 class WorkersGone(ClusterError):

@@ -196,8 +196,9 @@ class ClusterOptions:
             raise OptionError(f"`hosts` is for the ssh launcher; the {launcher!r} launcher "
                               "places workers itself (pass its own options in "
                               "resources.options)", key="hosts")
-        remote_listener = self.engine == "ipyparallel" or launcher in ("slurm", "pbs", "sge",
-                                                                        "lsf")
+        # The controller or scheduler runs here (Dask's SSH workers too); only
+        # dask-kubernetes runs its scheduler on the cluster's side.
+        remote_listener = self.engine == "ipyparallel" or launcher != "kubernetes"
         if not self.launch.local and remote_listener and not self.launch.listen:
             raise OptionError(
                 f"the {launcher!r} launcher starts workers on other machines, which must reach "
