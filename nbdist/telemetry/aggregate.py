@@ -17,7 +17,6 @@ folding a stream in pieces gives what folding it at once gives.
 from __future__ import annotations
 
 import pickle
-import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
@@ -53,6 +52,7 @@ from .snapshot import (
     RunSnapshot,
     StepPoint,
 )
+from .spread import ScalarSpread
 from .stall import StallWatch, Verdict
 from .states import RankState
 
@@ -99,11 +99,8 @@ class RunState:
         self._bytes = 0
         self._ncomm = 0
         self._dims: dict[str, list] = {}  # dim -> [ops, calls, bytes, nanoseconds]
-        # logged values: name -> step -> rank -> value, and their spread over ranks per step
-        self._scalar_at: dict[str, dict[float, dict[int, float]]] = {}
-        self._spread: dict[str, dict[float, tuple[float, float, float, float]]] = {}
-        self._spread_series: dict[str, tuple[tuple[float, float, float, float], ...]] = {}
-        self._spread_dirty: set[tuple[str, float]] = set()
+        #: logged values over the ranks, per step
+        self._spread = ScalarSpread(history)
         #: progress, step times and where each rank said it was (the hang doctor's input)
         self.stall = StallWatch(started, stall_after)
 
@@ -183,7 +180,7 @@ class RunState:
             st.bar_points.append((e["t"], e["n"]))
         elif kind == SCALARS:
             for name, x, v in st.log(e["values"], e.get("step")):
-                self._scalar(rank, name, x, v)
+                self._spread.add(rank, name, x, v)
         elif kind == MEMORY:
             self._memory(st, e)
         elif kind == END:
@@ -199,35 +196,6 @@ class RunState:
             # held while it trained.
             st.memory = e
             st.memory_point = None
-
-    def _scalar(self, rank: int, name: str, x: float, v: float) -> None:
-        """Keep the value for the spread over ranks at step ``x`` (the chart above a few
-        ranks), recomputed at the next snapshot for that step only."""
-        at = self._scalar_at.setdefault(name, {})
-        col = at.get(x)
-        if col is None:
-            col = at[x] = {}
-            if len(at) > self._history:
-                oldest = min(at)
-                del at[oldest]
-                self._spread.get(name, {}).pop(oldest, None)
-        col[rank] = v
-        self._spread_dirty.add((name, x))
-
-    def _scalar_spread(self) -> dict[str, tuple[tuple[float, float, float, float], ...]]:
-        changed = set()
-        for name, x in self._spread_dirty:
-            col = self._scalar_at[name].get(x)
-            if col is not None:
-                vals = sorted(col.values())
-                self._spread.setdefault(name, {})[x] = (x, vals[0], statistics.median(vals),
-                                                        vals[-1])
-                changed.add(name)
-        self._spread_dirty.clear()
-        for name in changed:
-            by_x = self._spread[name]
-            self._spread_series[name] = tuple(by_x[x] for x in sorted(by_x))
-        return dict(self._spread_series)
 
     def _span(self, t0: float, t1: float) -> None:
         self._t0 = t0 if self._t0 is None else min(self._t0, t0)
@@ -405,7 +373,7 @@ class RunState:
         stall = self.verdict(at) if at is not None else None
         return RunSnapshot(tuple(out), tuple(matcher.series[s] for s in sorted(matcher.series)),
                            tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims,
-                           stall=stall, scalar_spread=self._scalar_spread())
+                           stall=stall, scalar_spread=self._spread.series())
 
     def _states(self) -> dict[int, RankState]:
         return {r: st.state for r, st in self._ranks.items()}
