@@ -118,6 +118,9 @@ class Backend(abc.ABC, Generic[ClientT]):
     #: where :meth:`start` starts workers: this machine, or a launcher of the engine (set by
     #: the session before it calls :meth:`start`; adapters read it in ``_start``)
     launch: LaunchOptions = LaunchOptions()
+    #: told ``(ready, wanted)`` as workers come up while :meth:`start` waits for them (the
+    #: session's view of a start); None: nobody is told
+    on_ready: Optional[Callable[[int, int], None]] = None
 
     # ------------------------------------------------------------------ what adapters provide
     @abc.abstractmethod
@@ -193,6 +196,25 @@ class Backend(abc.ABC, Generic[ClientT]):
         cluster.close()
 
     # ------------------------------------------------------------------ what adapters get
+    def _await_workers(self, ready: Callable[[], int], n: int, timeout: float) -> None:
+        """Tell :attr:`on_ready` how many of ``n`` workers are up (``ready()``) as they come,
+        until all are or ``timeout`` passes; the engine's own wait follows and says why not.
+        Adapters call it in ``_start`` before that wait."""
+        if self.on_ready is None:
+            return
+        deadline, last = time.monotonic() + timeout, -1
+        while True:
+            try:
+                k = ready()
+            except Exception:  # the engine cannot say yet: its own wait will
+                k = max(last, 0)
+            if k != last:
+                self.on_ready(min(k, n), n)
+                last = k
+            if k >= n or time.monotonic() > deadline:
+                return
+            time.sleep(0.2)  # the engine offers no event for a worker coming up
+
     def start(self, n: int, timeout: float) -> None:
         """Start an embedded local cluster of ``n`` workers and connect to it."""
         self.owns_cluster = True

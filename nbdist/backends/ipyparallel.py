@@ -158,7 +158,8 @@ class IpyparallelBackend(Backend[ipp.Client]):
             self.cluster.start_engines_sync(n, **self._engine_kwargs)
         self._engine_launchers()
         self.client = self.cluster.connect_client_sync()
-        # No progress bar: the session shows its own status when the job is formed.
+        # No progress bar of ipyparallel's: the session shows "k of n ready" its own way.
+        self._await_workers(lambda: len(self.client.ids), n, timeout)
         self.client.wait_for_engines(n, timeout=timeout, interactive=False)
         self.controller_ip = "127.0.0.1" if self.launch.local else _registration_host(
             self.client)

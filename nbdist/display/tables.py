@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..layout import Row, Table
-from ..telemetry.stall import headline, where_lines
+from ..telemetry.stall import WAITING, headline, where_lines
 from ..telemetry.states import RankState
 from ..telemetry.units import (
     fmt_bytes,
@@ -26,6 +26,7 @@ from ..telemetry.units import (
 
 if TYPE_CHECKING:
     from ..telemetry.snapshot import (
+        BarState,
         MemoryPoint,
         Outlier,
         PipelinePoint,
@@ -60,12 +61,45 @@ DIMS_HEADER = ("mesh dim", "collectives", "calls", "bytes", "time (all ranks)")
 
 
 # ----------------------------------------------------------------- run table
-def _state_cell(r: RankSnapshot, note: str = "") -> str:
-    state = str(r.state) + (", straggler" if r.straggler else "") + (f", {note}" if note else "")
-    if not r.error:
-        return state
-    # Remote reasons may span lines; one line keeps the text table aligned (HTML folds them anyway).
-    return f"{state}: {' '.join(r.error.split())}"
+def stop_phrase(by: str, short: bool = False) -> str:
+    """``stopped by --timeout 16 s`` (``short``: without the seconds), or ``interrupted``."""
+    if by == "interrupt":
+        return "interrupted"
+    return f"stopped by {by.split()[0] if short else by}"
+
+
+def _where(snap: RunSnapshot, r: RankSnapshot) -> tuple[str, bool]:
+    """What the hang doctor's report says of a rank: ``waiting in all_reduce``, or ``held the
+    others`` (and where it was) for a rank that never reached the collective they wait in;
+    and whether it is that rank."""
+    v = snap.stall
+    w = v.rank(r.rank) if v is not None else None
+    if w is None:
+        return "", False
+    if r.rank in v.missing:  # type: ignore[union-attr]
+        at = f" at line {w.line}" if w.line is not None else ""
+        return f"held the others: in {w.doing}{at}" if w.doing else "held the others", True
+    if w.status == WAITING and w.collective is not None:
+        return f"waiting in {w.collective.op}", False
+    return "", False
+
+
+def _state_cell(r: RankSnapshot, note: str = "", snap: Optional[RunSnapshot] = None) -> str:
+    """``running, straggler``; ``died: SIGKILL · replaced``; ``stopped by --timeout · waiting
+    in all_reduce``; ``running · joined at step 31``."""
+    stopped = snap is not None and snap.stopped_by and r.state == RankState.STOPPED
+    state = stop_phrase(snap.stopped_by, short=True) if stopped else str(r.state)  # type: ignore
+    where, held = _where(snap, r) if snap is not None else ("", False)
+    note = "" if held and note == "stalled" else note  # "held the others" says more
+    state += (", straggler" if r.straggler else "") + (f", {note}" if note else "")
+    extra = [x for x in (where, "replaced" if r.replaced else "",
+                         f"joined at step {r.joined_at}" if r.joined_at is not None else "",
+                         f"as of {fmt_seconds(r.behind_s)} before the others"
+                         if r.behind_s is not None else "") if x]
+    if r.error:
+        # Remote reasons may span lines; one line keeps the text table aligned.
+        state = f"{state}: {' '.join(r.error.split())}"
+    return " · ".join([state, *extra])
 
 
 def _count(r: RankSnapshot) -> Optional[float]:
@@ -90,7 +124,14 @@ def _values(values: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in values.items())
 
 
-def _rank_row(r: RankSnapshot, note: str = "") -> Row:
+def _progress_label(b: BarState) -> str:
+    """``epoch 1 · 50%``: the bar's name and where it is, so rows on different bars (an
+    epoch ahead) cannot read as one ahead of the other."""
+    pct = fmt_fraction(b.fraction) if b.total else ""
+    return " · ".join(x for x in (b.desc, pct) if x)
+
+
+def _rank_row(r: RankSnapshot, note: str = "", snap: Optional[RunSnapshot] = None) -> Row:
     b = r.bar
     if b is not None:
         count = f"{b.n}/{b.total} it" if b.total is not None else f"{b.n} it"
@@ -102,14 +143,16 @@ def _rank_row(r: RankSnapshot, note: str = "") -> Row:
     frac = b.fraction if b is not None else None
     if frac is None and not r.state.active and r.state != RankState.WAITING:
         frac = 1.0 if r.state == RankState.DONE else None
-    cells = (str(r.rank), fmt_fraction(b.fraction) if b is not None and b.total else "",
+    cells = (str(r.rank), _progress_label(b) if b is not None else "",
              count, rate, fmt_seconds(b.eta_s) if b is not None else "-",
              fmt_seconds(r.compute_s),
              _comm(r, r.waiting_s, r.collective_waiting_s),
              _comm(r, r.transfer_s, r.collective_transfer_s),
-             fmt_bytes_rate(r.bandwidth), _values(r.scalars), _state_cell(r, note))
-    return Row(cells, broken=r.state.broken, straggler=r.straggler, fraction=frac,
-               state=str(r.state), rank=r.rank)
+             fmt_bytes_rate(r.bandwidth), _values(r.scalars), _state_cell(r, note, snap))
+    stopped = snap is not None and bool(snap.stopped_by) and r.state == RankState.STOPPED
+    held = snap is not None and _where(snap, r)[1]
+    return Row(cells, broken=r.state.broken and not stopped, straggler=r.straggler,
+               fraction=frac, state=str(r.state), rank=r.rank, held=held, former=r.replaced)
 
 
 def _spread(ranks: Sequence[RankSnapshot], get: Callable[[RankSnapshot], Optional[float]]
@@ -169,19 +212,22 @@ def _aggregate_rows(snap: RunSnapshot) -> tuple[Row, ...]:
         frac = spreads[0][i] if spreads[0] is not None else None
         rows.append(Row(tuple(cells), fraction=frac))
     named = _outliers(snap)
-    rows += [_rank_row(r, note) for r, note in named[:MAX_OUTLIERS]]
+    rows += [_rank_row(r, note, snap) for r, note in named[:MAX_OUTLIERS]]
     if len(named) > MAX_OUTLIERS:
         rows.append(_more_row(named[MAX_OUTLIERS:], len(RUN_HEADER), 2))
+    rows += [_rank_row(r, "", snap) for r in snap.former]
     return tuple(rows)
 
 
 def run_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> Table:
-    """One row per rank of a run; above ``aggregate_above`` ranks, min / median / max rows
-    over the ranks, then the outliers by name (stragglers, failed, stalled and the
-    slowest ranks)."""
+    """One row per rank of a run, and one per worker a replacement took over from, just
+    above its replacement's; above ``aggregate_above`` ranks, min / median / max rows over
+    the ranks, then the outliers by name (stragglers, failed, stalled and the slowest
+    ranks), then the replaced workers."""
     if len(snap.ranks) > aggregate_above:
         return Table(RUN_HEADER, _aggregate_rows(snap))
-    return Table(RUN_HEADER, tuple(_rank_row(r) for r in snap.ranks))
+    shown = sorted([*snap.ranks, *snap.former], key=lambda r: (r.rank, not r.replaced))
+    return Table(RUN_HEADER, tuple(_rank_row(r, "", snap) for r in shown))
 
 
 # ----------------------------------------------------------------- header phrases
@@ -192,11 +238,13 @@ def progress_phrases(snap: RunSnapshot, final: bool = False) -> list[str]:
     ended = final or snap.finished
     if snap.failed:
         head = "failed after"
-    elif any(r.state.broken for r in snap.ranks):
+    elif snap.stopped_by:
+        head = f"{stop_phrase(snap.stopped_by)} after"
+    elif any(r.state == RankState.STOPPED for r in snap.ranks):
         head = "stopped after"
     else:
         head = "finished in" if ended else "running for"
-    out = [f"{head} {fmt_seconds(wall)}" if wall else head.split()[0]]
+    out = [f"{head} {fmt_seconds(wall)}" if wall else head.rsplit(" ", 1)[0]]
     active = [r for r in snap.ranks if r.state != RankState.WAITING]
     bars = [r.bar for r in active if r.bar is not None]
     if bars:  # the job moves at its slowest rank's pace
@@ -218,6 +266,14 @@ def progress_phrases(snap: RunSnapshot, final: bool = False) -> list[str]:
     if etas and not ended:
         out.append(f"ETA {fmt_seconds(max(etas))}")
     return out
+
+
+def quiet_phrase(snap: RunSnapshot, final: bool = False) -> str:
+    """``no step for 4.2 s`` while a running run makes no progress, before any verdict (""
+    otherwise)."""
+    if final or snap.finished or snap.idle_s is None:
+        return ""
+    return f"no step for {fmt_seconds(snap.idle_s)}" if snap.has_telemetry else "no step yet"
 
 
 def diagnosis_phrases(snap: RunSnapshot) -> list[str]:
@@ -245,10 +301,13 @@ def diagnosis_phrases(snap: RunSnapshot) -> list[str]:
 
 
 def failure_lines(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> list[str]:
-    """``rank 1 failed: ValueError: ...`` for every rank that failed or stopped; above
-    ``aggregate_above`` ranks, one line per reason (``ranks 0-511,600 failed: ...``)."""
+    """``rank 1 failed: ValueError: ...`` for every rank that failed or stopped by itself;
+    above ``aggregate_above`` ranks, one line per reason (``ranks 0-511,600 failed: ...``).
+    A rank that died, or that a timeout or an interrupt stopped, is said once, elsewhere:
+    in its row, the header's events and the hang doctor's report."""
     broken = [(r.rank, f"{r.state}: {' '.join((r.error or str(r.state)).split())}")
-              for r in snap.ranks if r.state.broken]
+              for r in snap.ranks if r.state == RankState.FAILED
+              or (r.state == RankState.STOPPED and not snap.stopped_by)]
     if len(snap.ranks) <= aggregate_above:
         return [f"rank {r} {why}" for r, why in broken]
     by_reason: dict[str, list[int]] = {}

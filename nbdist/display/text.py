@@ -71,6 +71,25 @@ class StreamView:
 
 
 # ----------------------------------------------------------------- run telemetry
+class NoteLines:
+    """Prints what happened to a run (its notes: a rank died, a replacement joined) as it
+    happens, each line once."""
+
+    def __init__(self, stream: Optional[TextIO] = None) -> None:
+        self._stream = stream
+        self.printed = 0
+
+    def show(self, snap: RunSnapshot) -> int:
+        """Print the notes not printed yet; return how many."""
+        new = snap.notes[self.printed:]
+        if new:
+            out = self._stream or sys.stdout
+            out.write("".join(line + "\n" for line in new))
+            out.flush()
+            self.printed = len(snap.notes)
+        return len(new)
+
+
 def format_line(snap: RunSnapshot, prefix: str = "nbdist: ", final: bool = False) -> str:
     """One line for a run: state, pace, where the step time goes, failures."""
     parts = tables.progress_phrases(snap, final) + tables.diagnosis_phrases(snap)
@@ -113,8 +132,10 @@ class TextDashboard:
         self.lines = 0
         self._last = ""
         self._stall: Optional[tuple] = None  # the verdict printed last
+        self._notes = NoteLines(stream)
 
     def update(self, snap: RunSnapshot) -> None:
+        self.lines += self._notes.show(snap)
         self._print_stall(snap)
         if snap.has_telemetry and self._throttle.due():
             self._print(format_line(snap))
@@ -129,6 +150,7 @@ class TextDashboard:
         self._stall = key
 
     def close(self, snap: RunSnapshot) -> None:
+        self.lines += self._notes.show(snap)
         if not snap.has_telemetry:
             return
         line = format_line(snap, final=True)

@@ -24,6 +24,7 @@ from typing import Any, Optional
 from .columns import column, columns, row, rows, summary, summary_column, table_rows
 from .events import (
     COMM,
+    ELASTIC,
     END,
     MEMORY,
     PIPELINE,
@@ -40,7 +41,8 @@ from .events import (
 )
 from .matcher import StepMatcher
 from .matching import STRAGGLER_MIN_S, STRAGGLER_MIN_STEPS, STRAGGLER_SCORE, flagged, scores_of
-from .ranks import RankFold, figures, median_without, rank_snapshot, to_ns
+from .ranks import RankFold, common_moment, figures, median_without, rank_snapshot, to_ns
+from .recovery import Incarnations, Lost
 from .snapshot import (
     WINDOW,
     BarState,
@@ -54,6 +56,7 @@ from .snapshot import (
 )
 from .spread import ScalarSpread
 from .stall import StallWatch, Verdict
+from .stall_rules import quiet_after
 from .states import RankState
 
 __all__ = ["MAX_RECORDED", "STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
@@ -103,6 +106,11 @@ class RunState:
         self._spread = ScalarSpread(history)
         #: progress, step times and where each rank said it was (the hang doctor's input)
         self.stall = StallWatch(started, stall_after)
+        #: which worker each rank's events come from, and what happened to the job
+        self.history = Incarnations()
+        self._former: list[tuple[int, RankFold]] = []  # workers replacements took over from
+        #: what stopped the run (``--timeout 16 s`` or ``interrupt``); None: not stopped
+        self.stopped_by: Optional[str] = None
 
     def _rank(self, rank: int) -> RankFold:
         st = self._ranks.get(rank)
@@ -122,9 +130,12 @@ class RunState:
         for batch in sorted(batches, key=lambda b: (b["rank"], b["seq"])):
             rank = batch["rank"]
             for event in batch["events"]:
-                if event.get("kind") in TELEMETRY:
+                kind = event.get("kind")
+                if kind in TELEMETRY:
                     self.apply(rank, event)
                     changed = True
+                elif kind == ELASTIC:
+                    changed |= self._elastic(rank, event)
         return changed
 
     def apply(self, rank: int, e: Event) -> None:
@@ -173,19 +184,20 @@ class RunState:
         elif kind == PIPELINE:
             st.pipes.append(e)
         elif kind == PROGRESS:
-            if st.bar_id != e["bar"]:
-                st.bar_id = e["bar"]
-                st.bar_points.clear()
-            st.bar = e
-            st.bar_points.append((e["t"], e["n"]))
+            st.progress(e)
         elif kind == SCALARS:
             for name, x, v in st.log(e["values"], e.get("step")):
                 self._spread.add(rank, name, x, v)
         elif kind == MEMORY:
             self._memory(st, e)
         elif kind == END:
-            self._stop(st, RankState.DONE if e["ok"] else RankState.FAILED)
-            st.error = e.get("error")
+            error = e.get("error")
+            if not e["ok"] and self.stopped_by and (error or "").startswith("KeyboardInterrupt"):
+                self._stop(st, RankState.STOPPED)  # what stopped it is the run's to say
+                error = None
+            else:
+                self._stop(st, RankState.DONE if e["ok"] else RankState.FAILED)
+            st.error = error
             self.stall.end(rank, e["t"], e["ok"], st.error)
             self._matcher.settle_all()  # steps this rank will never report no longer wait for it
 
@@ -331,14 +343,50 @@ class RunState:
         across ranks once the last one arrives (``timing``: :meth:`.RankFold.add_steps`)."""
         reports, untimed_bytes = st.add_steps(ns, t0s, t1s, lengths, samples, exposed, timing)
         self._bytes += untimed_bytes
-        self._matcher.steps(rank, ns, reports)
+        self._matcher.steps(rank, st.job_steps(ns), reports)
+
+    # ------------------------------------------------------------- elastic training
+    def _elastic(self, rank: int, e: Event) -> bool:
+        """An elastic event from ``rank``; True when a replacement worker now reports as it:
+        that worker gets a fold of its own, counting from the job's step it joined at."""
+        start = self.history.joined(rank, e, self._next_step())
+        if start is None:
+            return False
+        old = self._ranks.pop(rank, None)
+        if old is not None:
+            if old.state.active:  # its death was not reported; its place was taken
+                self._stop(old, RankState.DIED)
+            old.replaced = True
+            self._former.append((rank, old))
+        new = self._rank(rank)
+        new.offset = new.joined_at = start
+        new.state = RankState.RUNNING
+        return True
+
+    def _next_step(self) -> int:
+        """The job's next step: after the latest any rank reported."""
+        return max((st.last_step for st in self._ranks.values() if st.last_step is not None),
+                   default=-1) + 1
+
+    def record(self, news: Any) -> None:
+        """What elastic training's coordinator wrote (:mod:`.recovery`): a :class:`Lost`
+        rank's row says it died from now on, and steps stop waiting for it."""
+        died_at = self._next_step()
+        if isinstance(news, Lost) and news.rank in self._ranks:
+            st = self._ranks[news.rank]
+            self._stop(st, RankState.DIED)
+            st.error = news.cause or "its worker is gone"
+            died_at = st.last_step + 1 if st.last_step is not None else None
+            self._matcher.settle_all()
+        self.history.record(news, died_at, max(self.history.offset.values(), default=None))
 
     def finish(self) -> None:
         """The run is over: ranks that never said they finished are marked stopped."""
         for st in self._ranks.values():
             if st.state.active:
                 self._stop(st, RankState.STOPPED)
-                st.error = st.error or "no end-of-cell report (interrupted, or the worker died)"
+                if not self.stopped_by:
+                    st.error = st.error or "no end-of-cell report (interrupted, or the worker died)"
         self._matcher.settle_all()
 
     # ------------------------------------------------------------- snapshot
@@ -353,27 +401,42 @@ class RunState:
         cutoff = matcher.matched - WINDOW  # match numbers of the run's last WINDOW matches
         numbers = [figures(self._ranks[r], cutoff) for r in ranks]
         known = sorted(f[3] for f in numbers if f[3] is not None)  # compute per step
+        moment = common_moment(self._ranks.values())
         out = []
         for r, f in zip(ranks, numbers):
             c = f[3]
             others = median_without(known, c) if c is not None else None
             out.append(rank_snapshot(r, self._ranks[r], f, now, r in flagged_set,
-                                     scores[r].score, c - others if others is not None else None))
+                                     scores[r].score, c - others if others is not None else None,
+                                     moment))
+        former = tuple(rank_snapshot(r, st, figures(st, cutoff), now, False, 0.0, None)
+                       for r, st in self._former)
         elapsed = (self._t1 - self._t0) if self._t0 is not None and self._t1 is not None else 0.0
         curves: dict[str, dict[int, tuple[tuple[float, float], ...]]] = {}
         for r in ranks:
             st = self._ranks[r]
             for name, pts in st.scalar_points.items():
                 curve = st.scalar_curves.get(name)
-                if curve is None:
-                    curve = st.scalar_curves[name] = tuple(pts)
+                if curve is None:  # a replacement's curve goes on from its predecessors'
+                    before = [p for q, old in self._former if q == r
+                              for p in old.scalar_points.get(name, ())]
+                    curve = st.scalar_curves[name] = tuple(before + pts)
                 curves.setdefault(name, {})[r] = curve
         dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3] / 1e9)
                      for dim, d in sorted(self._dims.items()))
         stall = self.verdict(at) if at is not None else None
         return RunSnapshot(tuple(out), tuple(matcher.series[s] for s in sorted(matcher.series)),
                            tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims,
-                           stall=stall, scalar_spread=self._spread.series())
+                           stall=stall, scalar_spread=self._spread.series(), former=former,
+                           marks=tuple(self.history.marks), stopped_by=self.stopped_by,
+                           idle_s=self._quiet(at) if stall is None else None)
+
+    def _quiet(self, at: Optional[float]) -> Optional[float]:
+        """Seconds the running run went without progress, once past :func:`quiet_after`."""
+        if at is None or not any(st.state.active for st in self._ranks.values()):
+            return None
+        idle = self.stall.idle(at)
+        return idle if idle >= quiet_after(self.stall.step_s) else None
 
     def _states(self) -> dict[int, RankState]:
         return {r: st.state for r, st in self._ranks.items()}

@@ -16,6 +16,7 @@ from typing import Optional, Union
 
 from .aggregate import RunState
 from .events import Batch, Event
+from .recovery import Lost, Recovery
 from .snapshot import RunSnapshot
 from .stall import Verdict
 from .trace import write_trace
@@ -67,6 +68,18 @@ class Run:
             self._seq[b["rank"]] = max(self._seq.get(b["rank"], 0), b["seq"])
         return self._state.feed(batches)
 
+    def record(self, news: Union[Lost, Recovery]) -> None:
+        """What elastic training's coordinator wrote: a rank found dead (its row says so from
+        now on), a re-formed group, a replacement that joined; kept at the step it happened,
+        and as a line of the run's notes."""
+        self._state.record(news)
+        self.notes.append(news.line())
+
+    def stopped(self, by: str) -> None:
+        """The notebook is stopping the run (``--timeout 16 s`` or ``interrupt``): ranks the
+        interrupt ends are stopped by that, and say where they were, not ``KeyboardInterrupt``."""
+        self._state.stopped_by = by
+
     def has_all(self, wanted: Mapping[int, int]) -> bool:
         """True once every rank's batches up to ``wanted[rank]`` (its last seq) arrived."""
         return all(self._seq.get(r, 0) >= s for r, s in wanted.items())
@@ -79,8 +92,11 @@ class Run:
     def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
         """The run's numbers now, with its wall-clock time so far; views draw this."""
         end = self.ended if self.ended is not None else time.time()
-        return replace(self._state.snapshot(now, at=end), wall_s=max(0.0, end - self.started),
-                       notes=tuple(self.notes))
+        snap = self._state.snapshot(now, at=end)
+        # A stopped run says where each rank was, threshold or not (who held the others).
+        where = self.where() if snap.stopped_by and snap.stall is None else snap.stall
+        return replace(snap, wall_s=max(0.0, end - self.started), notes=tuple(self.notes),
+                       stall=where)
 
     def stall_news(self) -> bool:
         """True once each time the stall verdict appears, changes or goes (views redraw

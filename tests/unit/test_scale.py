@@ -187,7 +187,8 @@ def test_the_hang_doctor_groups_ranks_that_are_in_the_same_place():
         "rank 63: in time.sleep(0.05) at In [3], line 5; it never reached the all_reduce the "
         "others wait in"]
     row = next(r for r in run_table(snap).rows if r.cells[0] == "63")
-    assert row.cells[-1] == "running, stalled"
+    assert row.cells[-1] == "running · held the others: in time.sleep(0.05) at line 5"
+    assert row.held and not row.broken
 
 
 # ----------------------------------------------------------------- refresh and batching

@@ -165,14 +165,20 @@ def test_many_ranks_become_min_median_max_rows_and_named_outliers():
     assert [row.cells[0] for row in small.rows] == [str(r) for r in range(AGGREGATE_ABOVE)]
 
 
-def test_run_table_columns_have_fixed_widths_and_never_wrap():
+def test_run_table_columns_have_fixed_widths_and_only_the_state_wraps():
     markup = H.run_table_html(failed_run())
-    assert "table-layout:fixed" in markup and f"width:{H.RUN_TABLE_WIDTH}px" in markup
-    assert markup.count("<col ") == len(RUN_HEADER) == len(H.RUN_WIDTHS)
-    cells = re.findall(r"<td style='([^']*)'", markup)
-    assert cells and all("white-space:nowrap" in c for c in cells)
-    # a long value is cut with an ellipsis and shown whole on hover
-    assert "title='failed: ValueError: &lt;bad&gt; &amp;co'" in markup
+    # as wide as the output allows: the state column takes what the fixed columns leave
+    assert "table-layout:fixed;width:100%;max-width:" in markup
+    assert len(re.findall("<col[ >]", markup)) == len(RUN_HEADER) == len(H.RUN_WIDTHS)
+    assert H.RUN_WIDTHS[RUN_HEADER.index("state")] is None
+    rows = re.findall(r"<tr class='nbdist-rank-row[^>]*>(.*?)</tr>", markup)
+    for row in rows:
+        cells = re.findall(r"<td style='([^']*)'", row)
+        assert all("white-space:nowrap" in c for c in cells[:-1])
+        assert "white-space:normal" in cells[-1]  # the verdict wraps, it is never cut
+    # a value elsewhere that a narrow window may cut is shown whole on hover
+    assert "title='10 steps/s'" in markup and "title='100 kB/s'" in markup
+    assert ">failed: ValueError: &lt;bad&gt; &amp;co<" in markup
 
 
 def test_straggler_and_exposed_communication_colours_differ():
