@@ -78,9 +78,11 @@ def text_table(table: Table) -> list[str]:
 # ----------------------------------------------------------------- HTML
 _TABLE = ("border-collapse:collapse;font-size:12px;line-height:18px;"
           "font-variant-numeric:tabular-nums")
-_CELL = "padding:1px 6px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
-#: a column that says what happened: it wraps, it is never cut
-_VERDICT = "padding:1px 6px;white-space:normal;overflow-wrap:anywhere"
+_CELL = "padding:1px 4px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+#: a column that says what happened: it wraps, it is never cut, and when a narrow output
+#: scrolls the table it stays on screen at the right edge, over the numbers scrolled under it
+_VERDICT = ("padding:1px 4px;white-space:normal;overflow-wrap:anywhere;position:sticky;right:0;"
+            "background:var(--jp-layout-color0, #fff)")
 _NUMERIC = {"count", "rate", "ETA", "compute", "waiting", "transfer", "bandwidth", "pid",
             "mem MiB"}
 #: the bar's track, in the theme's colours where JupyterLab gives them
@@ -125,7 +127,7 @@ def _row_html(header: Sequence[str], row: Row, bars: bool, verdict: str) -> str:
                 BAR.get(row.state, BAR["running"])
             body = _bar(row.fraction, colour, cell)
         # Whatever a narrow window cuts can be read on hover.
-        title = f" title='{escape(cell)}'" if len(cell) > 6 and name != verdict else ""
+        title = f" title='{escape(cell)}'" if len(cell) > 3 and name != verdict else ""
         tds.append(f"<td style='{css}'{title}>{body}</td>")
     return f"<tr class='{' '.join(classes)}'{style}>{''.join(tds)}</tr>"
 
@@ -136,18 +138,20 @@ def html_table(table: Table, widths: Optional[Sequence[Optional[int]]] = None,
 
     With ``widths`` (px per column; None: the column shares what is left) the layout is
     fixed, as wide as the output allows: a long value is cut with an ellipsis and shown whole
-    on hover, except in the ``verdict`` column, which wraps and is never cut. ``bars`` draws
-    the ``progress`` column.
+    on hover, except in the ``verdict`` column, which wraps, is never cut and stays on screen
+    when a narrow output scrolls the table. ``bars`` draws the ``progress`` column.
     """
     style = _TABLE
     cols = ""
     if widths:
-        most = sum(w or 160 for w in widths)
+        most = sum(w or 200 for w in widths)
         style += f";table-layout:fixed;width:100%;max-width:{most}px"
         cols = "<colgroup>" + "".join(f"<col style='width:{w}px'>" if w else "<col>"
                                       for w in widths) + "</colgroup>"
-    head = "".join(f"<th style='{_CELL};text-align:{'right' if c in _NUMERIC else 'left'};"
-                   f"border-bottom:1px solid {AXIS}'>{escape(c)}</th>" for c in table.header)
+    head = "".join(f"<th style='{_VERDICT if c == verdict else _CELL};"
+                   f"text-align:{'right' if c in _NUMERIC else 'left'};"
+                   f"border-bottom:1px solid {AXIS}' title='{escape(c)}'>{escape(c)}</th>"
+                   for c in table.header)
     body = "".join(_row_html(table.header, row, bars, verdict) for row in table.rows)
     return (f"<table class='nbdist-table' style='{style}'>{cols}<thead><tr>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table>")

@@ -53,9 +53,9 @@ if TYPE_CHECKING:
 #: ranks drawn one line each in a scalar chart; above, median with a min-max band
 MAX_LINES = 8
 
-#: the run table's column widths (px); the state column takes what is left, and wraps: it fits
-#: JupyterLab's cell at 1280 px with the file browser open
-RUN_WIDTHS = (48, 130, 76, 84, 56, 64, 64, 64, 76, 110, None)
+#: the run table's column widths (px): numbers whole, the bar named; the last values take what
+#: is left, the state wraps and stays on screen (JupyterLab at 1280 px, the file browser open)
+RUN_WIDTHS = (44, 150, 72, 82, 54, 68, 62, 66, 80, None, 170)
 
 
 def bold(text: str) -> str:
@@ -152,9 +152,11 @@ def events(marks: Sequence[Mark]) -> str:
 
 
 def _event_text(mark: Mark) -> str:
-    """A mark's line without the ``nbdist.elastic`` prefix (the dashboard is nbdist's)."""
+    """A mark's line without the ``nbdist.elastic`` prefix (the dashboard is nbdist's), and
+    the step of a death or a join."""
     text = mark.text.removeprefix("nbdist.elastic ")
-    return text + (f" (step {mark.step})" if mark.step is not None else "")
+    at = mark.step is not None and mark.kind in ("died", "joined")
+    return text + (f" (at step {mark.step})" if at else "")
 
 
 def run_table_html(snap: RunSnapshot) -> str:
@@ -283,10 +285,13 @@ def _rules(marks: Sequence[Mark], steps: Sequence[int], bw: float, height: int) 
         i = next((i for i, s in enumerate(steps) if s >= m.step), len(steps))
         x = _PAD_L + 0.5 + i * bw
         colour = FAIL if m.failure else RECOVERY
+        # the label on the side with room: right of the rule, or left of it near the end
+        right = x < _PAD_L + 0.6 * bw * len(steps)
+        at = f"x='{x + 2 if right else x - 2:.1f}' text-anchor='{'start' if right else 'end'}'"
         out.append(f"<g class='nbdist-mark'><title>{escape(_event_text(m))}</title>"
                    f"<line x1='{x:.1f}' y1='{_PAD_T}' x2='{x:.1f}' y2='{height - _PAD_B}' "
                    f"stroke='{colour}' stroke-width='1.5' stroke-dasharray='3 2'/>"
-                   f"<text x='{x + 2:.1f}' y='{_PAD_T + 9 + 11 * len(out)}' fill='{colour}'>"
+                   f"<text {at} y='{_PAD_T + 9 + 11 * len(out)}' fill='{colour}'>"
                    f"{escape(m.label)}</text></g>")
     return "".join(out)
 
@@ -446,7 +451,8 @@ def output_pre(lines: Sequence[OutputLine] = ()) -> str:
     # column-reverse keeps the scroll at the bottom: the latest lines stay in view
     return (f"<div class='nbdist-output-box' style='max-height:{OUTPUT_MAX_HEIGHT};"
             f"overflow-y:auto;display:flex;flex-direction:column-reverse'>"
-            f"<pre class='nbdist-output' style='margin:0'>{body}</pre></div>")
+            f"<pre class='nbdist-output' style='margin:0;flex:none;overflow:visible'>{body}"
+            f"</pre></div>")
 
 
 def rank_output_html(merged: Sequence[OutputLine],

@@ -395,8 +395,11 @@ class RunState:
         (the notebook's ``time.time()``) is when a stall is judged (None: not judged)."""
         ranks = sorted(self._ranks)
         matcher = self._matcher
-        scores = scores_of(list(matcher.blames), ranks)
-        slow = flagged(scores, len(matcher.blames))
+        # A rank that died waits for nobody and is waited for by nobody any more; alone, a
+        # rank is nobody's straggler.
+        live = [r for r in ranks if self._ranks[r].state != RankState.DIED]
+        scores = scores_of(list(matcher.blames), live)
+        slow = flagged(scores, len(matcher.blames)) if len(live) > 1 else []
         flagged_set = set(slow)
         cutoff = matcher.matched - WINDOW  # match numbers of the run's last WINDOW matches
         numbers = [figures(self._ranks[r], cutoff) for r in ranks]
@@ -406,9 +409,9 @@ class RunState:
         for r, f in zip(ranks, numbers):
             c = f[3]
             others = median_without(known, c) if c is not None else None
-            out.append(rank_snapshot(r, self._ranks[r], f, now, r in flagged_set,
-                                     scores[r].score, c - others if others is not None else None,
-                                     moment))
+            score = scores[r].score if r in scores else 0.0
+            out.append(rank_snapshot(r, self._ranks[r], f, now, r in flagged_set, score,
+                                     c - others if others is not None else None, moment))
         former = tuple(rank_snapshot(r, st, figures(st, cutoff), now, False, 0.0, None)
                        for r, st in self._former)
         elapsed = (self._t1 - self._t0) if self._t0 is not None and self._t1 is not None else 0.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from synthetic import T0, batches
+from synthetic import T0, batches, ddp_job
 
 from nbdist.display.html import run_header, run_summary, step_chart_svg
 from nbdist.display.tables import run_table
@@ -181,3 +181,13 @@ def test_a_replacement_without_a_step_in_its_report_starts_after_the_latest_step
     run.feed([dict(b, seq=b["seq"] + 1_000_001) for b in batches(1, steps(range(2), T0 + 1))])
     one = next(r for r in run.snapshot().ranks if r.rank == 1)
     assert (one.joined_at, one.last_step) == (5, 6)
+
+
+def test_a_rank_alone_after_a_death_is_nobodys_straggler():
+    run = Run("cell", [0, 1], world_size=2)
+    job = ddp_job({0: 0.09, 1: 0.05}, steps=10)  # rank 1 waits for rank 0 in every step
+    run.feed(batches(0, job[0]) + batches(1, job[1]))
+    assert run.snapshot().stragglers == (0,)
+    run.record(Lost(T0 + 1.1, 1, "hostA", 101, "SIGKILL"))
+    snap = run.snapshot()
+    assert snap.stragglers == () and "slower" not in run_header(snap)

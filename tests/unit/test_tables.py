@@ -167,15 +167,16 @@ def test_many_ranks_become_min_median_max_rows_and_named_outliers():
 
 def test_run_table_columns_have_fixed_widths_and_only_the_state_wraps():
     markup = H.run_table_html(failed_run())
-    # as wide as the output allows: the state column takes what the fixed columns leave
+    # as wide as the output allows: the last values take what the fixed columns leave
     assert "table-layout:fixed;width:100%;max-width:" in markup
     assert len(re.findall("<col[ >]", markup)) == len(RUN_HEADER) == len(H.RUN_WIDTHS)
-    assert H.RUN_WIDTHS[RUN_HEADER.index("state")] is None
+    assert H.RUN_WIDTHS[RUN_HEADER.index("last values")] is None
     rows = re.findall(r"<tr class='nbdist-rank-row[^>]*>(.*?)</tr>", markup)
     for row in rows:
         cells = re.findall(r"<td style='([^']*)'", row)
         assert all("white-space:nowrap" in c for c in cells[:-1])
-        assert "white-space:normal" in cells[-1]  # the verdict wraps, it is never cut
+        # the verdict wraps, is never cut, and stays on screen when the table scrolls
+        assert "white-space:normal" in cells[-1] and "position:sticky;right:0" in cells[-1]
     # a value elsewhere that a narrow window may cut is shown whole on hover
     assert "title='10 steps/s'" in markup and "title='100 kB/s'" in markup
     assert ">failed: ValueError: &lt;bad&gt; &amp;co<" in markup
