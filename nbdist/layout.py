@@ -136,16 +136,17 @@ def html_table(table: Table, widths: Optional[Sequence[Optional[int]]] = None,
                bars: bool = False, verdict: str = "") -> str:
     """A :class:`Table` as an HTML table; broken rows in red.
 
-    With ``widths`` (px per column; None: the column shares what is left) the layout is
-    fixed, as wide as the output allows: a long value is cut with an ellipsis and shown whole
-    on hover, except in the ``verdict`` column, which wraps, is never cut and stays on screen
-    when a narrow output scrolls the table. ``bars`` draws the ``progress`` column.
+    With ``widths`` (px per column; None: the column takes what is left, 150 to 300 px) the
+    layout is fixed, as wide as the output allows: a long value is cut with an ellipsis and
+    shown whole on hover, except in the ``verdict`` column, which wraps, is never cut and
+    stays on screen when a narrower output scrolls the table. ``bars`` draws the ``progress``
+    column.
     """
     style = _TABLE
     cols = ""
     if widths:
-        most = sum(w or 200 for w in widths)
-        style += f";table-layout:fixed;width:100%;max-width:{most}px"
+        least, most = sum(w or 150 for w in widths), sum(w or 300 for w in widths)
+        style += f";table-layout:fixed;width:100%;min-width:{least}px;max-width:{most}px"
         cols = "<colgroup>" + "".join(f"<col style='width:{w}px'>" if w else "<col>"
                                       for w in widths) + "</colgroup>"
     head = "".join(f"<th style='{_VERDICT if c == verdict else _CELL};"

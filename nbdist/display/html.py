@@ -52,10 +52,13 @@ if TYPE_CHECKING:
 
 #: ranks drawn one line each in a scalar chart; above, median with a min-max band
 MAX_LINES = 8
+#: a step longer than this many times the 90th percentile is cut at the step chart's top
+CUT_ABOVE = 4.0
 
-#: the run table's column widths (px): numbers whole, the bar named; the last values take what
-#: is left, the state wraps and stays on screen (JupyterLab at 1280 px, the file browser open)
-RUN_WIDTHS = (44, 150, 72, 82, 54, 68, 62, 66, 80, None, 170)
+#: the run table's column widths (px): numbers whole, the bar named; the state takes what is
+#: left (150 px at least) and wraps: the table fits JupyterLab's cell at 1400 px with the file
+#: browser open, and in a narrower output it scrolls with the state column kept in view
+RUN_WIDTHS = (44, 150, 72, 82, 54, 68, 62, 66, 80, 96, None)
 
 
 def bold(text: str) -> str:
@@ -162,7 +165,8 @@ def _event_text(mark: Mark) -> str:
 def run_table_html(snap: RunSnapshot) -> str:
     """The run's table with progress bars, in fixed columns: numbers are never cut, other
     cells cut can be read on hover, and the state column wraps."""
-    return (f"<div style='overflow-x:auto'>"
+    # contain: the table's least width must not widen the output around it (the box scrolls)
+    return (f"<div style='overflow-x:auto;contain:inline-size'>"
             f"{html_table(run_table(snap), RUN_WIDTHS, bars=True, verdict='state')}</div>")
 
 
@@ -242,7 +246,7 @@ def step_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 
     """Stacked bars per step, mean over the ranks that ran it: compute, then transfer, then
     waiting; a vertical rule where a rank died or a replacement joined."""
     pts = list(series)[-120:]
-    top = max((p.step_s for p in pts), default=0.0)
+    top = _chart_top([p.step_s for p in pts])
     if not pts or top <= 0:
         return ""
     w, h = width - _PAD_L - 4, height - _PAD_T - _PAD_B
@@ -250,13 +254,21 @@ def step_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 
     bars = []
     for i, p in enumerate(pts):
         x, y = _PAD_L + 1 + i * bw, float(height - _PAD_B)
+        # a step far longer than the others (a wait for a replacement) is drawn to the top,
+        # cut, with a mark: one step must not flatten all the others
+        scale = min(1.0, top / p.step_s) if p.step_s > 0 else 1.0
         rects = ""
         for value, colour in ((p.compute_s, COMPUTE), (p.transfer_s, TRANSFER),
                               (p.waiting_s, WAITING)):
-            hh = h * max(0.0, value) / top
+            hh = h * max(0.0, value) * scale / top
             y -= hh
             rects += (f"<rect x='{x:.1f}' y='{y:.1f}' width='{max(bw - 1, 0.5):.1f}' "
                       f"height='{hh:.1f}' fill='{colour}'/>")
+        if scale < 1.0:
+            mid = x + max(bw - 1, 0.5) / 2
+            rects += (f"<path class='nbdist-cut-bar' d='M{mid - 3:.1f},{_PAD_T - 1} "
+                      f"L{mid + 3:.1f},{_PAD_T - 1} L{mid:.1f},{_PAD_T - 5} Z' "
+                      f"fill='currentColor'/>")
         tip = (f"step {p.step}: {fmt_seconds(p.step_s)} = compute {fmt_seconds(p.compute_s)}"
                f" + transfer {fmt_seconds(p.transfer_s)} + waiting {fmt_seconds(p.waiting_s)}"
                + (f" (for rank {p.waited_for})" if p.waited_for is not None else "")
@@ -273,6 +285,16 @@ def step_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 
                 _axes(width, height, fmt_seconds(top), "0", f"step {pts[0].step}",
                       f"step {pts[-1].step}") + "".join(bars)
                 + _rules(marks, [p.step for p in pts], bw, height))
+
+
+def _chart_top(lengths: Sequence[float]) -> float:
+    """The step chart's top: the longest step, unless it is over :data:`CUT_ABOVE` times the
+    step most steps stay under (the 90th percentile); then that much, and longer steps cut."""
+    if not lengths:
+        return 0.0
+    ordered = sorted(lengths)
+    typical = ordered[(len(ordered) - 1) * 9 // 10]
+    return min(ordered[-1], CUT_ABOVE * typical) if typical > 0 else ordered[-1]
 
 
 def _rules(marks: Sequence[Mark], steps: Sequence[int], bw: float, height: int) -> str:

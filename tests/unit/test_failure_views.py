@@ -258,3 +258,15 @@ def test_a_warning_shows_again_in_the_next_cell():
                 warn()  # once per location within a cell, as Python shows it
             assert [e["message"] for e in sink.events if e["kind"] == "warning"] == \
                 ["this shard is small"]
+
+
+def test_one_very_long_step_does_not_flatten_the_others():
+    from nbdist.telemetry.snapshot import StepPoint
+
+    series = [StepPoint(n, 0.1, 0.08, 0.01, 0.01, 1000, None, 2) for n in range(20)]
+    series[10] = StepPoint(10, 13.0, 12.9, 0.05, 0.05, 1000, None, 2)  # waited for a worker
+    svg = H.step_chart_svg(series)
+    assert ">400 ms<" in svg  # the top: 4 times the 90th percentile, not 13 s
+    assert svg.count("nbdist-cut-bar") == 1 and "step 10: 13 s" in svg  # cut, and told
+    heights = [float(h) for h in re.findall(r"<rect [^>]*height='([0-9.]+)'", svg)]
+    assert max(heights) <= 120 - 16 - 14 + 0.1

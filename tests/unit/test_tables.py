@@ -167,10 +167,11 @@ def test_many_ranks_become_min_median_max_rows_and_named_outliers():
 
 def test_run_table_columns_have_fixed_widths_and_only_the_state_wraps():
     markup = H.run_table_html(failed_run())
-    # as wide as the output allows: the last values take what the fixed columns leave
-    assert "table-layout:fixed;width:100%;max-width:" in markup
+    # as wide as the output allows: the state takes what the fixed columns leave, 150 px or more
+    least = sum(w or 150 for w in H.RUN_WIDTHS)
+    assert f"table-layout:fixed;width:100%;min-width:{least}px;max-width:" in markup
     assert len(re.findall("<col[ >]", markup)) == len(RUN_HEADER) == len(H.RUN_WIDTHS)
-    assert H.RUN_WIDTHS[RUN_HEADER.index("last values")] is None
+    assert H.RUN_WIDTHS[RUN_HEADER.index("state")] is None
     rows = re.findall(r"<tr class='nbdist-rank-row[^>]*>(.*?)</tr>", markup)
     for row in rows:
         cells = re.findall(r"<td style='([^']*)'", row)
