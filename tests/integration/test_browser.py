@@ -280,7 +280,9 @@ def cell(page, i: int):
 
 
 def prompt(page, i: int) -> str:
-    return "".join(cell(page, i).locator(".jp-InputPrompt").inner_text().split())
+    """``[ ]:`` (never run), ``[*]:`` (queued or running) or ``[3]:``, as its text: a cell
+    JupyterLab has not laid out (off screen) has no inner text yet."""
+    return "".join((cell(page, i).locator(".jp-InputPrompt").text_content() or "").split())
 
 
 def run_cells(page, first: int, last: int) -> None:
