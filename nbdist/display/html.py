@@ -142,8 +142,10 @@ def events(marks: Sequence[Mark]) -> str:
     if not marks:
         return ""
     last = marks[-1]
-    line = (f"<div class='nbdist-last-event'>"
-            f"{warning_text(_event_text(last), _mark_colour(last))}</div>")
+    said = _event_text(last)
+    line = (f"<div class='nbdist-last-event' title='{escape(said)}' style='white-space:nowrap;"
+            f"overflow:hidden;text-overflow:ellipsis'>"
+            f"{warning_text(said, _mark_colour(last))}</div>")
     if len(marks) == 1:
         return line
     earlier = "".join(f"<li style='color:{_mark_colour(m)}'>{escape(_event_text(m))}</li>"

@@ -96,9 +96,10 @@ def format_line(snap: RunSnapshot, prefix: str = "nbdist: ", final: bool = False
     return prefix + " | ".join(parts + tables.failure_lines(snap))
 
 
-def format_summary(snap: RunSnapshot) -> str:
+def format_summary(snap: RunSnapshot, notes: bool = True) -> str:
     """A plain table of a finished run, one row per rank (or min/median/max and outliers),
-    then the pipeline's stages, collectives by mesh dimension and what each rank holds."""
+    then the pipeline's stages, collectives by mesh dimension and what each rank holds, and
+    what happened to the run (its notes; ``notes=False`` where they were printed already)."""
     head = "nbdist run: " + " | ".join(tables.progress_phrases(snap, final=snap.finished)
                                        + tables.diagnosis_phrases(snap))
     extra = []
@@ -108,6 +109,8 @@ def format_summary(snap: RunSnapshot) -> str:
     stall = tables.stall_lines(snap)
     if stall:
         extra += ["", *stall]
+    if notes and snap.notes:
+        extra += ["", *snap.notes]
     return "\n".join([head, *text_table(tables.run_table(snap)), *extra])
 
 
@@ -158,7 +161,7 @@ class TextDashboard:
             self._print(line)
         shown = self._stream is None and self._show is not None and self._show(snap)
         if not shown:
-            self._print(format_summary(snap))
+            self._print(format_summary(snap, notes=False))  # printed as they came
 
     def _print(self, text: str) -> None:
         self._last = text

@@ -655,6 +655,7 @@ def test_a_chatty_all_output_cell_keeps_to_its_box_and_shows_its_warning_again(n
         top = area.bounding_box()["y"]
         dash = area.locator(".nbdist-dashboard").bounding_box()
         assert dash is not None and dash["y"] - top < 700, (top, dash)
+        doc_shot(area, "chatty-all-output.png")
         assert tabs.locator(".lm-TabBar-tab").all_inner_texts() == ["all ranks", "rank 0",
                                                                     "rank 1"]
         tabs.locator(".lm-TabBar-tab").nth(2).click()
@@ -663,7 +664,6 @@ def test_a_chatty_all_output_cell_keeps_to_its_box_and_shows_its_warning_again(n
         assert "only rank 1" in rank1.inner_text() and "[" not in rank1.inner_text()
         warned = area.locator(".nbdist-warnings").inner_text()
         assert "[0-1]" in warned and "this shard is small" in warned, warned
-        doc_shot(area, "chatty-all-output.png")
         # run again on the same warm workers: the warning shows again, as a plain kernel's
         run_again(page, C_CHATTY)
         wait_for(lambda: finished(page, C_CHATTY), 120, "the cell to run again")

@@ -154,7 +154,7 @@ def test_the_chart_marks_the_moments_and_keeps_every_step():
     assert [round((x - 56.5) / (width / 30)) for x in xs] == [10, 20]
     # each event once: the last in the header, the earlier ones folded under it (the chart's
     # rules repeat them only as hover text)
-    html = re.sub(r"<svg.*?</svg>", "", run_summary(snap))
+    html = re.sub(r"<svg.*?</svg>|title='[^']*'", "", run_summary(snap))  # what is read
     assert html.count("died: SIGKILL") == 2  # the event line and the dead worker's row
     assert html.count("a replacement worker joined") == 1
 
