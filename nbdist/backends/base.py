@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Protocol, TypeVar
 
@@ -214,24 +214,24 @@ class Backend(abc.ABC, Generic[ClientT]):
         cluster.close()
 
     # ------------------------------------------------------------------ what adapters get
-    def _await_workers(self, ready: Callable[[], int], n: int, timeout: float) -> None:
-        """Tell :attr:`on_ready` how many of ``n`` workers are up (``ready()``) as they come,
-        until all are or ``timeout`` passes; the engine's own wait follows and says why not.
-        Adapters call it in ``_start`` before that wait."""
-        if self.on_ready is None:
-            return
+    def _await_workers(self, ready: Callable[[], Sized], n: int, timeout: float,
+                       wait: Callable[..., Any]) -> None:
+        """Tell :attr:`on_ready` how many of ``n`` workers are up (``len(ready())``) as they
+        come, until all are or ``timeout`` passes; then the engine's own
+        ``wait(n, timeout=timeout)``, which says why not. Adapters call it in ``_start``."""
         deadline, last = time.monotonic() + timeout, -1
-        while True:
+        while self.on_ready is not None:
             try:
-                k = ready()
+                k = len(ready())
             except Exception:  # the engine cannot say yet: its own wait will
                 k = max(last, 0)
             if k != last:
                 self.on_ready(min(k, n), n)
                 last = k
             if k >= n or time.monotonic() > deadline:
-                return
+                break
             time.sleep(0.2)  # the engine offers no event for a worker coming up
+        wait(n, timeout=timeout)
 
     def start(self, n: int, timeout: float) -> None:
         """Start an embedded local cluster of ``n`` workers and connect to it."""

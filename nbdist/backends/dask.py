@@ -187,8 +187,7 @@ class DaskBackend(Backend[distributed.Client]):
             if scale:
                 self.cluster.scale(n)
             self.client = _new_client(self.cluster, timeout=timeout)
-            self._await_workers(lambda: len(self.client.nthreads()), n, timeout)
-            self.client.wait_for_workers(n, timeout=timeout)
+            self._await_workers(self.client.nthreads, n, timeout, self.client.wait_for_workers)
             return
         _quiet_relay_errors()
         with worker_process_config():
@@ -200,8 +199,7 @@ class DaskBackend(Backend[distributed.Client]):
                 dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
                 memory_limit=0)
             self.client = _new_client(self.cluster, timeout=timeout)
-            self._await_workers(lambda: len(self.client.nthreads()), n, timeout)
-            self.client.wait_for_workers(n, timeout=timeout)
+            self._await_workers(self.client.nthreads, n, timeout, self.client.wait_for_workers)
 
     def start(self, n: int, timeout: float) -> None:
         super().start(n, timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
@@ -159,8 +160,8 @@ class IpyparallelBackend(Backend[ipp.Client]):
         self._engine_launchers()
         self.client = self.cluster.connect_client_sync()
         # No progress bar of ipyparallel's: the session shows "k of n ready" its own way.
-        self._await_workers(lambda: len(self.client.ids), n, timeout)
-        self.client.wait_for_engines(n, timeout=timeout, interactive=False)
+        self._await_workers(lambda: self.client.ids, n, timeout,
+                            partial(self.client.wait_for_engines, interactive=False))
         self.controller_ip = "127.0.0.1" if self.launch.local else _registration_host(
             self.client)
 

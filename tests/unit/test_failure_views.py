@@ -222,16 +222,18 @@ def test_a_backend_tells_the_start_view_as_workers_come_up():
 
     class Counting(Backend):
         def _start(self, n, timeout):
-            came = iter([0, 1, 1, 3])
-            self._await_workers(lambda: next(came), n, timeout)
+            came = iter([[], [1], [1], [1, 2, 3]])
+            self._await_workers(lambda: next(came), n, timeout,
+                                lambda k, timeout: waited.append(k))
 
         connect = worker_ids = submit = interrupt = transport = None
 
-    told = []
+    told, waited = [], []
     b = Counting()
     b.on_ready = lambda k, n: told.append((k, n))
     b.start(3, 30)
     assert told == [(0, 3), (1, 3), (3, 3)]
+    assert waited == [3]  # the engine's own wait follows, to say why not
 
 
 def test_a_warning_shows_again_in_the_next_cell():
