@@ -32,9 +32,15 @@ MUTED = "var(--jp-ui-font-color2, #666)"
 #: progress bars by rank state
 BAR = {"waiting": "#d0d0d0", "running": "#4a90d9", "done": "#59a14f", "failed": FAIL,
        "stopped": FAIL}
-#: one colour per rank in the scalar charts
+#: one colour per rank, the same in the tables (a mark by the rank's number) and the charts
 RANK_COLOURS = ("#4c78a8", "#e45756", "#72b7b2", "#b8860b", "#9d755d", "#ff9da6", "#17becf",
                 "#7f7f7f")
+
+
+def rank_colour(rank: int) -> str:
+    """Rank ``rank``'s colour, in every table and chart."""
+    return RANK_COLOURS[rank % len(RANK_COLOURS)]
+
 #: warnings from the ranks: amber on cream, apart from the failure red
 WARNED, WARNED_BACKGROUND = "#8a5a00", "#fff8e6"
 
@@ -120,6 +126,10 @@ def _row_html(header: Sequence[str], row: Row, bars: bool, verdict: str) -> str:
         css = (_VERDICT if name == verdict else _CELL) + \
             (";text-align:right" if name in _NUMERIC else "")
         body = escape(cell)
+        if name == "rank" and row.rank is not None:
+            body = (f"<span class='nbdist-swatch' style='display:inline-block;width:8px;"
+                    f"height:8px;margin-right:4px;background:{rank_colour(row.rank)}'></span>"
+                    + body)
         if name == "rank" and row.straggler:
             css += f";color:{STRAGGLER};font-weight:bold;box-shadow:inset 3px 0 {STRAGGLER}"
         if bars and name == "progress" and row.fraction is not None:
@@ -133,14 +143,14 @@ def _row_html(header: Sequence[str], row: Row, bars: bool, verdict: str) -> str:
 
 
 def html_table(table: Table, widths: Optional[Sequence[Optional[int]]] = None,
-               bars: bool = False, verdict: str = "") -> str:
+               bars: bool = False, verdict: str = "", caption: str = "") -> str:
     """A :class:`Table` as an HTML table; broken rows in red.
 
     With ``widths`` (px per column; None: the column takes what is left, 150 to 300 px) the
     layout is fixed, as wide as the output allows: a long value is cut with an ellipsis and
     shown whole on hover, except in the ``verdict`` column, which wraps, is never cut and
     stays on screen when a narrower output scrolls the table. ``bars`` draws the ``progress``
-    column.
+    column; ``caption`` is said above the table.
     """
     style = _TABLE
     cols = ""
@@ -154,8 +164,10 @@ def html_table(table: Table, widths: Optional[Sequence[Optional[int]]] = None,
                    f"border-bottom:1px solid {AXIS}' title='{escape(c)}'>{escape(c)}</th>"
                    for c in table.header)
     body = "".join(_row_html(table.header, row, bars, verdict) for row in table.rows)
-    return (f"<table class='nbdist-table' style='{style}'>{cols}<thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table>")
+    above = (f"<caption style='caption-side:top;text-align:left;font-size:12px;color:{MUTED}'>"
+             f"{escape(caption)}</caption>" if caption else "")
+    return (f"<table class='nbdist-table' style='{style}'>{above}{cols}<thead><tr>{head}</tr>"
+            f"</thead><tbody>{body}</tbody></table>")
 
 
 # ----------------------------------------------------------------- a cluster's status

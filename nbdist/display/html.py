@@ -31,10 +31,12 @@ from ..layout import (
     WARNED,
     WARNED_BACKGROUND,
     html_table,
+    rank_colour,
 )
 from ..telemetry.units import fmt_bytes_rate, fmt_ranks, fmt_seconds
 from .tables import (
     DEFINITIONS,
+    MEMORY_CAPTION,
     diagnosis_phrases,
     dims_table,
     failure_lines,
@@ -375,10 +377,8 @@ def scalar_chart_svg(name: str, by_rank: dict[int, tuple[tuple[float, float], ..
         title = f"{escape(name)} · {label}"
     elif len(ranks) <= MAX_LINES:
         title = escape(name) + " · " + ", ".join(
-            f"<tspan fill='{RANK_COLOURS[i % len(RANK_COLOURS)]}'>rank {r}</tspan>"
-            for i, r in enumerate(ranks))
-        body += "".join(_line(series[r], box, RANK_COLOURS[i % len(RANK_COLOURS)], width,
-                              height) for i, r in enumerate(ranks))
+            f"<tspan fill='{rank_colour(r)}'>rank {r}</tspan>" for r in ranks)
+        body += "".join(_line(series[r], box, rank_colour(r), width, height) for r in ranks)
     else:
         steps = sorted({x for x in xs})
         at = {r: dict(series[r]) for r in ranks}
@@ -453,8 +453,9 @@ def run_summary(snap: RunSnapshot) -> str:
 def detail_tables(snap: RunSnapshot) -> str:
     """The pipeline's stages, collectives by mesh dimension and what each rank holds; each
     only when the run has it."""
-    return "".join(html_table(t) for t in (pipeline_table(snap), dims_table(snap),
-                                           memory_table(snap)) if t is not None)
+    return "".join(html_table(t, caption=c) for t, c in (
+        (pipeline_table(snap), ""), (dims_table(snap), ""), (memory_table(snap), MEMORY_CAPTION))
+        if t is not None)
 
 
 # ----------------------------------------------------------------- workers' output

@@ -22,6 +22,7 @@ from ..telemetry.units import (
     fmt_ranks,
     fmt_rate,
     fmt_seconds,
+    one_unit,
 )
 
 if TYPE_CHECKING:
@@ -58,6 +59,16 @@ MEMORY_HEADER = ("rank", "params", "grads", "optimizer", "comm/step", "RSS", "pe
 PIPELINE_HEADER = ("rank", "stage", "schedule", "microbatches", "forward/mb", "backward/mb",
                    "p2p wait/step", "step", "bubble")
 DIMS_HEADER = ("mesh dim", "collectives", "calls", "bytes", "time (all ranks)")
+MEMORY_CAPTION = ("memory per rank, at its last report: what it holds (its own shards), "
+                  "what it sends per step, the resident memory of its process")
+
+
+def _one_unit(table: Table) -> Table:
+    """The table with each column's sizes, durations and rates in one unit."""
+    columns = list(zip(*(row.cells for row in table.rows))) if table.rows else []
+    cells = list(zip(*(one_unit(c) for c in columns)))
+    return Table(table.header, tuple(row._replace(cells=tuple(c))
+                                     for row, c in zip(table.rows, cells)))
 
 
 # ----------------------------------------------------------------- run table
@@ -225,15 +236,16 @@ def run_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> Tabl
     the ranks, then the outliers by name (stragglers, failed, stalled and the slowest
     ranks), then the replaced workers."""
     if len(snap.ranks) > aggregate_above:
-        return Table(RUN_HEADER, _aggregate_rows(snap))
+        return _one_unit(Table(RUN_HEADER, _aggregate_rows(snap)))
     shown = sorted([*snap.ranks, *snap.former], key=lambda r: (r.rank, not r.replaced))
-    return Table(RUN_HEADER, tuple(_rank_row(r, "", snap) for r in shown))
+    return _one_unit(Table(RUN_HEADER, tuple(_rank_row(r, "", snap) for r in shown)))
 
 
 # ----------------------------------------------------------------- header phrases
 def progress_phrases(snap: RunSnapshot, final: bool = False) -> list[str]:
-    """The run's state, time and pace: ``finished in 12.3 s``, ``train 300/300 it``,
-    ``52.3 it/s``, ``1.67k samples/s`` (``ETA 4 s`` while it runs)."""
+    """The run's state, time and pace: ``finished in 12.3 s``, ``train 300/300 it`` (the
+    slowest rank's), ``52.3 it/s per rank``, ``1.67k samples/s all ranks`` (``ETA 4 s`` while
+    it runs): each figure says whether it is one rank's or the job's."""
     wall = snap.wall_s if snap.wall_s is not None else snap.elapsed_s
     ended = final or snap.finished
     if snap.failed:
@@ -253,15 +265,15 @@ def progress_phrases(snap: RunSnapshot, final: bool = False) -> list[str]:
         out.append(f"{slow.desc + ' ' if slow.desc else ''}{slow.n}{total} it")
         rates = [b.rate for b in bars if b.rate]
         if rates:
-            out.append(fmt_rate(min(rates), "it/s"))
+            out.append(fmt_rate(min(rates), "it/s") + " per rank")
     elif any(r.steps for r in active):
         out.append(f"{snap.steps} steps")
         rates = [r.steps_per_s for r in active if r.steps_per_s]
         if rates:
-            out.append(fmt_rate(min(rates), "steps/s"))
+            out.append(fmt_rate(min(rates), "steps/s") + " per rank")
     samples = sum(r.samples_per_s or 0 for r in active)
     if samples:
-        out.append(fmt_rate(samples, "samples/s"))
+        out.append(fmt_rate(samples, "samples/s") + " all ranks")
     etas = [b.eta_s for b in bars if b.eta_s is not None]
     if etas and not ended:
         out.append(f"ETA {fmt_seconds(max(etas))}")
@@ -278,7 +290,8 @@ def quiet_phrase(snap: RunSnapshot, final: bool = False) -> str:
 
 def diagnosis_phrases(snap: RunSnapshot) -> list[str]:
     """Where the step time goes, e.g. ``rank 1 is 5.1 ms/step slower (compute 15 ms)``,
-    ``others wait 26% of their step``, ``transfer 6%``, ``bandwidth 337 MB/s``."""
+    ``others wait 26% of their step``, ``transfer 6%``, ``bandwidth 337 MB/s per rank`` (the
+    median rank's)."""
     d = snap.diagnosis
     out = []
     if d.waited_for is not None:
@@ -294,7 +307,7 @@ def diagnosis_phrases(snap: RunSnapshot) -> list[str]:
     if d.transfer is not None:
         out.append(f"transfer {fmt_fraction(d.transfer)}")
     if d.bandwidth is not None:
-        out.append(f"bandwidth {fmt_bytes_rate(d.bandwidth)}")
+        out.append(f"bandwidth {fmt_bytes_rate(d.bandwidth)} per rank")
     if snap.bubble is not None:
         out.append(f"pipeline bubble {fmt_fraction(snap.bubble)}")
     return out
@@ -366,7 +379,7 @@ def memory_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> O
     if not any(r.memory for r in snap.ranks):
         return None
     if len(snap.ranks) <= aggregate_above:
-        return Table(MEMORY_HEADER, tuple(_memory_row(r) for r in snap.ranks))
+        return _one_unit(Table(MEMORY_HEADER, tuple(_memory_row(r) for r in snap.ranks)))
 
     def mem(get: Callable[[MemoryPoint], Optional[float]]
             ) -> Callable[[RankSnapshot], Optional[float]]:
@@ -377,7 +390,8 @@ def memory_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> O
                (mem(lambda m: m.rss), fmt_bytes), (mem(lambda m: m.peak), fmt_bytes),
                (mem(lambda m: m.device_peak), fmt_bytes)]
     rows = _spread_rows(snap.ranks, len(MEMORY_HEADER), columns)
-    return Table(MEMORY_HEADER, tuple(rows + _named(snap, _memory_row, len(MEMORY_HEADER))))
+    return _one_unit(Table(MEMORY_HEADER,
+                           tuple(rows + _named(snap, _memory_row, len(MEMORY_HEADER)))))
 
 
 def _pipeline_row(r: RankSnapshot) -> Row:

@@ -103,9 +103,10 @@ def format_summary(snap: RunSnapshot, notes: bool = True) -> str:
     head = "nbdist run: " + " | ".join(tables.progress_phrases(snap, final=snap.finished)
                                        + tables.diagnosis_phrases(snap))
     extra = []
-    for table in (tables.pipeline_table(snap), tables.dims_table(snap), tables.memory_table(snap)):
+    for table, caption in ((tables.pipeline_table(snap), ()), (tables.dims_table(snap), ()),
+                           (tables.memory_table(snap), (tables.MEMORY_CAPTION,))):
         if table is not None:
-            extra += ["", *text_table(table)]
+            extra += ["", *caption, *text_table(table)]
     stall = tables.stall_lines(snap)
     if stall:
         extra += ["", *stall]

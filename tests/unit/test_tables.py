@@ -129,7 +129,7 @@ def test_one_bandwidth_everywhere():
     snap = aggregate_job({0: 0.010, 1: 0.015})
     bw = "500 kB/s"  # 2000 bytes per step over the 4 ms rank 1 spent in the two all-reduces
     assert [r.cells[RUN_HEADER.index("bandwidth")] for r in run_table(snap).rows] == [bw, bw]
-    assert f"bandwidth {bw}" in diagnosis_phrases(snap)
+    assert f"bandwidth {bw} per rank" in diagnosis_phrases(snap)
     assert f"bandwidth {bw}" in format_line(snap)
     chart = H.bandwidth_chart_svg(snap.series)
     assert f">{bw}<" in chart and "bytes ÷ transfer time" in chart
