@@ -59,8 +59,7 @@ MEMORY_HEADER = ("rank", "params", "grads", "optimizer", "comm/step", "RSS", "pe
 PIPELINE_HEADER = ("rank", "stage", "schedule", "microbatches", "forward/mb", "backward/mb",
                    "p2p wait/step", "step", "bubble")
 DIMS_HEADER = ("mesh dim", "collectives", "calls", "bytes", "time (all ranks)")
-MEMORY_CAPTION = ("memory per rank, at its last report: what it holds (its own shards), "
-                  "what it sends per step, the resident memory of its process")
+MEMORY_CAPTION = "memory per rank at its last report (comm/step: bytes it sends per step)"
 
 
 def _one_unit(table: Table) -> Table:

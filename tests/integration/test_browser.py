@@ -353,6 +353,30 @@ LAYOUT = """table => {
 }"""
 
 
+#: numbered marks over parts of an output, for the docs' annotated screenshot: ``notes`` is
+#: ``[[selector, number], ...]``; each mark sits just left of its part's top
+ANNOTATE = """(area, notes) => {
+  area.style.position = "relative";
+  const o = area.getBoundingClientRect();
+  for (const [sel, n] of notes) {
+    const r = area.querySelector(sel).getBoundingClientRect();
+    const b = document.createElement("div");
+    b.className = "nbdist-annotation";
+    b.textContent = n;
+    Object.assign(b.style, {position: "absolute", left: `${r.left - o.left - 22}px`,
+      top: `${r.top - o.top}px`, width: "18px", height: "18px", borderRadius: "9px",
+      background: "#d62728", color: "#fff", font: "bold 12px/18px sans-serif",
+      textAlign: "center", zIndex: 10});
+    area.appendChild(b);
+  }
+}"""
+#: what the annotated screenshot numbers (docs/telemetry.md explains each number)
+NOTES = [[".nbdist-header > div:first-child", 1], [".nbdist-header > div:nth-child(2)", 2],
+         [".nbdist-rows tr.nbdist-rank-1", 3], [".nbdist-rows th:last-child", 4],
+         [".nbdist-memory table", 5], [".nbdist-legend", 6], ["svg.nbdist-step-chart", 7],
+         ["svg.nbdist-bandwidth-chart", 8], ["svg.nbdist-scalar-chart", 9]]
+
+
 def layout(view) -> dict:
     return view.locator(".nbdist-rows table.nbdist-table").first.evaluate(LAYOUT)
 
@@ -475,7 +499,28 @@ def test_dashboard_reads_at_a_glance_and_tracebacks_use_editor_lines(nb):
         row = row_text(view, ".nbdist-rank-0")
         for unit in ("100/100 it", "it/s", "ms", "B/s", "loss"):
             assert unit in row, row
+        # the job's count, and which figures are one rank's and which the job's
+        head = header.inner_text()
+        assert "finished in" in head and "train 100/100 it" in head, head
+        assert re.search(r"it/s per rank · [0-9.]+k? samples/s all ranks", head), head
+        assert re.search(r"bandwidth [0-9.]+ [kMG]?B/s per rank", head), head
+        # every step on the chart; the memory table says what it shows
+        labels = view.locator("svg.nbdist-step-chart text").all_text_contents()
+        assert "step 0" in labels and "step 99" in labels, labels
+        assert view.locator(".nbdist-memory caption").inner_text().startswith(
+            "memory per rank")
+        # rank 1 has one colour: its mark in the table, its line in the loss chart
+        swatch = view.locator(".nbdist-rank-1 .nbdist-swatch").first.evaluate(
+            "e => getComputedStyle(e).backgroundColor")
+        line = view.locator("svg.nbdist-scalar-chart polyline").nth(1).evaluate(
+            "e => getComputedStyle(e).stroke")
+        assert swatch == line, (swatch, line)
         doc_shot(view, "dashboard-finished.png")
+        view.evaluate(ANNOTATE, NOTES)
+        try:
+            doc_shot(view, "dashboard-annotated.png")
+        finally:
+            view.evaluate("a => a.querySelectorAll('.nbdist-annotation').forEach(e => e.remove())")
         # the traceback names the editor's line of the raise, and the cell by its number
         error = cell(page, C_RAISE).locator(".jp-OutputArea-output[data-mime-type="
                                             "'application/vnd.jupyter.stderr']")
@@ -594,6 +639,8 @@ def test_a_hang_keeps_time_and_a_timeout_blames_the_rank_that_held_the_others(nb
         verdict.wait_for(timeout=30_000)
         v1, h1 = verdict.inner_text(), header.inner_text()
         assert "rank 0 waits in all_reduce" in v1 and "rank 1 never reached it" in v1, v1
+        # the count where it stopped: the slowest rank's, 20 (or 21) of 1000
+        assert re.search(r"train 2[01]/1000 it", h1), h1
         doc_shot(view, "hang-verdict.png")
         # no event arrives now; the clock and the verdict's age move anyway
         wait_for(lambda: header.inner_text() != h1 and verdict.inner_text() != v1, 10,

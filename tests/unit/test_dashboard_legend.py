@@ -34,9 +34,11 @@ def test_header_figures_say_per_rank_or_all_ranks():
 
 def test_a_column_has_one_unit():
     assert one_unit(["68.2 ms", "850 µs", "-", "Σ 1 s"]) == ["68.2 ms", "0.85 ms", "-", "Σ 1 s"]
-    assert one_unit(["19 kB", "370 MB", "0 B"]) == ["0.019 MB", "370 MB", "0 MB"]
+    assert one_unit(["19 kB", "370 MB", "0 B"]) == ["0.02 MB", "370 MB", "0 MB"]
     assert one_unit(["25.1 MB/s", "900 kB/s"]) == ["25.1 MB/s", "0.9 MB/s"]
-    assert one_unit(["1 B", "3 GB"]) == ["<0.001 GB", "3 GB"]  # never 1e-09
+    # never wider than the largest: two decimals at most, never 1e-09
+    assert one_unit(["589 ms", "317 µs", "2.96 ms"]) == ["589 ms", "0.32 ms", "2.96 ms"]
+    assert one_unit(["1 B", "3 GB"]) == ["<0.01 GB", "3 GB"]
     # units of different kinds, counts and rates, text: left as they are
     for cells in (["1 s", "2 MB"], ["100/100 it", "13.7 it/s"], ["done", "failed"]):
         assert one_unit(cells) == cells
@@ -53,7 +55,7 @@ def test_the_memory_table_is_captioned_and_in_one_unit_per_column():
     snap = with_memory(aggregate_job({0: 0.010, 1: 0.015}), (19_000, 2_000_000))
     table = memory_table(snap)
     params = [r.cells[MEMORY_HEADER.index("params")] for r in table.rows]
-    assert params == ["0.019 MB", "2 MB"]
+    assert params == ["0.02 MB", "2 MB"]
     assert "<caption" in H.detail_tables(snap) and MEMORY_CAPTION in H.detail_tables(snap)
     text = format_summary(snap)
     assert f"\n{MEMORY_CAPTION}\nrank  params" in text, text
