@@ -639,8 +639,8 @@ def test_a_hang_keeps_time_and_a_timeout_blames_the_rank_that_held_the_others(nb
         verdict.wait_for(timeout=30_000)
         v1, h1 = verdict.inner_text(), header.inner_text()
         assert "rank 0 waits in all_reduce" in v1 and "rank 1 never reached it" in v1, v1
-        # the count where it stopped: the slowest rank's, 20 (or 21) of 1000
-        assert re.search(r"train 2[01]/1000 it", h1), h1
+        # the count where it stopped (the slowest rank's): about 20 of 1000, and it stays
+        assert re.search(r"train (19|20|21)/1000 it", h1), h1
         doc_shot(view, "hang-verdict.png")
         # no event arrives now; the clock and the verdict's age move anyway
         wait_for(lambda: header.inner_text() != h1 and verdict.inner_text() != v1, 10,
