@@ -354,16 +354,18 @@ LAYOUT = """table => {
 
 
 #: numbered marks over parts of an output, for the docs' annotated screenshot: ``notes`` is
-#: ``[[selector, number], ...]``; each mark sits just left of its part's top
+#: ``[[selector, number, dx], ...]``; each mark sits at its part's top, ``dx`` px from its
+#: left edge (22 px left of it unless given)
 ANNOTATE = """(area, notes) => {
   area.style.position = "relative";
   const o = area.getBoundingClientRect();
-  for (const [sel, n] of notes) {
+  for (const [sel, n, dx = -22] of notes) {
     const r = area.querySelector(sel).getBoundingClientRect();
+    const x = r.left + dx;
     const b = document.createElement("div");
     b.className = "nbdist-annotation";
     b.textContent = n;
-    Object.assign(b.style, {position: "absolute", left: `${r.left - o.left - 22}px`,
+    Object.assign(b.style, {position: "absolute", left: `${x - o.left}px`,
       top: `${r.top - o.top}px`, width: "18px", height: "18px", borderRadius: "9px",
       background: "#d62728", color: "#fff", font: "bold 12px/18px sans-serif",
       textAlign: "center", zIndex: 10});
@@ -372,7 +374,7 @@ ANNOTATE = """(area, notes) => {
 }"""
 #: what the annotated screenshot numbers (docs/telemetry.md explains each number)
 NOTES = [[".nbdist-header > div:first-child", 1], [".nbdist-header > div:nth-child(2)", 2],
-         [".nbdist-rows tr.nbdist-rank-1", 3], [".nbdist-rows th:last-child", 4],
+         [".nbdist-rows tr.nbdist-rank-1", 3], [".nbdist-rows th:last-child", 4, 44],
          [".nbdist-memory table", 5], [".nbdist-legend", 6], ["svg.nbdist-step-chart", 7],
          ["svg.nbdist-bandwidth-chart", 8], ["svg.nbdist-scalar-chart", 9]]
 
