@@ -28,8 +28,6 @@ from ..layout import (
     STRAGGLER,
     TRANSFER,
     WAITING,
-    WARNED,
-    WARNED_BACKGROUND,
     html_table,
     rank_colour,
 )
@@ -46,6 +44,7 @@ from .tables import (
     quiet_phrase,
     run_table,
     stall_lines,
+    verdict_lines,
 )
 
 if TYPE_CHECKING:
@@ -209,6 +208,16 @@ def failures(snap: RunSnapshot) -> str:
         return ""
     return ("<div class='nbdist-failures' style='font-size:12px'>"
             + "<br>".join(error_text(line) for line in lines) + "</div>")
+
+
+def verdicts(snap: RunSnapshot) -> str:
+    """What the numbers mean, one sentence per line ("" when they call for none)."""
+    said = verdict_lines(snap)
+    if not said:
+        return ""
+    items = "".join(f"<li>{message(line)}</li>" for line in said)
+    return (f"<div class='nbdist-verdicts' style='font-size:12px;margin:4px 0'><b>verdicts</b>"
+            f"<ul style='margin:2px 0;padding-left:18px'>{items}</ul></div>")
 
 
 def stall(snap: RunSnapshot) -> str:
@@ -438,6 +447,7 @@ def summary_sections(snap: RunSnapshot) -> list[str]:
         stall(snap),
         run_table_html(snap) if numbers else "",
         detail_tables(snap),
+        verdicts(snap),
         failures(snap),
         legend() if numbers else "",
         charts(snap),
@@ -456,41 +466,3 @@ def detail_tables(snap: RunSnapshot) -> str:
     return "".join(html_table(t, caption=c) for t, c in (
         (pipeline_table(snap), ""), (dims_table(snap), ""), (memory_table(snap), MEMORY_CAPTION))
         if t is not None)
-
-
-# ----------------------------------------------------------------- workers' output
-#: ``(stream, text)``: one line of a rank's output, ``stream`` ``"stdout"`` or ``"stderr"``
-OutputLine = tuple[str, str]
-#: the height of a block of workers' output: past it the block scrolls, and keeps the latest
-#: lines in view, so that a chatty cell does not push the dashboard down the page
-OUTPUT_MAX_HEIGHT = "24em"
-#: stderr lines, marked as JupyterLab marks a cell's own stderr
-_STDERR = "background:var(--jp-rendermime-error-background, #fdd)"
-
-
-def output_pre(lines: Sequence[OutputLine] = ()) -> str:
-    """Workers' output lines, escaped, as a preformatted block of at most
-    :data:`OUTPUT_MAX_HEIGHT` that scrolls; stderr lines marked."""
-    body = "\n".join(f"<span class='nbdist-stderr' style='{_STDERR}'>{escape(text)}</span>"
-                     if stream == "stderr" else escape(text) for stream, text in lines)
-    # column-reverse keeps the scroll at the bottom: the latest lines stay in view
-    return (f"<div class='nbdist-output-box' style='max-height:{OUTPUT_MAX_HEIGHT};"
-            f"overflow-y:auto;display:flex;flex-direction:column-reverse'>"
-            f"<pre class='nbdist-output' style='margin:0;flex:none;overflow:visible'>{body}"
-            f"</pre></div>")
-
-
-def rank_output_html(merged: Sequence[OutputLine],
-                     per_rank: Sequence[tuple[int, Sequence[OutputLine]]]) -> str:
-    """The static per-rank view a saved notebook keeps: the merged lines, then one
-    collapsible block per rank (no widget state is needed to read it)."""
-    ranks = "".join(f"<details class='nbdist-rank-output-{r}'><summary>rank {r}</summary>"
-                    f"{output_pre(lines)}</details>" for r, lines in per_rank)
-    return f"<div class='nbdist-rank-output-static'>{output_pre(merged)}{ranks}</div>"
-
-
-def warnings_html(lines: Sequence[str]) -> str:
-    """Warnings from the ranks, one per line, each naming its ranks, in the warning colour."""
-    body = escape("\n".join(lines))
-    return (f"<pre class='nbdist-warnings' style='color:{WARNED};"
-            f"background:{WARNED_BACKGROUND};padding:4px'>{body}</pre>")

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from ipywidgets import HTML, Tab
 
-from .html import OutputLine, output_pre
+from .output_html import OutputLine, output_pre
 
 
 class RankOutputTabs(Tab):

@@ -15,7 +15,7 @@ from typing import Any, Optional, TextIO
 
 from ..telemetry.events import STREAM, WARNING, Batch, Event
 from ..telemetry.units import fmt_ranks
-from .html import OutputLine, rank_output_html, warnings_html
+from .output_html import OutputLine, rank_output_html, warnings_html
 from .refresh import Throttle
 from .text import StreamView
 

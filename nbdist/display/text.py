@@ -112,6 +112,9 @@ def format_summary(snap: RunSnapshot, notes: bool = True) -> str:
         extra += ["", *stall]
     if notes and snap.notes:
         extra += ["", *snap.notes]
+    said = tables.verdict_lines(snap)
+    if said:
+        extra += ["", *(f"verdict: {line}" for line in said)]
     return "\n".join([head, *text_table(tables.run_table(snap)), *extra])
 
 

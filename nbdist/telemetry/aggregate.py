@@ -24,6 +24,7 @@ from typing import Any, Optional
 from .columns import column, columns, row, rows, summary, summary_column, table_rows
 from .events import (
     COMM,
+    DDP,
     ELASTIC,
     END,
     MEMORY,
@@ -36,12 +37,21 @@ from .events import (
     STEP,
     TABLE,
     TELEMETRY,
+    TRIAL,
     Batch,
     Event,
 )
 from .matcher import StepMatcher
 from .matching import STRAGGLER_MIN_S, STRAGGLER_MIN_STEPS, STRAGGLER_SCORE, flagged, scores_of
-from .ranks import RankFold, common_moment, figures, median_without, rank_snapshot, to_ns
+from .ranks import (
+    RankFold,
+    common_moment,
+    figures,
+    median_without,
+    models_and_trial,
+    rank_snapshot,
+    to_ns,
+)
 from .recovery import Incarnations, Lost
 from .snapshot import (
     WINDOW,
@@ -49,14 +59,15 @@ from .snapshot import (
     Diagnosis,
     DimPoint,
     MemoryPoint,
+    ModelPoint,
     PipelinePoint,
     RankSnapshot,
     RunSnapshot,
     StepPoint,
+    TrialPoint,
 )
 from .spread import ScalarSpread
 from .stall import StallWatch, Verdict
-from .stall_rules import quiet_after
 from .states import RankState
 
 __all__ = ["MAX_RECORDED", "STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
@@ -111,6 +122,8 @@ class RunState:
         self._former: list[tuple[int, RankFold]] = []  # workers replacements took over from
         #: what stopped the run (``--timeout 16 s`` or ``interrupt``); None: not stopped
         self.stopped_by: Optional[str] = None
+        #: the models and trial of the last snapshot, until a rank reports a change
+        self._setup: Optional[tuple[tuple[ModelPoint, ...], Optional[TrialPoint]]] = None
 
     def _rank(self, rank: int) -> RankFold:
         st = self._ranks.get(rank)
@@ -149,6 +162,14 @@ class RunState:
             self.stall.stack(rank, e)
             if st.state == RankState.WAITING:
                 st.state = RankState.RUNNING
+            return
+        if kind == DDP:  # what a model runs with, and a trial's end: kept apart likewise
+            st.models[e["model"]] = e
+            self._setup = None
+            return
+        if kind == TRIAL:
+            st.trial = e
+            self._setup = None
             return
         if kind != END:
             self._record(rank, e, 1)
@@ -428,18 +449,13 @@ class RunState:
         dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3] / 1e9)
                      for dim, d in sorted(self._dims.items()))
         stall = self.verdict(at) if at is not None else None
+        running = stall is None and any(st.state.active for st in self._ranks.values())
+        models, trial = self._setup = self._setup or models_and_trial(self._ranks)
         return RunSnapshot(tuple(out), tuple(matcher.series[s] for s in sorted(matcher.series)),
                            tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims,
                            stall=stall, scalar_spread=self._spread.series(), former=former,
                            marks=tuple(self.history.marks), stopped_by=self.stopped_by,
-                           idle_s=self._quiet(at) if stall is None else None)
-
-    def _quiet(self, at: Optional[float]) -> Optional[float]:
-        """Seconds the running run went without progress, once past :func:`quiet_after`."""
-        if at is None or not any(st.state.active for st in self._ranks.values()):
-            return None
-        idle = self.stall.idle(at)
-        return idle if idle >= quiet_after(self.stall.step_s) else None
+                           models=models, trial=trial, idle_s=self.stall.quiet(at, running))
 
     def _states(self) -> dict[int, RankState]:
         return {r: st.state for r, st in self._ranks.items()}

@@ -18,11 +18,20 @@ from typing import Any, Optional
 from .columns import summary
 from .events import Event
 from .intervals import bubble_fraction, rate, union_seconds
-from .snapshot import WINDOW, BarState, MemoryPoint, PipelinePoint, RankSnapshot
+from .snapshot import (
+    WINDOW,
+    BarState,
+    MemoryPoint,
+    ModelMemory,
+    ModelPoint,
+    PipelinePoint,
+    RankSnapshot,
+    TrialPoint,
+)
 from .states import RankState
 
 __all__ = ["LAG_S", "RankFold", "Report", "StepComm", "accumulator", "common_moment", "figures",
-           "mean", "median_without", "pipeline_point", "rank_snapshot", "to_ns"]
+           "mean", "median_without", "models_and_trial", "pipeline_point", "rank_snapshot", "to_ns"]
 
 #: a running rank whose latest report is this much older than the newest rank's is shown as
 #: of its own report ("as of"); the others are read at one moment (see :func:`common_moment`)
@@ -111,6 +120,8 @@ class RankFold:
         self.last_step: Optional[int] = None  # the job's index of its latest step
         self.joined_at: Optional[int] = None  # a replacement: the job's step it joined at
         self.replaced = False  # a worker a replacement took the place of
+        self.models: dict[int, Event] = {}  # DDP model number -> what it runs with, latest
+        self.trial: Optional[Event] = None  # a tuning trial's end on this rank
 
     def add_collective(self, step: int, t0: float, t1: float, nbytes: int,
                        untimed: bool = False) -> None:
@@ -278,9 +289,11 @@ def rank_snapshot(r: int, st: RankFold, numbers: tuple, now: Optional[float], st
     mem = st.memory_point
     if mem is None and st.memory is not None:
         m = st.memory
+        model = m.get("model")
         mem = st.memory_point = MemoryPoint(m["params"], m["grads"], m["optimizer"],
                                             m.get("rss"), m.get("peak"),
-                                            m.get("device_peak"))
+                                            m.get("device_peak"),
+                                            ModelMemory(**model) if model else None)
     if st.scalars_copy is None:
         st.scalars_copy = dict(st.scalars)
     last = st.last_step - (st.steps - steps) if st.last_step is not None else None
@@ -376,3 +389,18 @@ def pipeline_point(st: RankFold) -> Optional[PipelinePoint]:
         statistics.median(spans),
         statistics.median(fwd) if fwd else None, statistics.median(bwd) if bwd else None,
         statistics.median(e["p2p_wait_s"] for e in st.pipes))
+
+
+def models_and_trial(ranks: dict[int, RankFold]
+                     ) -> tuple[tuple[ModelPoint, ...], Optional[TrialPoint]]:
+    """The lowest rank's DDP models (every rank builds the same), and a trial's end over
+    the ranks that reported one."""
+    first = next((st.models for _, st in sorted(ranks.items()) if st.models), {})
+    models = tuple(ModelPoint(e["params"], e["tensors"], e["bytes"], e["bucket_cap_mb"],
+                              e["gradient_as_bucket_view"], e["static_graph"],
+                              e["comm_hook"], tuple(e["applied"]), tuple(e["explicit"]))
+                   for _, e in sorted(first.items()))
+    ends = [st.trial for st in ranks.values() if st.trial is not None]
+    trial = TrialPoint(min(e["steps"] for e in ends), ends[0]["budget"],
+                       all(e["cut"] for e in ends)) if ends else None
+    return models, trial

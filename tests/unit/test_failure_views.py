@@ -11,6 +11,7 @@ from synthetic import T0, stack_sleeping, stack_waiting, training_events
 
 from nbdist import layout as L
 from nbdist.display import html as H
+from nbdist.display.output_html import OUTPUT_MAX_HEIGHT, output_pre
 from nbdist.display.rank_output import RankLines, merged_lines
 from nbdist.display.tables import run_table
 from nbdist.display.text import TextDashboard, format_summary
@@ -149,8 +150,8 @@ def test_output_boxes_cap_their_height_and_mark_stderr():
     lines = RankLines()
     lines.feed(0, "stdout", "step 1\n")
     lines.feed(0, "stderr", "checkpoint <1>\n")
-    html = H.output_pre(merged_lines(lines))
-    assert f"max-height:{H.OUTPUT_MAX_HEIGHT};overflow-y:auto" in html
+    html = output_pre(merged_lines(lines))
+    assert f"max-height:{OUTPUT_MAX_HEIGHT};overflow-y:auto" in html
     assert "<span class='nbdist-stderr'" in html and "[0] checkpoint &lt;1&gt;</span>" in html
     assert "[0] step 1\n" in html and "step 1</span>" not in html
 
