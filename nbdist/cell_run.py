@@ -67,21 +67,21 @@ def cell_name(n: int, execution_count: Optional[int] = None) -> CellName:
 def pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None,
          carried: Sequence[Batch] = ()) -> None:
     """Move the batches received so far, and those the results ``carried``, into the run's
-    record and onto the screen; the elastic coordinator reads them too."""
+    record and onto the screen; the elastic coordinator reads them too, and what it decides
+    goes into the record. The view is asked to redraw on every pass, news or not: its clocks
+    tick (its own rate limit says when it draws)."""
     batches = [*job.drain_events(), *carried]
-    changed = False
     if batches:
         view.output(batches)
-        changed = run.feed(batches)
+        run.feed(batches)
     news = run.stall_news()  # the hang doctor's verdict appeared or changed: show it now
-    if changed or news:
-        view.refresh(run.snapshot, force=news)
     if healer is not None:
         healer.feed(batches)
         healer.tick()
-        for line in healer.new_lines():
-            print(line, flush=True)
-            run.notes.append(line)
+        for record in healer.news():
+            run.record(record)  # the views show it once, each in its medium
+            news = True
+    view.refresh(run.snapshot, force=news)
 
 
 class CellRun:
@@ -128,12 +128,14 @@ class CellRun:
                 if healer is not None and healer.wrap_up_needed(job.pending()):
                     healer.wrap_up()  # training ended before a replacement got in
                 if timeout is not None and time.monotonic() - start > timeout:
+                    run.stopped(f"--timeout {timeout:g} s")
                     late = self._late()
                     restarted = self._interrupt()
                     self._finish()  # with where each rank said it was
                     raise CellTimeoutError(timeout, late, self.hint, run.where(), run.label,
                                            restarted)
         except KeyboardInterrupt:
+            run.stopped("interrupt")
             late = self._late()
             restarted = self._interrupt()
             self._finish()

@@ -25,7 +25,7 @@ import cloudpickle
 from .backends import get_backend
 from .backends.base import Backend, Call
 from .cell_run import CellRun, cell_name
-from .display import make_run_view
+from .display import make_run_view, make_start_view
 from .elastic_coordinator import Healer
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
 from .history import History
@@ -157,6 +157,7 @@ class Session:
             m.warm_store(options.timeout)  # workers on this host reach it on loopback
         if target is None:
             backend.launch = options.launch
+            backend.on_ready = make_start_view()  # "k of n ready" while they come up
             backend.start(options.n or 2, options.timeout)
         else:
             backend.connect(options.timeout, **target)

@@ -181,7 +181,7 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
                 dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
                 memory_limit=0)
             self.client = new_client(self.cluster, timeout=timeout)
-            self.client.wait_for_workers(n, timeout=timeout)
+            self._await_workers(self.client.nthreads, n, timeout, self.client.wait_for_workers)
 
     def start(self, n: int, timeout: float) -> None:
         super().start(n, timeout)

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
@@ -195,8 +196,9 @@ class IpyparallelBackend(Backend[ipp.Client]):
         self._engine_launchers()
         self.client = self.cluster.connect_client_sync()
         if self.launch.local:
-            # No progress bar: the session shows its own status when the job is formed.
-            self.client.wait_for_engines(n, timeout=timeout, interactive=False)
+            # No progress bar of ipyparallel's: the session shows "k of n ready" its own way.
+            self._await_workers(lambda: self.client.ids, n, timeout,
+                                partial(self.client.wait_for_engines, interactive=False))
         else:
             self._wait_elsewhere(n, timeout)
         self.controller_ip = "127.0.0.1" if self.launch.local else _registration_host(
@@ -210,6 +212,8 @@ class IpyparallelBackend(Backend[ipp.Client]):
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
+            if self.on_ready is not None:
+                self.on_ready(min(len(client.ids), n), n)
             try:
                 client.wait_for_engines(n, timeout=max(0.1, min(1.0, left)),
                                         interactive=False)

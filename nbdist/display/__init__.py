@@ -18,7 +18,7 @@ from .summary import register_formatters, show_summary
 from .text import TextDashboard
 
 __all__ = ["MODES", "Dashboard", "RunView", "display_medium", "make_cluster_view",
-           "make_run_view", "set_display", "widgets_available"]
+           "make_run_view", "make_start_view", "set_display", "widgets_available"]
 
 MODES = ("auto", "widget", "text")
 _mode: Optional[str] = None
@@ -80,6 +80,14 @@ def make_run_view(output: str, shown_rank: int, world_size: int, *,
             dashboard = TextDashboard(show=show_summary)
     stream = OutputView(output, shown_rank=shown_rank, ranks=ranks, per_rank=widget)
     return RunView(stream, dashboard)
+
+
+def make_start_view(mode: Optional[str] = None) -> Optional[Callable[[int, int], None]]:
+    """What a start shows while its workers come up (``k of n ready``), called with
+    ``(ready, wanted)``; None where nothing can be updated in place (text medium)."""
+    from .start_view import start_progress
+
+    return start_progress(display_medium(mode) == "widget")
 
 
 def make_cluster_view(status: Callable[[], Any], scale: Optional[Callable[[int], Any]] = None,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .events import Event
-from .stall_rules import STALL_WINDOW, stall_threshold
+from .stall_rules import STALL_WINDOW, quiet_after, stall_threshold
 from .states import RankState
 from .units import fmt_bytes, fmt_ranks, fmt_seconds
 
@@ -311,6 +311,13 @@ class StallWatch:
     def idle(self, at: float) -> float:
         since = self.progress_t if self.progress_t is not None else self.started
         return max(0.0, at - since) if since is not None else 0.0
+
+    def quiet(self, at: Optional[float], running: bool) -> Optional[float]:
+        """Seconds a running run went without progress, once past :func:`quiet_after`."""
+        if at is None or not running:
+            return None
+        idle = self.idle(at)
+        return idle if idle >= quiet_after(self.step_s) else None
 
     def _fresh(self, rank: int) -> Optional[Event]:
         """The rank's report, unless progress or the rank's normal end came after it."""

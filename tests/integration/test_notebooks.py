@@ -145,15 +145,18 @@ def test_parallelism_notebook_compares_five_runs(run_notebook):
 
 def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_notebook):
     nb = run_notebook("08-elastic.ipynb")  # its own asserts check the weights and the notes
-    # the healing, printed under the training cell while it ran
+    # the healing, said once under the training cell (the dashboard's summary keeps the lines)
     train = outputs_text(cell_with(nb, "train(state, STEPS)\n"))
-    [died] = [line for line in train.splitlines() if "died" in line]
-    assert died.startswith("nbdist.elastic ") and "rank 1 on " in died, died
-    assert "died: SIGKILL;" in died, died
-    assert "rolled back to commit 11 (0 optimizer steps repeated), healed in " in died, died
-    assert died.endswith("world 2 -> 1"), died
-    [joined] = [line for line in train.splitlines() if "a replacement worker joined" in line]
+    events = [line for line in train.splitlines() if line.startswith("nbdist.elastic ")]
+    [died] = [line for line in events if "died" in line]
+    assert "rank 1 on " in died and died.endswith("died: SIGKILL"), died
+    [reformed] = [line for line in events if "re-formed without rank 1" in line]
+    assert "rolled back to commit 11 (0 optimizer steps repeated), healed in " in reformed
+    assert reformed.endswith("world 2 -> 1"), reformed
+    [joined] = [line for line in events if "a replacement worker joined" in line]
     assert "healed from a live peer" in joined and joined.endswith("world 1 -> 2"), joined
+    # the dead worker keeps a row of its own in the summary, apart from its replacement
+    assert re.search(r"^1 .*died: SIGKILL · replaced$", train, re.M), train
     assert "rank 0 of 2: trained to step 40" in train
     assert "IPEngine" not in train  # not the killed engine's own log: nbdist said what happened
     # both ranks at the last step after it, one of them the replacement
