@@ -38,6 +38,7 @@ from .runtime.env import count_local_gpus
 from .telemetry.compare import compare
 from .telemetry.run import Run
 from .telemetry.snapshot import RunSnapshot
+from .template import forks_store
 
 
 def _membership(name: str, doc: str) -> Any:
@@ -80,13 +81,15 @@ class Session:
     def start(self, n: Optional[int] = None, *, profile: Any = None,
               engine: Optional[str] = None, device: Optional[str] = None,
               dist_backend: Optional[str] = None, timeout: Optional[float] = None,
-              threads: Optional[int] = None) -> Session:
+              threads: Optional[int] = None, template: Optional[bool] = None) -> Session:
         """Start ``n`` workers (default: one per GPU, else 2) and form the job.
 
         ``profile`` is a YAML file (or a :class:`~nbdist.profiles.Profile`) saying where and
         how (see ``docs/profiles.md``); the other arguments override it. Without one, the
         workers start on this machine, on loopback. A bad profile raises
-        :class:`~nbdist.errors.ProfileError` before anything starts.
+        :class:`~nbdist.errors.ProfileError` before anything starts. ``template=False``
+        starts each worker as a fresh process instead of forking it from the host's worker
+        template (``docs/usage.md``, "Worker templates").
         """
         base, defaults, path = ClusterOptions(), CellDefaults(), None
         if profile is not None:
@@ -98,6 +101,8 @@ class Session:
             base, defaults = to_options(profile)
         options = base.override(n=n, engine=engine, device=device, dist_backend=dist_backend,
                                 timeout=timeout, threads=threads)
+        if template is not None:
+            options = replace(options, launch=replace(options.launch, template=template))
         if options.n is None and not options.launch.local:
             raise OptionError(f"the {options.launch.launcher!r} launcher needs a number of "
                               "workers: set `workers` in the profile's cluster section, or -n",
@@ -135,7 +140,7 @@ class Session:
         self.stop()
         backend = self._backends(options.engine)
         m = self.membership
-        if target is None and options.launch.local:
+        if target is None and options.launch.local and not forks_store(options):
             m.warm_store(options.timeout)  # workers on this host reach it on loopback
         if target is None:
             backend.launch = options.launch

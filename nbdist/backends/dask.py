@@ -20,6 +20,7 @@ import logging
 import pickle
 import re
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -35,9 +36,11 @@ from distributed.comm.addressing import get_address_host_port
 from ..errors import ClusterError
 from ..runtime.interrupt import interrupt_calls
 from ..telemetry.events import Batch
+from ..template import fallback_line
 from .base import Backend, Call, Job, Outcome, WorkerId, poll_until, signal_text
 from .dask_runner import Runner, publish
 from .launchers import cluster_spec, import_cluster_class, worker_process_config
+from .template_launch import stop_forkserver, template_nanny, use_forkserver
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
@@ -174,6 +177,7 @@ class DaskBackend(Backend[distributed.Client]):
         self._events: deque[bytes] = deque()
         self._runners: dict[WorkerId, _RunnerRef] = {}
         self._size = 0  # workers the cluster nbdist started should have
+        self._forkserver = False  # workers fork from the template (use_forkserver)
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self, n: int, timeout: float) -> None:
@@ -188,14 +192,23 @@ class DaskBackend(Backend[distributed.Client]):
             self.client.wait_for_workers(n, timeout=timeout)
             return
         _quiet_relay_errors()
+        nanny: dict[str, Any] = {}
+        if self.launch.template:
+            why = use_forkserver()
+            if why is None:
+                self._forkserver = True
+                nanny["worker_class"] = template_nanny()
+            else:
+                print(fallback_line("each Dask worker", why), file=sys.stderr, flush=True)
         with worker_process_config():
-            # Loopback only, dashboard included; workers are spawned, never forked from a
-            # kernel that may hold CUDA state. No memory limit: Dask's nanny must not kill
-            # or pause a training process by its own heuristics.
+            # Loopback only, dashboard included; workers are spawned, or forked from the
+            # worker template (a forkserver that imported torch), never forked from a kernel
+            # that may hold CUDA state. No memory limit: Dask's nanny must not kill or pause
+            # a training process by its own heuristics.
             self.cluster = distributed.LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                 dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
-                memory_limit=0)
+                memory_limit=0, **nanny)
             self.client = _new_client(self.cluster, timeout=timeout)
             self.client.wait_for_workers(n, timeout=timeout)
 
@@ -251,6 +264,14 @@ class DaskBackend(Backend[distributed.Client]):
             except IndexError:
                 return out
             out.append(pickle.loads(blob))
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            if self._forkserver:  # its workers are gone: the template goes too
+                self._forkserver = False
+                stop_forkserver()
 
     def _close_client(self, client: distributed.Client) -> None:
         self._events.clear()

@@ -12,6 +12,7 @@ import ipyparallel as ipp
 
 from ..errors import ClusterError, MissingPackageError
 from ..telemetry.events import Batch
+from ..template import Template, active, set_active
 from .base import (
     Backend,
     Call,
@@ -24,6 +25,7 @@ from .base import (
     wait_all,
 )
 from .launchers import launcher_settings
+from .template_launch import TemplateEngineSetLauncher, start_template
 
 _KEY = "nbdist:"
 # The controller confirms new engines at its next heart beat; ipyparallel's default period
@@ -75,6 +77,8 @@ def _launcher_exit(launcher: Any) -> Optional[str]:
     process object (and a second wait on a reaped child would read nothing).
     """
     code = (getattr(launcher, "stop_data", None) or {}).get("exit_code")
+    if code is None:  # an engine forked from the template: the template reported it
+        code = getattr(launcher, "exit_code", None)
     if code is None:
         code = getattr(getattr(launcher, "process", None), "_exitcode", None)
     return _returncode_text(code) if isinstance(code, int) else None
@@ -135,6 +139,8 @@ class IpyparallelBackend(Backend[ipp.Client]):
     _engine_kwargs: dict[str, Any] = {}
     _timeout: float = 300.0
     _dask: Any = None  # the distributed.Client of become_dask, once asked for
+    #: the worker template this cluster's engines fork from (None: fresh processes)
+    template: Optional[Template] = None
     _dask_engines: frozenset = frozenset()
 
     def _start(self, n: int, timeout: float) -> None:
@@ -144,10 +150,22 @@ class IpyparallelBackend(Backend[ipp.Client]):
         # names.
         ip = "127.0.0.1" if self.launch.local else self.launch.listen
         cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch, timeout)
+        if self.launch.local and self.launch.template:
+            # Engines (and the rendezvous store) fork from a process that imports torch now
+            self.template = start_template()
+        if self.template is not None:
+            set_active(self.template)
+            cluster_kwargs["engine_launcher_class"] = TemplateEngineSetLauncher
+            self._engine_kwargs = {**self._engine_kwargs, "template": self.template}
         self.cluster = ipp.Cluster(n=n, controller_ip=ip, log_level=logging.WARNING,
                                    controller_args=_HEARTBEAT_ARGS, **cluster_kwargs)
         self.cluster.log.addFilter(_KilledEngineLog(self.cluster))
-        if self.launch.local:
+        if self.template is not None:
+            # The controller starts while the template imports; the engines fork once it is
+            # done, and are registered a moment later.
+            self.cluster.start_controller_sync()
+            self.cluster.start_engines_sync(n, **self._engine_kwargs)
+        elif self.launch.local:
             # Engines first: they start, and import torch, while the controller starts; each
             # waits for the controller's connection file (IPEngine.wait_for_url_file) instead
             # of being launched only once the controller has written it.
@@ -240,6 +258,16 @@ class IpyparallelBackend(Backend[ipp.Client]):
         # Engines stopped on purpose exit non-zero; ipyparallel would log that as a warning.
         cluster.log.setLevel(logging.ERROR)
         cluster.stop_cluster_sync()
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            template, self.template = self.template, None
+            if template is not None:  # after its engines: they are its children
+                if active() is template:
+                    set_active(None)
+                template.close()
 
     def transport(self) -> Callable[[Batch], None]:
         return publish
