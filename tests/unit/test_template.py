@@ -59,6 +59,12 @@ def test_only_import_time_variables_that_differ_count():
     assert worker_half.env_mismatch(theirs, ours) == ["TORCH_LOGS"]
     # applied by the child itself after the fork
     assert worker_half.env_mismatch(dict(ours, PYTHONUNBUFFERED="0"), ours) == []
+    # set by the template's own imports: counts only where the request says otherwise
+    after = dict(ours, TORCHINDUCTOR_CACHE_DIR="/tmp/x")
+    assert worker_half.env_mismatch(ours, ours, after) == []
+    assert worker_half.env_mismatch(after, ours, after) == []
+    assert worker_half.env_mismatch(dict(ours, TORCHINDUCTOR_CACHE_DIR="/y"), ours,
+                                    after) == ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 @pytest.fixture

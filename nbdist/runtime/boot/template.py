@@ -120,11 +120,16 @@ def fork_hazards(allowed_sockets: frozenset[int] = frozenset()) -> list[str]:
     return hazards
 
 
-def env_mismatch(theirs: dict[str, str], ours: dict[str, str]) -> list[str]:
-    """Import-time variables (:data:`IMPORT_TIME_ENV`) set differently in ``theirs``."""
-    keys = {k for k in (*theirs, *ours)
+def env_mismatch(theirs: dict[str, str], before: dict[str, str],
+                 after: Optional[dict[str, str]] = None) -> list[str]:
+    """Import-time variables (:data:`IMPORT_TIME_ENV`) that ``theirs`` sets otherwise than
+    the template's environment: ``before`` its imports, and ``after`` them (an import may set
+    one itself, as ``torch._dynamo`` does ``TORCHINDUCTOR_CACHE_DIR``: that counts only where
+    ``theirs`` sets it otherwise)."""
+    after = before if after is None else after
+    keys = {k for k in (*theirs, *before)
             if k.startswith(IMPORT_TIME_ENV) and k not in _APPLIED_AFTER_FORK}
-    return sorted(k for k in keys if theirs.get(k) != ours.get(k))
+    return sorted(k for k in keys if theirs.get(k) != after.get(k))
 
 
 def limit_blas() -> Optional[str]:
@@ -194,10 +199,7 @@ class _Server:
 
     def __init__(self, path: str, blas_before: Optional[str]) -> None:
         self.blas_before = blas_before
-        self.env = dict(os.environ)
-        self.env.pop(_BLAS_ENV, None)
-        if blas_before is not None:
-            self.env[_BLAS_ENV] = blas_before
+        self.env = self.env_after = self._environ()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(64)
@@ -206,7 +208,16 @@ class _Server:
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
 
+    def _environ(self) -> dict[str, str]:
+        """This process's environment, as given (without the BLAS limit of its own)."""
+        env = dict(os.environ)
+        env.pop(_BLAS_ENV, None)
+        if self.blas_before is not None:
+            env[_BLAS_ENV] = self.blas_before
+        return env
+
     def run(self) -> None:
+        self.env_after = self._environ()
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the fd
         signal.set_wakeup_fd(self.wake_w)
         # Its children outlive it by design: each ends with the notebook on its own (a
@@ -278,7 +289,7 @@ class _Server:
             return f"it forks `python -m MODULE` commands only, not {argv[:3]}"
         if os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
             return f"it runs {sys.executable}, not {argv[0]}"
-        changed = env_mismatch(request.get("env") or {}, self.env)
+        changed = env_mismatch(request.get("env") or {}, self.env, self.env_after)
         if changed:
             return (f"the environment changed since it started ({', '.join(changed[:4])}), "
                     "and takes effect at import")
