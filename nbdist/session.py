@@ -19,8 +19,6 @@ from dataclasses import replace
 from html import escape
 from typing import Any, Callable, Optional
 
-import cloudpickle
-
 from .backends import get_backend
 from .backends.base import Backend, Call
 from .cell_run import CellRun, cell_name
@@ -39,6 +37,7 @@ from .telemetry.compare import compare
 from .telemetry.run import Run
 from .telemetry.snapshot import RunSnapshot
 from .template import forks_store
+from .transfer import Transfers
 
 
 def _membership(name: str, doc: str) -> Any:
@@ -76,6 +75,8 @@ class Session:
         self.history = History()
         #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
         self.named: dict[str, Run] = {}
+        #: pushes and pulls, and their data channel (:mod:`nbdist.transfer`)
+        self.transfers = Transfers()
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, n: Optional[int] = None, *, profile: Any = None,
@@ -166,6 +167,7 @@ class Session:
         Returns what was stopped, in words (None when nothing was running).
         """
         n = self.world_size
+        self.transfers.close()
         backend = self.membership.release()
         if backend is None:
             return None
@@ -363,22 +365,16 @@ class Session:
     def push(self, values: dict[str, Any], *, ranks: Optional[str] = None) -> None:
         """Send notebook values to every worker's namespace (``%nbdist push NAME...``)."""
         self.membership.require()
-        blob = cloudpickle.dumps(values)
         selected = parse_ranks(ranks, self.world_size)
-        self.membership.call([Call(self.plans[r].worker_id, rt.push, (blob,))
-                              for r in selected], self.options.timeout, "push values")
-        self.history.push(values, blob, None if len(selected) == self.world_size else selected)
+        packed = self.transfers.push(self.membership, values, selected)
+        self.history.push(values, None, None if len(selected) == self.world_size else selected,
+                          size=packed.nbytes)
 
     def pull(self, name: str, *, rank: int = 0) -> Any:
         """Bring ``name`` from rank ``rank`` into the notebook (tensors and modules on CPU)."""
         self.membership.require()
         parse_ranks(str(rank), self.world_size)
-        res: results.PullResult
-        [res] = self.membership.call([Call(self.plans[rank].worker_id, rt.pull, (name,))],
-                                     self.options.timeout, f"pull {name!r}")
-        if not res["ok"]:
-            raise NameError(f"rank {rank}: {res['evalue']}")
-        return cloudpickle.loads(res["blob"])
+        return self.transfers.pull(self.membership, name, rank)
 
     # ----------------------------------------------------------------- notebook to job
     def export(self, path: str, *, force: bool = False) -> Any:

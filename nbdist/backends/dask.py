@@ -28,13 +28,14 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-import cloudpickle
 import distributed
 from distributed.actor import Actor
 from distributed.comm.addressing import get_address_host_port
 
 from ..errors import ClusterError
+from ..runtime import transfer
 from ..runtime.interrupt import interrupt_calls
+from ..runtime.transfer import Packed
 from ..telemetry.events import Batch
 from ..template import fallback_line
 from .base import Backend, Call, Job, Outcome, WorkerId, poll_until, signal_text
@@ -93,14 +94,15 @@ class _DaskJob(Job):
         self._dead: dict[WorkerId, str] = {}
         self._checked = time.monotonic()  # first check after an interval: most calls are quick
 
-    async def _run(self, i: int, runner: _RunnerRef, payload: bytes) -> None:
+    async def _run(self, i: int, runner: _RunnerRef, payload: Packed) -> None:
         """On the client's event loop: make the call ``i`` and file its outcome."""
         w = self._workers[i]
         try:
             if not runner.ready:  # a worker's first call waits until its runner is made
                 await runner.created
                 runner.ready = True
-            ok, value = await runner.actor.call(payload)
+            header, buffers, layout = payload  # buffers: each a frame of Dask's own
+            ok, value = await runner.actor.call(header, layout, *buffers)
             outcome = Outcome(w, value=value) if ok else Outcome(w, engine_error=value)
         except OSError:  # the scheduler's connection to the worker closed mid-call
             outcome = Outcome(w, engine_error=f"worker {w}: {_LEFT}")
@@ -303,7 +305,7 @@ class DaskBackend(Backend[distributed.Client]):
         client = self._require()
         job = _DaskJob(self, [c.worker for c in calls])
         for i, c in enumerate(calls):
-            payload = cloudpickle.dumps((self._tag, c.fn, c.args, c.kwargs))
+            payload = transfer.pack((self._tag, c.fn, c.args, c.kwargs))
             client.loop.add_callback(job._run, i, self._runner(client, c.worker), payload)
         return job
 
