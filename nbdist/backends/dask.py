@@ -21,7 +21,6 @@ import logging
 import pickle
 import re
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -38,11 +37,11 @@ from ..runtime import transfer
 from ..runtime.interrupt import interrupt_calls
 from ..runtime.transfer import Packed
 from ..telemetry.events import Batch
-from ..template import fallback_line
 from .base import Backend, Call, Job, Outcome, T, WorkerId, poll_until, signal_text
+from .dask_logs import not_restart_lines, quiet_relay_errors
 from .dask_runner import Runner, publish
 from .launchers import cluster_spec, import_cluster_class, worker_process_config
-from .template_launch import stop_forkserver, template_nanny, use_forkserver
+from .template_launch import dask_template_options, stop_forkserver
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
@@ -195,20 +194,13 @@ class DaskBackend(Backend[distributed.Client]):
             self.client = _new_client(self.cluster, timeout=timeout)
             self.client.wait_for_workers(n, timeout=timeout)
             return
-        _quiet_relay_errors()
-        nanny: dict[str, Any] = {}
-        if self.launch.template:
-            why = use_forkserver()
-            if why is None:
-                self._forkserver = True
-                nanny["worker_class"] = template_nanny()
-            else:
-                print(fallback_line("each Dask worker", why), file=sys.stderr, flush=True)
+        quiet_relay_errors()
+        nanny = dask_template_options() if self.launch.template else {}
+        self._forkserver = bool(nanny)
         with worker_process_config():
             # Loopback only, dashboard included; workers are spawned, or forked from the
-            # worker template (a forkserver that imported torch), never forked from a kernel
-            # that may hold CUDA state. No memory limit: Dask's nanny must not kill or pause
-            # a training process by its own heuristics.
+            # worker template (a forkserver that imported torch), never from the kernel.
+            # No memory limit: Dask's nanny must not kill or pause a training process.
             self.cluster = distributed.LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                 dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
@@ -355,13 +347,13 @@ class DaskBackend(Backend[distributed.Client]):
         self._forget_runners(ids)
         local = self.cluster is not None and self.launch.local  # its nannies run here
         nanny_log = logging.getLogger("distributed.nanny")
-        nanny_log.addFilter(_not_restart_lines)  # the cell's error says it, by rank
+        nanny_log.addFilter(not_restart_lines)  # the cell's error says it, by rank
         try:
             with worker_process_config() if local else contextlib.nullcontext():
                 status = client.restart_workers(list(ids), timeout=timeout,
                                                 raise_for_error=False)
         finally:
-            nanny_log.removeFilter(_not_restart_lines)
+            nanny_log.removeFilter(not_restart_lines)
         return [w for w in ids if status.get(w) == "OK"]
 
     def _grow(self, k: int, timeout: float) -> None:
@@ -438,29 +430,6 @@ class DaskBackend(Backend[distributed.Client]):
         if self.cluster is None:
             return f"dask ({where})"
         return f"dask ({type(self.cluster).__name__} {where})"
-
-
-class _RelayErrors(logging.Filter):
-    """Drops the scheduler's log line for a call it could not relay because the worker's
-    connection closed: nbdist reports that worker's loss itself, with its rank."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not (msg.startswith("broadcast to ") and "CommClosedError" in msg)
-
-
-def _not_restart_lines(record: logging.LogRecord) -> bool:
-    """A log filter: False for a nanny's warnings about a restart nbdist asked for."""
-    return not record.getMessage().startswith(("Worker process still alive after",
-                                               "Restarting worker"))
-
-
-def _quiet_relay_errors() -> None:
-    """Install :class:`_RelayErrors` on the scheduler's logger of this process, once (the
-    scheduler of a cluster nbdist starts here runs in this process)."""
-    log = logging.getLogger("distributed.scheduler")
-    if not any(isinstance(f, _RelayErrors) for f in log.filters):
-        log.addFilter(_RelayErrors())
 
 
 def _check_reachable(address: Any, scheduler_file: Optional[str]) -> None:

@@ -186,6 +186,16 @@ def _forkserver_method() -> Iterator[None]:
             _method_setting = None
 
 
+def dask_template_options() -> dict[str, Any]:
+    """A ``LocalCluster``'s keywords for workers forked from the template ({} where they
+    cannot be, with a line saying why: the workers then start as fresh processes)."""
+    why = use_forkserver()
+    if why is not None:
+        print(fallback_line("each Dask worker", why), file=sys.stderr, flush=True)
+        return {}
+    return {"worker_class": template_nanny()}
+
+
 def template_nanny() -> type:
     """Dask's ``Nanny`` with each worker process forked from the template (the forkserver
     :func:`use_forkserver` set up): at start, and when it restarts a worker that died."""
