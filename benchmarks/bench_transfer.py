@@ -124,13 +124,15 @@ def main(argv: list[str] | None = None) -> int:
                     default=None, help="also time nbdist on Dask workers ('dask')")
     ap.add_argument("--timeout", type=float, default=1200, help="overall limit, s (1200)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="3 timed rounds")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats = 3
     with c.deadline(args.timeout):
         return _run(args, set(args.engine or ["ipyparallel"]))
 
 
 def _run(args: argparse.Namespace, engines: set[str]) -> int:
-    import numpy as np
     import torch
 
     from nbdist.session import Session
