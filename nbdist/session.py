@@ -65,6 +65,7 @@ class Session:
         self.membership = Membership(stores)
         self._target: dict[str, Any] = {}
         self._cells = 0
+        self._id = uuid.uuid4().hex  # cells are named by it and their number, uniquely
         self._lock = threading.Lock()
         #: records of the latest runs that recorded telemetry, newest last
         self.runs: deque[Run] = deque(maxlen=3)
@@ -292,13 +293,12 @@ class Session:
         # number Python reports, in tracebacks and syntax errors alike, is then the editor's.
         shipped = "\n" * max(0, first_line - 1) + code
         ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
-        cell_id = uuid.uuid4().hex
+        cell_id = f"{self._id}-{number}"
         elastic = m.store is not None and len(selected) == self.world_size
-        calls = [Call(self.plans[r].worker_id, rt.run_cell,
-                      (shipped, cell.filename, cell_id, self.generation, list(selected),
-                       r == selected[0]),
-                      {"measure": measure, "coordinated": elastic})
-                 for r in selected]
+        # One call for every rank (the lowest one returns the value): the engine packs it once
+        args = (shipped, cell.filename, cell_id, self.generation, list(selected), None)
+        kwargs = {"measure": measure, "coordinated": elastic}
+        calls = [Call(self.plans[r].worker_id, rt.run_cell, args, kwargs) for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
                   name=opts.name, stall_after=measure.stall_after)
         run.label = cell.label

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Sequence
+from concurrent import futures
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
@@ -22,7 +23,6 @@ from .base import (
     WorkerId,
     poll_until,
     signal_text,
-    wait_all,
 )
 from .launchers import launcher_settings
 from .template_launch import TemplateEngineSetLauncher, start_template
@@ -93,39 +93,44 @@ def publish(batch: Batch) -> None:
 
 
 class _IppJob(Job):
+    """One reply future per worker (the children of ipyparallel's AsyncResults: one apply
+    to several engines has one each)."""
+
     def __init__(self, client: ipp.Client, results: list[tuple[WorkerId, Any]]):
         self._client = client
         self._results = results
 
     def wait(self, timeout: Optional[float]) -> bool:
-        return wait_all((ar for _, ar in self._results), timeout)
+        _, pending = futures.wait([f for _, f in self._results], timeout)
+        return not pending
 
     def pending(self) -> list[WorkerId]:
-        return [w for w, ar in self._results if not ar.ready()]
+        return [w for w, f in self._results if not f.done()]
 
     def outcomes(self) -> list[Outcome]:
         out = []
-        for w, ar in self._results:
-            try:
-                out.append(Outcome(w, value=ar.get(0)))
-            except ipp.error.RemoteError as e:
-                out.append(Outcome(w, engine_error=f"{e.ename}: {e.evalue}\n{e.traceback or ''}"))
-            except Exception as e:  # engine died, or unregistered mid-call
-                out.append(Outcome(w, engine_error=f"{type(e).__name__}: {e}"))
+        for w, f in self._results:
+            try:  # the reply's value, or the exception ipyparallel made of it
+                value = f.result(0)
+            except Exception as e:  # noqa: BLE001 - a future that failed outright
+                value = e
+            if isinstance(value, ipp.error.RemoteError):
+                out.append(Outcome(w, engine_error=f"{value.ename}: {value.evalue}\n"
+                                                   f"{value.traceback or ''}"))
+            elif isinstance(value, Exception):  # engine died, or unregistered mid-call
+                out.append(Outcome(w, engine_error=f"{type(value).__name__}: {value}"))
+            else:
+                out.append(Outcome(w, value=value))
         return out
 
     def drain_events(self) -> list[Batch]:
         batches = []
-        for _, ar in self._results:
-            # The live dicts the client's IO thread updates: ``_metadata``, because the public
-            # property parses every timestamp in them with dateutil on each read.
-            mds = getattr(ar, "_metadata", None)
-            if mds is None:
-                mds = ar.metadata
-            for md in mds if isinstance(mds, list) else [mds]:
-                data = md["data"]
-                for key in [k for k in list(data) if k.startswith(_KEY)]:
-                    batches.append(data.pop(key))
+        for _, f in self._results:
+            # The live dict the client's IO thread updates (the AsyncResult's public metadata
+            # parses every timestamp in it with dateutil on each read).
+            data = f.output.metadata["data"]
+            for key in [k for k in list(data) if k.startswith(_KEY)]:
+                batches.append(data.pop(key))
         return batches
 
 
@@ -142,6 +147,9 @@ class IpyparallelBackend(Backend[ipp.Client]):
     #: the worker template this cluster's engines fork from (None: fresh processes)
     template: Optional[Template] = None
     _dask_engines: frozenset = frozenset()
+
+    def __init__(self) -> None:
+        self._views: dict[tuple, Any] = {}  # engines -> their DirectView, made once
 
     def _start(self, n: int, timeout: float) -> None:
         self._timeout = timeout
@@ -207,9 +215,15 @@ class IpyparallelBackend(Backend[ipp.Client]):
         if gone:  # ipyparallel itself would raise a bare IndexError ("No such engine")
             raise WorkerGone(gone)
         results = []
-        for c in calls:
-            view = client[c.worker]
-            results.append((c.worker, view.apply_async(c.fn, *c.args, **(c.kwargs or {}))))
+        for group in _same_calls(calls):
+            # One apply for calls that are the same on every worker: ipyparallel pickles the
+            # function and arguments once, and sends the message to each engine.
+            c, targets = group[0], tuple(g.worker for g in group)
+            view = self._views.get(targets)
+            if view is None:
+                view = self._views[targets] = client[list(targets)]
+            ar = view.apply_async(c.fn, *c.args, **(c.kwargs or {}))
+            results.extend(zip(targets, ar._children))
         return _IppJob(client, results)
 
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
@@ -302,6 +316,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
         return self._dask
 
     def _close_client(self, client: ipp.Client) -> None:
+        self._views.clear()
         dask, self._dask = self._dask, None
         if dask is not None:
             dask.close()
@@ -314,6 +329,20 @@ class IpyparallelBackend(Backend[ipp.Client]):
             where = "local" if self.launch.local else self.launch.launcher
             return f"ipyparallel ({where} cluster {self.cluster.cluster_id})"
         return "ipyparallel (connected)"
+
+
+def _same_calls(calls: Sequence[Call]) -> list[list[Call]]:
+    """Runs of consecutive calls of the same function with the same arguments (the same
+    objects: the session builds one call for every rank where they do not differ)."""
+    groups: list[list[Call]] = []
+    for c in calls:
+        last = groups[-1][0] if groups else None
+        if (last is not None and c.fn is last.fn and c.args is last.args
+                and c.kwargs is last.kwargs):
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return groups
 
 
 def _registration_host(client: ipp.Client) -> Optional[str]:

@@ -243,10 +243,10 @@ def leave() -> None:
 
 
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
-             want_result: bool, grace: float = 3.0, measure: Measure = DEFAULT,
+             want_result: Optional[bool], grace: float = 3.0, measure: Measure = DEFAULT,
              coordinated: bool = False, slot: Optional[int] = None,
              keep_cell: bool = False) -> results.CellResult:
-    """Run one cell on this rank. ``peers`` are the ranks running the same cell.
+    """Run one cell on this rank, among ``peers`` (``want_result`` None: the lowest returns).
 
     ``measure``: what the cell measures (telemetry switches, the hang doctor's threshold);
     ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
@@ -262,10 +262,12 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
             "RuntimeError", "worker has no rank",
             "this worker has not joined the job; run %nbdist restart"), group_alive=False, seq=0)
     full = len(peers) == plan.world_size
+    me = plan.rank if slot is None else slot
+    want_result = me == min(peers, default=-1) if want_result is None else want_result
     with _state.lock:
         t0 = time.perf_counter()
         seq0 = _state.sink.flush()
-        _state.sink.rank = plan.rank if slot is None else slot
+        _state.sink.rank = me
         # The notebook shows the lowest rank's output: it goes out at the next tick, however
         # large the job (others wait for the rank's next batch)
         _state.sink.prompt_output = _state.sink.rank == min(peers, default=_state.sink.rank)
