@@ -37,6 +37,16 @@ PARTIAL_RANKS = ("This cell ran on rank(s) {ranks} only, but collectives need ev
                  "the group; a cell that runs on every rank re-forms the group if it was lost.")
 #: tracebacks drawn in full by a multi-rank error; the rest are listed by headline
 MAX_TRACEBACKS = 4
+#: %%distributed --tune: why a cell cannot be tuned
+TUNE_TOO_FEW = ("--tune needs at least {least} optimizer steps per trial (its first steps are "
+                "not timed), got {steps}")
+TUNE_NO_DDP = ("--tune: this cell built no DistributedDataParallel model, so there is no DDP "
+               "setting to try. Put the model's construction (DDP(...)) in the tuned cell: each "
+               "trial runs the whole cell again, with its own setting")
+TUNE_TOO_SHORT = ("--tune {steps}: the cell ended after {done} optimizer steps, before the "
+                  "{steps} a trial takes; use --tune {done} or fewer, or give it more batches")
+TUNE_FLAGS = ("--tune runs the cell on every rank, with telemetry, as trials named by their "
+              "setting: leave out {flags}")
 
 
 class NbdistError(Exception):
@@ -75,6 +85,10 @@ class ProfileError(OptionError):
         else:
             text = f"bad profile {path} ({len(lines)} problems):\n  " + "\n  ".join(lines)
         super().__init__(text + "\nNothing was started.")
+
+
+class TuneError(NbdistError):
+    """A cell ``%%distributed --tune`` cannot tune; no setting changed."""
 
 
 class ExportError(NbdistError):

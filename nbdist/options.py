@@ -253,6 +253,8 @@ class CellDefaults:
     def __post_init__(self) -> None:
         check_choice(self.output, OUTPUT_MODES, "output mode", key="output")
         check_at_least(self.measure.stall_after, 0, "stall_after (0: off)", key="stall_after")
+        check_positive(self.measure.ddp.bucket_cap_mb, "training.ddp.bucket_cap_mb",
+                       key="bucket_cap_mb")
         check_positive(self.timeout, "cell timeout", key="cell_timeout")
         check_at_least(self.elastic_max_failures, 0, "elastic max_failures",
                        key="max_failures")

@@ -254,6 +254,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
     slot of the rank it replaces)."""
     from ..telemetry import events
     from . import group
+    from .measure import tuning
     from .measure.model import telemetry as tel
 
     plan = _state.plan
@@ -286,12 +287,15 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                 return results.cell_failed(err, group_alive=False, seq=_state.sink.flush())
         out = results.cell_ok()
         tel.begin_cell(_state.sink, measure)
+        tuning.begin_cell(_state.sink, measure)
         with interruptible(group.sever) as watch, captured_output(_state.sink), \
                 watching(_state.sink, filename, measure.telemetry, measure.stall_after):
             try:
                 value = run_code(source, filename, _state.namespace)
                 if want_result:
                     out["value"] = mimebundle(value)
+            except tuning.TrialDone:
+                pass  # a tuning trial took its steps: every rank cut the cell at the same one
             except BaseException as exc:  # the user's error is data for the notebook
                 err = results.error_info(exc, filename, communication=True if watch.severed
                                          else None)
@@ -302,6 +306,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
             group.teardown()
         try:
             tel.end_cell()
+            tuning.end_cell()
         except Exception as exc:  # a telemetry bug must never fail the user's cell
             sys.__stderr__.write(f"nbdist: telemetry error: {exc!r}\n")
         err = out["error"]
@@ -333,21 +338,17 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
 
 def push(header: bytes, layout: Optional[list], *buffers: Any,
          source: Optional[tuple] = None) -> None:
-    """Put the values :func:`~.transfer.pack` packed (a dict) into the namespace; their
-    buffers come with the call, or from the notebook's data channel (``source``: its
-    address and the push's ticket)."""
+    """Put the packed values (a dict) into the namespace; their buffers come with the call
+    or from the notebook's data channel (``source``: its address and the push's ticket)."""
     if source is not None:
-        address, ticket = source
-        buffers = tuple(transfer.fetch(tuple(address), ticket, _state.timeout))
+        buffers = tuple(transfer.fetch(tuple(source[0]), source[1], _state.timeout))
     _state.namespace.update(transfer.unpack(header, buffers, layout))
 
 
 def pull(name: str, sink: Optional[tuple] = None) -> list[Any]:
-    """``name`` (a dotted path) from the namespace, with tensors and modules on CPU, packed:
-    ``[PullResult, header, layout, *buffers]``, or ``[PullResult]`` saying why not. (A flat
-    list: the engines send each of its buffers as a frame of its own, without a copy.) With
-    ``sink`` (the notebook's data channel and the pull's ticket), large buffers go there
-    instead, and the result says so."""
+    """``name`` (a dotted path) from the namespace, on CPU, packed: ``[PullResult, header,
+    layout, *buffers]`` (a flat list: each buffer a frame of its own), or ``[PullResult]``
+    saying why not; with ``sink`` (the data channel, the ticket) large buffers go there."""
     parts = name.split(".")
     if parts[0] not in _state.namespace:
         return [results.not_pulled(f"name {parts[0]!r} is not defined on this worker")]
@@ -372,8 +373,7 @@ def pull(name: str, sink: Optional[tuple] = None) -> list[Any]:
         return [results.not_pulled(_too_big(name, packed.nbytes))]
     header, buffers, layout = packed
     if sink is not None and transfer.channel_bytes(buffers) >= transfer.CHANNEL_MIN:
-        address, ticket = sink
-        transfer.deliver(tuple(address), ticket, buffers, _state.timeout)
+        transfer.deliver(tuple(sink[0]), sink[1], buffers, _state.timeout)
         return [results.pulled(channel=True), header, layout]
     return [results.pulled(), header, layout, *buffers]
 
