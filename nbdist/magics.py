@@ -62,7 +62,8 @@ class NbdistMagics(Magics):
             how_many = args.n or "one per GPU (else 2)"
             _say(f"starting {args.engine or 'ipyparallel'} workers on this machine ({how_many})"
                  " and forming the process group ...")
-        return session.start(args.n, profile=args.profile, **opts).status()
+        return session.start(args.n, profile=args.profile, template=args.template,
+                             **opts).status()
 
     def _connect(self, session: Session, args: argparse.Namespace) -> Any:
         opts = cluster_kwargs(args)

@@ -20,8 +20,6 @@ from functools import partial
 from html import escape
 from typing import Any, Callable, Optional
 
-import cloudpickle
-
 from .backends import get_backend
 from .backends.base import Backend, Call
 from .cell_run import CellRun, cell_name
@@ -32,15 +30,16 @@ from .history import History
 from .lifecycle import relaunch
 from .membership import Membership
 from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
-from .records import ClusterStatus, Comparison, RemoteValue, TuneResult, WorkerRow
+from .records import ClusterStatus, Comparison, RemoteValue, TuneResult
 from .rendezvous import StoreHost
-from .runtime import results
 from .runtime import worker as rt
 from .runtime.env import count_local_gpus
 from .runtime.measure.spec import DDPSettings, Measure
 from .telemetry.compare import compare
 from .telemetry.run import Run
 from .telemetry.snapshot import RunSnapshot
+from .template import forks_store
+from .transfer import Transfers
 from .tuning import DEFAULT_STEPS, Tuning
 
 
@@ -68,6 +67,7 @@ class Session:
         self.membership = Membership(stores)
         self._target: dict[str, Any] = {}
         self._cells = 0
+        self._id = uuid.uuid4().hex  # cells are named by it and their number, uniquely
         self._lock = threading.Lock()
         #: records of the latest runs that recorded telemetry, newest last
         self.runs: deque[Run] = deque(maxlen=3)
@@ -79,6 +79,8 @@ class Session:
         self.history = History()
         #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
         self.named: dict[str, Run] = {}
+        #: pushes and pulls, and their data channel (:mod:`nbdist.transfer`)
+        self.transfers = Transfers()
         #: what ``%%distributed --tune`` chose, applied to DDP models built in later cells
         self.tuning = Tuning()
 
@@ -86,13 +88,15 @@ class Session:
     def start(self, n: Optional[int] = None, *, profile: Any = None,
               engine: Optional[str] = None, device: Optional[str] = None,
               dist_backend: Optional[str] = None, timeout: Optional[float] = None,
-              threads: Optional[int] = None) -> Session:
+              threads: Optional[int] = None, template: Optional[bool] = None) -> Session:
         """Start ``n`` workers (default: one per GPU, else 2) and form the job.
 
         ``profile`` is a YAML file (or a :class:`~nbdist.profiles.Profile`) saying where and
         how (see ``docs/profiles.md``); the other arguments override it. Without one, the
         workers start on this machine, on loopback. A bad profile raises
-        :class:`~nbdist.errors.ProfileError` before anything starts.
+        :class:`~nbdist.errors.ProfileError` before anything starts. ``template=False``
+        starts each worker as a fresh process instead of forking it from the host's worker
+        template (``docs/usage.md``, "Worker templates").
         """
         base, defaults, path = ClusterOptions(), CellDefaults(), None
         if profile is not None:
@@ -104,6 +108,8 @@ class Session:
             base, defaults = to_options(profile)
         options = base.override(n=n, engine=engine, device=device, dist_backend=dist_backend,
                                 timeout=timeout, threads=threads)
+        if template is not None:
+            options = replace(options, launch=replace(options.launch, template=template))
         if options.n is None and not options.launch.local:
             raise OptionError(f"the {options.launch.launcher!r} launcher needs a number of "
                               "workers: set `workers` in the profile's cluster section, or -n",
@@ -153,7 +159,7 @@ class Session:
         self.stop()
         backend = self._backends(options.engine)
         m = self.membership
-        if target is None and options.launch.local:
+        if target is None and options.launch.local and not forks_store(options):
             m.warm_store(options.timeout)  # workers on this host reach it on loopback
         if target is None:
             backend.launch = options.launch
@@ -182,6 +188,7 @@ class Session:
         Returns what was stopped, in words (None when nothing was running).
         """
         n = self.world_size
+        self.transfers.close()
         backend = self.membership.release()
         if backend is None:
             return None
@@ -223,29 +230,7 @@ class Session:
 
     def status(self) -> ClusterStatus:
         """One row per worker: rank, host, pid, device, alive, memory."""
-        backend = self.membership.require()
-        live = set(backend.worker_ids())
-        rows = []
-        by_worker = {p.worker_id: p for p in self.plans}
-        reports: dict[Any, Optional[results.WorkerStatus]] = {}
-        job = backend.submit([Call(w, rt.status) for w in live])
-        if job.wait(10):
-            for o in job.outcomes():
-                reports[o.worker] = o.value if o.engine_error is None else None
-        for w in sorted(set(by_worker) | live, key=str):
-            plan, rep = by_worker.get(w), reports.get(w)
-            rows.append(WorkerRow(
-                rank=plan.rank if plan else None, worker=str(w),
-                hostname=rep["hostname"] if rep else (plan.hostname if plan else "?"),
-                pid=rep["pid"] if rep else None, device=rep["device"] if rep else None,
-                alive=w in live and rep is not None,
-                rss_mb=(rep["rss"] / 2**20) if rep and rep["rss"] else None,
-                state="idle" if rep else ("busy" if w in live else "gone")))
-        rows.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))
-        joined = next(iter(self.membership.joined.values()), None)
-        return ClusterStatus(engine=backend.describe(), wanted=self.options.n or len(rows),
-                             rows=tuple(rows), dist_backend=joined["backend"] if joined else None,
-                             master=self.plans[0].master_addr if self.plans else None)
+        return self.membership.status()
 
     # ----------------------------------------------------------------- cells
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
@@ -297,13 +282,12 @@ class Session:
         # number Python reports, in tracebacks and syntax errors alike, is then the editor's.
         shipped = "\n" * max(0, first_line - 1) + code
         ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
-        cell_id = uuid.uuid4().hex
+        cell_id = f"{self._id}-{number}"
         elastic = m.store is not None and len(selected) == self.world_size
-        calls = [Call(self.plans[r].worker_id, rt.run_cell,
-                      (shipped, cell.filename, cell_id, self.generation, list(selected),
-                       r == selected[0]),
-                      {"measure": measure, "coordinated": elastic})
-                 for r in selected]
+        # One call for every rank (the lowest one returns the value): the engine packs it once
+        args = (shipped, cell.filename, cell_id, self.generation, list(selected), None)
+        kwargs = {"measure": measure, "coordinated": elastic}
+        calls = [Call(self.plans[r].worker_id, rt.run_cell, args, kwargs) for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
                   name=opts.name, stall_after=measure.stall_after)
         run.label = cell.label
@@ -415,22 +399,16 @@ class Session:
     def push(self, values: dict[str, Any], *, ranks: Optional[str] = None) -> None:
         """Send notebook values to every worker's namespace (``%nbdist push NAME...``)."""
         self.membership.require()
-        blob = cloudpickle.dumps(values)
         selected = parse_ranks(ranks, self.world_size)
-        self.membership.call([Call(self.plans[r].worker_id, rt.push, (blob,))
-                              for r in selected], self.options.timeout, "push values")
-        self.history.push(values, blob, None if len(selected) == self.world_size else selected)
+        packed = self.transfers.push(self.membership, values, selected)
+        self.history.push(values, None, None if len(selected) == self.world_size else selected,
+                          size=packed.nbytes)
 
     def pull(self, name: str, *, rank: int = 0) -> Any:
         """Bring ``name`` from rank ``rank`` into the notebook (tensors and modules on CPU)."""
         self.membership.require()
         parse_ranks(str(rank), self.world_size)
-        res: results.PullResult
-        [res] = self.membership.call([Call(self.plans[rank].worker_id, rt.pull, (name,))],
-                                     self.options.timeout, f"pull {name!r}")
-        if not res["ok"]:
-            raise NameError(f"rank {rank}: {res['evalue']}")
-        return cloudpickle.loads(res["blob"])
+        return self.transfers.pull(self.membership, name, rank)
 
     # ----------------------------------------------------------------- notebook to job
     def export(self, path: str, *, force: bool = False) -> Any:

@@ -47,16 +47,16 @@ def display_medium(mode: Optional[str] = None) -> str:
 def widgets_available() -> bool:
     """ipywidgets importable and a Jupyter kernel (not terminal IPython) running."""
     try:
-        if importlib.util.find_spec("ipywidgets") is None:
-            return False
-    except ValueError:  # hidden with sys.modules["ipywidgets"] = None
-        return False
-    try:
         from IPython import get_ipython
     except ImportError:
         return False
     shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False  # asked first: finding a module's spec on disk costs every cell
+    try:
+        return importlib.util.find_spec("ipywidgets") is not None
+    except ValueError:  # hidden with sys.modules["ipywidgets"] = None
+        return False
 
 
 def make_run_view(output: str, shown_rank: int, world_size: int, *,

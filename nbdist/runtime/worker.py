@@ -17,11 +17,9 @@ import time
 import types
 from typing import Any, Callable, Optional
 
-import cloudpickle
-
 from ..telemetry.units import fmt_bytes
 from . import env as envmod
-from . import results
+from . import results, transfer
 from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
 from .execute import mimebundle, run_code
@@ -245,10 +243,10 @@ def leave() -> None:
 
 
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
-             want_result: bool, grace: float = 3.0, measure: Measure = DEFAULT,
+             want_result: Optional[bool], grace: float = 3.0, measure: Measure = DEFAULT,
              coordinated: bool = False, slot: Optional[int] = None,
              keep_cell: bool = False) -> results.CellResult:
-    """Run one cell on this rank. ``peers`` are the ranks running the same cell.
+    """Run one cell on this rank, among ``peers`` (``want_result`` None: the lowest returns).
 
     ``measure``: what the cell measures (telemetry switches, the hang doctor's threshold);
     ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
@@ -265,10 +263,12 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
             "RuntimeError", "worker has no rank",
             "this worker has not joined the job; run %nbdist restart"), group_alive=False, seq=0)
     full = len(peers) == plan.world_size
+    me = plan.rank if slot is None else slot
+    want_result = me == min(peers, default=-1) if want_result is None else want_result
     with _state.lock:
         t0 = time.perf_counter()
         seq0 = _state.sink.flush()
-        _state.sink.rank = plan.rank if slot is None else slot
+        _state.sink.rank = me
         # The notebook shows the lowest rank's output: it goes out at the next tick, however
         # large the job (others wait for the rank's next batch)
         _state.sink.prompt_output = _state.sink.rank == min(peers, default=_state.sink.rank)
@@ -336,35 +336,46 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                               tail=tail)
 
 
-def push(blob: bytes) -> None:
-    _state.namespace.update(cloudpickle.loads(blob))
+def push(header: bytes, layout: Optional[list], *buffers: Any,
+         source: Optional[tuple] = None) -> None:
+    """Put the packed values (a dict) into the namespace; their buffers come with the call
+    or from the notebook's data channel (``source``: its address and the push's ticket)."""
+    if source is not None:
+        buffers = tuple(transfer.fetch(tuple(source[0]), source[1], _state.timeout))
+    _state.namespace.update(transfer.unpack(header, buffers, layout))
 
 
-def pull(name: str) -> results.PullResult:
-    """Return ``name`` (a dotted path) from the namespace, with tensors and modules on CPU."""
+def pull(name: str, sink: Optional[tuple] = None) -> list[Any]:
+    """``name`` (a dotted path) from the namespace, on CPU, packed: ``[PullResult, header,
+    layout, *buffers]`` (a flat list: each buffer a frame of its own), or ``[PullResult]``
+    saying why not; with ``sink`` (the data channel, the ticket) large buffers go there."""
     parts = name.split(".")
     if parts[0] not in _state.namespace:
-        return results.not_pulled(f"name {parts[0]!r} is not defined on this worker")
+        return [results.not_pulled(f"name {parts[0]!r} is not defined on this worker")]
     obj = _state.namespace[parts[0]]
     for attr in parts[1:]:
         try:
             obj = getattr(obj, attr)
         except AttributeError:
-            return results.not_pulled(f"{'.'.join(parts[:parts.index(attr)])} has no "
-                                      f"attribute {attr!r}")
+            return [results.not_pulled(f"{'.'.join(parts[:parts.index(attr)])} has no "
+                                       f"attribute {attr!r}")]
     size = _size_hint(obj)
     if size > MAX_PULL_BYTES:
-        return results.not_pulled(_too_big(name, size))
+        return [results.not_pulled(_too_big(name, size))]
     try:
-        blob = cloudpickle.dumps(_to_cpu(obj))
+        packed = transfer.pack(_to_cpu(obj))
     except Exception as exc:  # the user's object, not nbdist: say what cannot travel
-        return results.not_pulled(
+        return [results.not_pulled(
             f"{name} ({type(obj).__name__}) cannot be sent to the notebook: "
             f"{type(exc).__name__}: {exc}. Pull the parts that can be pickled, e.g. a "
-            "state_dict() or a tensor")
-    if len(blob) > MAX_PULL_BYTES:
-        return results.not_pulled(_too_big(name, len(blob)))
-    return results.pulled(blob)
+            "state_dict() or a tensor")]
+    if packed.nbytes > MAX_PULL_BYTES:
+        return [results.not_pulled(_too_big(name, packed.nbytes))]
+    header, buffers, layout = packed
+    if sink is not None and transfer.channel_bytes(buffers) >= transfer.CHANNEL_MIN:
+        transfer.deliver(tuple(sink[0]), sink[1], buffers, _state.timeout)
+        return [results.pulled(channel=True), header, layout]
+    return [results.pulled(), header, layout, *buffers]
 
 
 #: the largest object ``pull`` sends (pickled); bigger ones are refused with their size
@@ -402,7 +413,8 @@ def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, torch.nn.parallel.DistributedDataParallel):
         obj = obj.module
     if isinstance(obj, torch.nn.Module):
-        return copy.deepcopy(obj).cpu()
+        on_cpu = all(t.device.type == "cpu" for t in (*obj.parameters(), *obj.buffers()))
+        return obj if on_cpu else copy.deepcopy(obj).cpu()  # the worker's own stays put
     if isinstance(obj, dict):
         return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
