@@ -62,7 +62,8 @@ def _stage_notebooks() -> str:
         shutil.rmtree(target)
     target.mkdir()
     for nb in sorted(source.glob("[0-9][0-9]-*.ipynb")):
-        shutil.copy2(nb, target / nb.name)
+        if not nb.name.endswith(".nbconvert.ipynb"):  # an executed copy, ignored by git
+            shutil.copy2(nb, target / nb.name)
     if (ROOT / "notebooks" / "scripts").is_dir():  # the torchrun notebook runs a script
         shutil.copytree(ROOT / "notebooks" / "scripts", target / "scripts")
     return "off" if executed else "force"

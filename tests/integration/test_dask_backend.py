@@ -159,9 +159,13 @@ def test_connect_failure_is_a_clear_cluster_error():
 
 
 def test_a_failed_start_keeps_dask_s_error_and_closes_the_cluster(monkeypatch):
-    from distributed.exceptions import WorkerStartTimeoutError
+    import distributed.exceptions
 
     from nbdist.backends.dask import DaskBackend
+
+    # what wait_for_workers raises (a plain TimeoutError before distributed 2025.10)
+    WorkerStartTimeoutError = getattr(distributed.exceptions, "WorkerStartTimeoutError",
+                                      TimeoutError)
 
     def too_slow(self, n_workers, timeout=None):
         raise WorkerStartTimeoutError(1, n_workers, timeout)

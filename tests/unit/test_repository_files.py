@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# not the executed copies nbconvert writes beside a notebook (git ignores them)
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
+                   if not p.name.endswith(".nbconvert.ipynb"))
 
 if sys.version_info >= (3, 11):
     import tomllib
