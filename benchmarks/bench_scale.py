@@ -4,7 +4,7 @@ Synthetic event streams of ``--worlds`` ranks (``--rate`` steps/s per rank, ``--
 gradient buckets per step, memory sampled twice a second, ``nbdist.log`` once a second, and
 one rank that computes slower than the others) are fed through what the notebook process
 runs while a cell trains: the client's decoding of each message (ipyparallel's data
-publication: a signed Jupyter message with the pickled batch), the Session's pump (output,
+publication: a signed Jupyter message with the pickled batch), the cell loop's pump (output,
 the run's fold, the hang doctor's check) and the dashboard, redrawn at its own rate on a
 simulated clock. The workers'
 side (building and encoding the events) is not timed.
@@ -240,14 +240,14 @@ def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, ra
     """One run of the notebook's side; CPU and redraw costs of the timed part."""
     import io
 
+    from nbdist.cell_run import pump as pump_batches
     from nbdist.display.rank_output import OutputView
     from nbdist.display.run_view import RunView
     from nbdist.display.text import TextDashboard
-    from nbdist.session import Session
     from nbdist.telemetry.run import Run
 
     clock = _Clock()
-    tick = 0.1  # the Session polls its job every 0.1 s
+    tick = 0.1  # the cell loop polls its job every 0.1 s
     ranks = list(range(world))
     # Event times lie a day ahead: the hang doctor judges idleness on the notebook's real
     # clock, which must not see a stall when the simulation runs slower than real time.
@@ -313,7 +313,7 @@ def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, ra
         c0 = time.process_time()
         feed.batches = [b for m in msgs for b in transport.receive(m)]
         c1 = time.process_time()
-        Session._pump(feed, run, rv)
+        pump_batches(feed, run, rv)
         if k >= first:
             decode += c1 - c0
             pump += time.process_time() - c1
@@ -447,7 +447,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    "redraw %", "messages/s", "redraws/s", "snapshot ms", "draw ms",
                    "final ms", "summary KiB"], rows))
     print("CPU % of a core: the notebook process's CPU seconds per second of training, median "
-          "of the repeats; decode: the client unpacking messages; fold: the Session's pump "
+          "of the repeats; decode: the client unpacking messages; fold: the cell loop's pump "
           "without the redraws (output, the run's fold, the hang doctor); redraw: snapshots "
           "and drawing; final: the last snapshot and summary when the run ends")
     for view in args.views:

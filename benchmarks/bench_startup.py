@@ -46,10 +46,10 @@ def phases() -> Iterator[dict[str, float]]:
     does ("describe workers", "form the process group", ...). Timed by wrapping the two
     methods for the duration; what is left is the notebook's own work between them."""
     from nbdist.backends.base import Backend
-    from nbdist.session import Session
+    from nbdist.membership import Membership
 
     out: dict[str, float] = {}
-    start, call = Backend.start, Session._call
+    start, call = Backend.start, Membership.call
 
     def timed_start(self: Any, *a: Any, **k: Any) -> Any:
         t = time.perf_counter()
@@ -65,11 +65,11 @@ def phases() -> Iterator[dict[str, float]]:
         finally:
             out[what] = out.get(what, 0.0) + time.perf_counter() - t
 
-    Backend.start, Session._call = timed_start, timed_call  # type: ignore[method-assign]
+    Backend.start, Membership.call = timed_start, timed_call  # type: ignore[method-assign]
     try:
         yield out
     finally:
-        Backend.start, Session._call = start, call  # type: ignore[method-assign]
+        Backend.start, Membership.call = start, call  # type: ignore[method-assign]
 
 
 #: what a process started for nbdist does, by a piece of its command line (first match)

@@ -165,7 +165,7 @@ def auto(on: bool = True) -> None:
     (a notebook or ``ipython``) with a cluster running for ``on``.
     """
     worker = sys.modules.get("nbdist.runtime.worker")
-    if worker is not None and getattr(worker._state, "plan", None) is not None:
+    if worker is not None and worker.current().plan is not None:
         from .errors import AUTO_ON_A_RANK
 
         raise RuntimeError(AUTO_ON_A_RANK)  # an engine's own IPython must not switch modes

@@ -6,7 +6,8 @@ from typing import Any
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from . import automode as auto
+    import nbdist.automode as auto
+
     from .magics import NbdistMagics
 
     # register_magics replaces same-named magics, and the auto-mode transformer is installed
@@ -16,7 +17,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from . import automode as auto
+    import nbdist.automode as auto
 
     mm = ipython.magics_manager
     mm.magics["line"].pop("nbdist", None)

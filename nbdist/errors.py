@@ -124,6 +124,23 @@ class WorkersGone(ClusterError):
             f"namespace starts empty), or {replace}.")
 
 
+class WorkerCallFailed(ClusterError):
+    """One of nbdist's own calls on the workers (describe them, form the group, open a store)
+    failed: ``late`` workers did not answer within ``timeout`` seconds, or the engine failed
+    the call on each worker of ``errors`` (worker id -> the engine's text)."""
+
+    def __init__(self, what: str, *, late: Sequence[object] = (),
+                 timeout: Optional[float] = None,
+                 errors: Optional[dict[object, str]] = None) -> None:
+        self.what, self.late, self.timeout = what, list(late), timeout
+        self.errors = dict(errors or {})
+        if self.errors:
+            detail = "\n".join(f"worker {w}: {e}" for w, e in self.errors.items())
+            super().__init__(f"could not {what}:\n{detail}")
+        else:
+            super().__init__(f"workers {self.late} did not {what} within {timeout:g} s")
+
+
 class NoClusterError(NbdistError):
     """A command that needs workers ran before ``%nbdist start`` / ``connect``."""
 

@@ -3,170 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
 import sys
-from typing import Any, NoReturn, Optional
+from typing import Any, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, needs_local_scope
-from IPython.core.magic_arguments import (
-    MagicArgumentParser,
-    argument,
-    magic_arguments,
-)
+from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import automode as auto
+import nbdist.automode as auto
+
 from .errors import AUTO_NO_CLUSTER, AUTO_ON, NO_CLUSTER, OptionError
-from .options import DEVICES, DIST_BACKENDS, ENGINES, CellOptions, ClusterOptions, parse_ranks
+from .magic_args import PARSER as _PARSER
+from .magic_args import VERBS as _VERBS
+from .magic_args import (
+    CellHelp,
+    HelpShown,
+    cluster_kwargs,
+    dask_security,
+    prompt_number,
+    split_line,
+)
+from .options import CellOptions, ClusterOptions, parse_ranks
 from .session import Session, default_session
 from .telemetry.units import fmt_ranks
-
-
-def _cluster_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by ``start`` and ``connect``: defined once. Their defaults are None, so
-    that only the options given override a profile."""
-    p.add_argument("--engine", choices=ENGINES, default=None,
-                   help="engine that runs the workers (default: ipyparallel)")
-    p.add_argument("--device", choices=DEVICES, default=None,
-                   help="auto (default): one GPU per worker where GPUs exist, else CPU")
-    p.add_argument("--dist-backend", choices=DIST_BACKENDS, default=None,
-                   help="torch.distributed backend; auto (default): nccl on GPU, gloo on CPU")
-    p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="seconds allowed for start-up and for any collective (default 300)")
-    p.add_argument("--threads", type=int, default=None, metavar="T",
-                   help="torch threads per worker (default: host cores / workers on host)")
-
-
-class _HelpShown(Exception):
-    """``-h``/``--help`` printed a magic's help: there is nothing to run."""
-
-
-class _Parser(MagicArgumentParser):
-    """IPython's magic parser, with ``-h``/``--help`` on the magic and on every verb.
-
-    argparse ends its help with ``exit()``, which would raise SystemExit in the kernel; here it
-    raises :class:`_HelpShown`, which the magic takes as "done". Errors stay UsageErrors.
-    """
-
-    def __init__(self, *args: Any, add_help: bool = True, **kwargs: Any):
-        super().__init__(*args, add_help=add_help, **kwargs)
-
-    def exit(self, status: int = 0, message: Optional[str] = None) -> NoReturn:
-        if status:
-            self.error(message or "")
-        raise _HelpShown
-
-
-class _CellHelp(argparse._HelpAction):
-    """``%%distributed -h``: print the cell magic's help, run nothing."""
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> NoReturn:
-        parser.print_help()
-        raise _HelpShown
-
-
-def split_line(line: str) -> list[str]:
-    """A magic's line as shell words, its ``# comment`` dropped as Python would drop it (a
-    ``#`` inside quotes stays)."""
-    try:
-        return shlex.split(line, comments=True)
-    except ValueError as exc:  # unbalanced quotes
-        raise UsageError(str(exc)) from None
-
-
-def _build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The ``%nbdist`` parser and its sub-parser per verb; each verb names its handler."""
-    parser = _Parser(prog="nbdist", description="Manage the nbdist cluster.")
-    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
-    subs: dict[str, argparse.ArgumentParser] = {}
-
-    def verb(name: str, handler: str, help: str) -> argparse.ArgumentParser:
-        p = subs[name] = verbs.add_parser(name, help=help)
-        p.set_defaults(handler=handler)
-        return p
-
-    p = verb("start", "_start", "start a local cluster (controller + N workers, loopback), "
-                                "or the one a profile describes")
-    p.add_argument("-n", type=int, default=None, metavar="N",
-                   help="workers (default: visible GPUs, else 2)")
-    p.add_argument("--profile", default=None, metavar="FILE.yaml",
-                   help="a cluster profile (docs/profiles.md); the options given here win")
-    _cluster_options(p)
-
-    p = verb("connect", "_connect", "attach to a running cluster")
-    p.add_argument("address", nargs="?", default=None,
-                   help="dask: scheduler address tcp://HOST:PORT")
-    p.add_argument("--cluster-id", default=None, help="ipyparallel cluster id")
-    p.add_argument("--ipp-profile", default=None, metavar="NAME",
-                   help="ipyparallel profile the cluster was started with (ipcluster "
-                        "--profile NAME)")
-    # connect's --profile before it was --ipp-profile: start's --profile is a YAML file
-    p.add_argument("--profile", dest="old_profile", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--url-file", default=None, metavar="FILE",
-                   help="ipyparallel client connection file (ipcontroller-client.json)")
-    p.add_argument("--scheduler-file", default=None, metavar="FILE",
-                   help="dask scheduler file")
-    p.add_argument("--tls-ca-file", default=None, metavar="FILE",
-                   help="dask over tls://: the CA certificate that signed the cluster's")
-    p.add_argument("--tls-cert", default=None, metavar="FILE",
-                   help="dask over tls://: this client's certificate")
-    p.add_argument("--tls-key", default=None, metavar="FILE",
-                   help="dask over tls://: this client's private key (default: in --tls-cert)")
-    _cluster_options(p)
-
-    verb("status", "_status", "workers: rank, host, pid, device, alive")
-    verb("stop", "_stop", "stop the workers nbdist started (or disconnect)")
-    verb("restart", "_restart", "fresh workers with the same options")
-
-    p = verb("scale", "_scale", "resize to N workers and re-form the process group")
-    p.add_argument("n", type=int, metavar="N")
-
-    p = verb("push", "_push", "send notebook variables to every worker")
-    p.add_argument("names", nargs="+", metavar="NAME")
-
-    p = verb("pull", "_pull", "bring a worker variable into the notebook (on CPU)")
-    p.add_argument("name", metavar="NAME", help="variable (or dotted attribute) on the worker")
-    p.add_argument("--rank", type=int, default=0, help="which rank to pull from (default 0)")
-    p.add_argument("--as", dest="as_name", default=None, metavar="VAR",
-                   help="notebook name to bind (default: NAME's last part)")
-
-    verb("cluster", "_cluster", "cluster panel: one row per worker, a Scale control")
-
-    p = verb("timeline", "_timeline", "write the last run's telemetry as a Chrome trace")
-    p.add_argument("file", metavar="FILE.json",
-                   help="open it in https://ui.perfetto.dev or chrome://tracing")
-
-    p = verb("auto", "_auto", "run every cell on the ranks (on) or in the kernel (off)")
-    p.add_argument("state", nargs="?", choices=("on", "off"), default=None,
-                   help="on: each cell runs as if it began with %%%%distributed, except cells "
-                        "starting with a magic or %%%%local; off: back to normal; "
-                        "none: say which")
-
-    p = verb("profile", "_profile", "save this session's options as a profile, or check one")
-    p.add_argument("action", choices=("save", "check"),
-                   help="save: write the running session's options; check: validate FILE")
-    p.add_argument("file", metavar="FILE.yaml")
-
-    p = verb("export", "_export", "write the cells since the group formed as a torchrun script")
-    p.add_argument("file", metavar="FILE.py")
-    p.add_argument("--force", action="store_true",
-                   help="overwrite FILE even if it is not an earlier nbdist export")
-
-    p = verb("compare", "_compare", "named runs side by side: speed, traffic, memory per rank")
-    p.add_argument("names", nargs="*", metavar="NAME", help="runs to show (default: all named)")
-
-    p = verb("run", "_run_script", "run a torchrun-style script on every worker")
-    p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="interrupt the script on every rank after S seconds (default: never)")
-    p.add_argument("--all-output", action="store_true", help="show output of every rank")
-    p.add_argument("script", metavar="SCRIPT", help="the script, as torchrun would be given it")
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                   help="the script's arguments: everything after SCRIPT, -h included")
-    return parser, subs
-
-
-_PARSER, _VERBS = _build_parser()
 
 
 @magics_class
@@ -178,7 +37,7 @@ class NbdistMagics(Magics):
     def nbdist(self, line: str, local_ns: Optional[dict] = None) -> Any:
         try:
             args = _PARSER.parse_args(split_line(line))
-        except _HelpShown:
+        except HelpShown:
             return None
         except UsageError as exc:
             raise UsageError(f"%nbdist: {exc}") from None
@@ -191,7 +50,7 @@ class NbdistMagics(Magics):
 
     # One handler per verb: parse results in, one Session call, something to show out.
     def _start(self, session: Session, args: argparse.Namespace) -> Any:
-        opts = _cluster_kwargs(args)
+        opts = cluster_kwargs(args)
         ClusterOptions().override(n=args.n)  # a bad -n is a usage error before anything starts
         if args.profile:
             _say(f"starting the workers profile {args.profile} describes and forming the "
@@ -203,7 +62,7 @@ class NbdistMagics(Magics):
         return session.start(args.n, profile=args.profile, **opts).status()
 
     def _connect(self, session: Session, args: argparse.Namespace) -> Any:
-        opts = _cluster_kwargs(args)
+        opts = cluster_kwargs(args)
         if args.old_profile is not None:
             if args.ipp_profile is not None:
                 raise UsageError("%nbdist connect: give --ipp-profile only (--profile is its "
@@ -215,7 +74,7 @@ class NbdistMagics(Magics):
         target = {k: v for k, v in dict(
             cluster_id=args.cluster_id, profile=args.ipp_profile, url_file=args.url_file,
             address=args.address, scheduler_file=args.scheduler_file).items() if v is not None}
-        security = _dask_security(args)
+        security = dask_security(args)
         if security is not None:
             target["security"] = security
         _say(f"connecting to the {args.engine or 'ipyparallel'} cluster and forming the "
@@ -293,7 +152,7 @@ class NbdistMagics(Magics):
                            output="all" if args.all_output else "rank0")
 
     @magic_arguments()
-    @argument("-h", "--help", action=_CellHelp, help="show this help and run nothing")
+    @argument("-h", "--help", action=CellHelp, help="show this help and run nothing")
     @argument("--ranks", default=None, metavar="SPEC",
               help="run on these ranks only, e.g. 0 or 0,2-3 (default: all)")
     @argument("--timeout", type=float, default=None, metavar="S",
@@ -337,7 +196,7 @@ class NbdistMagics(Magics):
         """
         try:
             args = self.distributed.parser.parse_args(split_line(line))
-        except _HelpShown:
+        except HelpShown:
             return None
         except UsageError as exc:
             raise UsageError(f"%%distributed: {exc}") from None
@@ -366,7 +225,7 @@ class NbdistMagics(Magics):
                                 output=output, telemetry=False if args.no_telemetry else None,
                                 time_collectives=False if args.no_collective_timing else None,
                                 first_line=first_line,
-                                execution_count=_prompt_number(self.shell),
+                                execution_count=prompt_number(self.shell),
                                 name=options.name, stall_after=options.stall_after,
                                 bucket_timing=True if args.bucket_timing else None)
 
@@ -388,49 +247,6 @@ class NbdistMagics(Magics):
         finally:
             t.enabled = was
         result.raise_error()  # so that "Run All" stops here too
-
-
-def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The options ``start`` and ``connect`` share that were given, validated together."""
-    opts = dict(engine=args.engine, device=args.device, dist_backend=args.dist_backend,
-                timeout=args.timeout, threads=args.threads)
-    ClusterOptions().override(**opts)
-    return {k: v for k, v in opts.items() if v is not None}
-
-
-def _dask_security(args: argparse.Namespace) -> Any:
-    """A Dask ``Security`` from the ``--tls-*`` flags, or None when none is given."""
-    files = {"tls_ca_file": args.tls_ca_file, "tls_client_cert": args.tls_cert,
-             "tls_client_key": args.tls_key}
-    if not any(files.values()):
-        return None
-    if args.engine != "dask":
-        raise UsageError("%nbdist connect: --tls-* flags are for --engine dask; ipyparallel "
-                         "authenticates with the key in its connection file")
-    if not (args.tls_ca_file and args.tls_cert):
-        raise UsageError("%nbdist connect: TLS needs --tls-ca-file and --tls-cert "
-                         "(and --tls-key unless the key is in the certificate file)")
-    missing = [f for f in files.values() if f and not os.path.isfile(f)]
-    if missing:
-        raise UsageError(f"%nbdist connect: no such file: {', '.join(missing)}")
-    from distributed.security import Security
-
-    return Security(require_encryption=True, **{k: v for k, v in files.items() if v})
-
-
-def _prompt_number(shell: Any) -> Optional[int]:
-    """The number the prompt shows for the cell running now (``In [n]``); None outside a
-    stored cell.
-
-    ``shell.execution_count`` is not it on every IPython: 8.x adds one after the cell ran,
-    9.x before running it. Both hand the cell's ExecutionResult, numbered as its prompt, to
-    the display hook before the code runs (9.x numbers an unstored cell too: the next one's).
-    """
-    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-    info = getattr(result, "info", None)
-    if info is None or not info.store_history or info.silent:
-        return None
-    return result.execution_count
 
 
 def _say(message: str) -> None:

@@ -2,22 +2,34 @@
 
 Nothing here touches processes, IPython or torch: it is unit-tested on its own. Bad values raise
 :class:`~nbdist.errors.OptionError` (a ``ValueError``), which the magics show as usage errors.
+
+The records are also the schema of a cluster profile (:mod:`nbdist.profiles`): their type hints
+say what a value may be (a ``Literal`` for a choice), their ``__post_init__`` what values go
+together, and each field set by a profile names its key there (``_in_profile``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 
 from .errors import OptionError
+from .runtime.measure.spec import Measure
 
-ENGINES = ("ipyparallel", "dask")
-DEVICES = ("auto", "cpu", "cuda")
-DIST_BACKENDS = ("auto", "gloo", "nccl")
-OUTPUT_MODES = ("rank0", "all", "quiet")
+# Each choice is written once, as the type a record's field has; the tuples are for the
+# magics' argument parsers and the records' own checks.
+Engine = Literal["ipyparallel", "dask"]
+Device = Literal["auto", "cpu", "cuda"]
+DistBackend = Literal["auto", "gloo", "nccl"]
+OutputMode = Literal["rank0", "all", "quiet"]
 #: how workers are started: on this machine, or through a launcher of the engine
-LAUNCHERS = ("local", "ssh", "mpi", "slurm", "pbs", "sge", "lsf", "kubernetes")
+Launcher = Literal["local", "ssh", "mpi", "slurm", "pbs", "sge", "lsf", "kubernetes"]
+ENGINES: tuple[str, ...] = get_args(Engine)
+DEVICES: tuple[str, ...] = get_args(Device)
+DIST_BACKENDS: tuple[str, ...] = get_args(DistBackend)
+OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
+LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 #: launchers each engine has (ipyparallel's own; Dask's SSHCluster, dask-jobqueue, dask-kubernetes)
 ENGINE_LAUNCHERS = {
     "ipyparallel": ("local", "ssh", "mpi", "slurm", "pbs", "sge", "lsf"),
@@ -82,6 +94,28 @@ def check_positive(value: Optional[float], what: str, key: str = "") -> Optional
     return value
 
 
+def check_at_least(value: Optional[int], low: int, what: str, key: str = "") -> Optional[int]:
+    """Return ``value`` if it is None or ``low`` or more, else raise :class:`OptionError`."""
+    if value is not None and value < low:
+        raise OptionError(f"{what} must be at least {low}, got {value}", key=key)
+    return value
+
+
+#: the metadata of a record's field that holds its dotted key in a profile
+PROFILE_KEY = "profile"  # Measure (a leaf) spells it too
+
+
+def _in_profile(key: str, default: Any = None, factory: Optional[Callable[[], Any]] = None
+                ) -> Any:
+    """A record's field that a profile sets with the dotted ``key`` (``"cluster.workers"``).
+
+    The ``key``'s last part is also what an :class:`OptionError` about the field names.
+    """
+    if factory is not None:
+        return field(default_factory=factory, metadata={PROFILE_KEY: key})
+    return field(default=default, metadata={PROFILE_KEY: key})
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     """Where nbdist starts workers: this machine (``local``), or a launcher of the engine.
@@ -94,20 +128,24 @@ class LaunchOptions:
     never leaves loopback unless told.
     """
 
-    launcher: str = "local"
-    listen: Optional[str] = None
-    hosts: Mapping[str, int] = field(default_factory=dict)
-    cpus: Optional[int] = None
-    memory: Optional[str] = None
-    gpus: Optional[int] = None
-    queue: Optional[str] = None
-    account: Optional[str] = None
-    walltime: Optional[str] = None
-    image: Optional[str] = None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    launcher: Launcher = _in_profile("cluster.launcher", "local")
+    listen: Optional[str] = _in_profile("cluster.listen")
+    hosts: Mapping[str, int] = _in_profile("cluster.hosts", factory=dict)
+    cpus: Optional[int] = _in_profile("cluster.resources.cpus")
+    memory: Optional[str] = _in_profile("cluster.resources.memory")
+    gpus: Optional[int] = _in_profile("cluster.resources.gpus")
+    queue: Optional[str] = _in_profile("cluster.resources.queue")
+    account: Optional[str] = _in_profile("cluster.resources.account")
+    walltime: Optional[str] = _in_profile("cluster.resources.walltime")
+    image: Optional[str] = _in_profile("cluster.resources.image")
+    options: Mapping[str, Any] = _in_profile("cluster.resources.options", factory=dict)
 
     def __post_init__(self) -> None:
         check_choice(self.launcher, LAUNCHERS, "launcher", key="launcher")
+        check_at_least(self.cpus, 1, "cpus per worker", key="cpus")
+        check_at_least(self.gpus, 0, "gpus per worker", key="gpus")
+        for host, count in self.hosts.items():
+            check_at_least(count, 1, f"the workers on host {host!r}", key="hosts")
 
     @property
     def local(self) -> bool:
@@ -116,30 +154,33 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    """How workers are started or reached, and how their process group is formed."""
+    """How workers are started or reached, and how their process group is formed.
 
-    engine: str = "ipyparallel"
-    n: Optional[int] = None
-    device: str = "auto"
-    dist_backend: str = "auto"
-    timeout: float = 300.0
-    threads: Optional[int] = None
+    Without ``n``, a launch with ``hosts`` starts as many workers as they place.
+    """
+
+    engine: Engine = _in_profile("cluster.engine", "ipyparallel")
+    n: Optional[int] = _in_profile("cluster.workers")
+    device: Device = _in_profile("runtime.device", "auto")
+    dist_backend: DistBackend = _in_profile("runtime.dist_backend", "auto")
+    threads: Optional[int] = _in_profile("runtime.threads")
+    timeout: float = _in_profile("runtime.timeout", 300.0)
     launch: LaunchOptions = field(default_factory=LaunchOptions)
     #: environment variables every rank gets (with torchrun's), restored when it leaves
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = _in_profile("runtime.env", factory=dict)
     #: the directory cells run in on every worker (default: where the worker started)
-    working_dir: Optional[str] = None
+    working_dir: Optional[str] = _in_profile("runtime.working_dir")
 
     def __post_init__(self) -> None:
         check_choice(self.engine, ENGINES, "engine", key="engine")
         check_choice(self.device, DEVICES, "device", key="device")
         check_choice(self.dist_backend, DIST_BACKENDS, "dist backend", key="dist_backend")
         check_positive(self.timeout, "--timeout", key="timeout")
-        if self.n is not None and self.n < 1:
-            raise OptionError(f"-n must be at least 1, got {self.n}", key="workers")
-        if self.threads is not None and self.threads < 1:
-            raise OptionError(f"--threads must be at least 1, got {self.threads}",
-                              key="threads")
+        placed = sum(self.launch.hosts.values())
+        if self.n is None and placed:  # the hosts say how many; a frozen record fills it here
+            object.__setattr__(self, "n", placed)
+        check_at_least(self.n, 1, "-n", key="workers")
+        check_at_least(self.threads, 1, "--threads", key="threads")
         if self.dist_backend == "nccl" and self.device == "cpu":
             raise OptionError("--dist-backend nccl needs --device cuda (or auto on a GPU host)",
                               key="dist_backend")
@@ -179,7 +220,7 @@ class CellOptions:
 
     ranks: Optional[str] = None
     timeout: Optional[float] = None
-    output: str = "rank0"
+    output: OutputMode = "rank0"
     name: Optional[str] = None
     #: the hang doctor's threshold in seconds (None: its default; 0: off)
     stall_after: Optional[float] = None
@@ -197,16 +238,17 @@ class CellOptions:
 @dataclass(frozen=True)
 class CellDefaults:
     """What a ``%%distributed`` cell does when its own flags say nothing (a profile's
-    ``training`` section). ``elastic_*`` is the budget elastic training reads."""
+    ``training`` section). ``elastic_max_failures`` is the budget elastic training reads."""
 
-    output: str = "rank0"
-    telemetry: bool = True
-    collective_timing: bool = True
-    bucket_timing: bool = False
-    timeout: Optional[float] = None
-    elastic_max_failures: Optional[int] = None
-    elastic_min_workers: Optional[int] = None
+    output: OutputMode = _in_profile("training.output", "rank0")
+    #: what cells measure unless their flags say otherwise
+    measure: Measure = field(default_factory=Measure)
+    timeout: Optional[float] = _in_profile("training.cell_timeout")
+    elastic_max_failures: Optional[int] = _in_profile("training.elastic.max_failures")
 
     def __post_init__(self) -> None:
         check_choice(self.output, OUTPUT_MODES, "output mode", key="output")
+        check_at_least(self.measure.stall_after, 0, "stall_after (0: off)", key="stall_after")
         check_positive(self.timeout, "cell timeout", key="cell_timeout")
+        check_at_least(self.elastic_max_failures, 0, "elastic max_failures",
+                       key="max_failures")

@@ -21,9 +21,11 @@ Three sections, each optional::
       telemetry: true
       elastic: {max_failures: 3}
 
-The schema is pydantic's; errors name the file, the line and the key, and suggest the nearest
-valid key. Nothing here starts processes: :func:`load_profile` validates, :func:`to_options`
-turns a profile into the option records the session runs on, :func:`from_options` goes back.
+A profile is the option records of :mod:`nbdist.options` written as YAML: every field of
+:class:`~nbdist.options.ClusterOptions` (its :class:`~nbdist.options.LaunchOptions` too) and of
+:class:`~nbdist.options.CellDefaults` names the key that sets it, pydantic checks each value
+against the field's type, and the records check what goes together. Errors name the file, the
+line and the key, and suggest the nearest valid key or choice. Nothing here starts processes.
 """
 
 from __future__ import annotations
@@ -31,111 +33,79 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Optional, Union
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Optional, Union, get_type_hints
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    ValidationError,
-    field_validator,
-)
+from pydantic import TypeAdapter, ValidationError
 
 from .errors import OptionError, ProfileError
-from .options import CellDefaults, ClusterOptions, LaunchOptions
+from .options import PROFILE_KEY, CellDefaults, ClusterOptions
 
 Problem = tuple[Optional[int], str, str]
+Keys = tuple[str, ...]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@dataclass(frozen=True)
+class Profile:
+    """A validated profile: the option records it describes.
+
+    Build one with :func:`load_profile` or :func:`parse_profile`, or from records with
+    :func:`from_options`; :func:`dump_profile` writes it back as YAML.
+    """
+
+    options: ClusterOptions = field(default_factory=ClusterOptions)
+    defaults: CellDefaults = field(default_factory=CellDefaults)
 
 
-class Resources(_Section):
-    """What each worker asks of the launcher; ``options`` go to the launcher unchanged."""
-
-    cpus: Optional[PositiveInt] = None
-    memory: Optional[str] = None
-    gpus: Optional[NonNegativeInt] = None
-    queue: Optional[str] = None
-    account: Optional[str] = None
-    walltime: Optional[str] = None
-    image: Optional[str] = None
-    options: dict[str, Any] = Field(default_factory=dict)
+def _layout(record: type, at: Keys = ()) -> Iterator[tuple[Keys, Keys]]:
+    """(attribute path in ``record``, key path in a profile) of every field a profile sets."""
+    hints = get_type_hints(record)
+    for f in fields(record):
+        if is_dataclass(hints[f.name]):
+            yield from _layout(hints[f.name], at + (f.name,))
+        elif PROFILE_KEY in f.metadata:
+            yield at + (f.name,), tuple(f.metadata[PROFILE_KEY].split("."))
 
 
-class ClusterSection(_Section):
-    engine: Literal["ipyparallel", "dask"] = "ipyparallel"
-    workers: Optional[PositiveInt] = None
-    launcher: Literal["local", "ssh", "mpi", "slurm", "pbs", "sge", "lsf", "kubernetes"] = \
-        "local"
-    listen: Optional[str] = None
-    hosts: dict[str, PositiveInt] = Field(default_factory=dict)
-    resources: Resources = Field(default_factory=Resources)
-
-    @field_validator("hosts", mode="before")
-    @classmethod
-    def _one_worker_per_listed_host(cls, value: Any) -> Any:
-        # `hosts: [a, b]` is one worker on each; `hosts: {a: 4}` says how many.
-        if isinstance(value, list) and all(isinstance(h, str) for h in value):
-            return {h: 1 for h in value}
-        return value
+def _nest(pairs: Iterable[tuple[Keys, Any]]) -> dict[str, Any]:
+    """Pairs like ``(("a", "b"), 1)`` as nested mappings, ``{"a": {"b": 1}}``."""
+    out: dict[str, Any] = {}
+    for keys, value in pairs:
+        node = out
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+    return out
 
 
-class RuntimeSection(_Section):
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
-    threads: Optional[PositiveInt] = None
-    timeout: PositiveFloat = 300.0
-    env: dict[str, str] = Field(default_factory=dict)
-    working_dir: Optional[str] = None
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _numbers_as_text(cls, value: Any) -> Any:
-        # `NCCL_IB_DISABLE: 1` is what people write; the environment holds text.
-        if isinstance(value, Mapping):
-            return {k: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-                    for k, v in value.items()}
-        return value
+# The records a profile holds, each with where its fields sit in the YAML; and the YAML's keys
+# as a tree (a section is a mapping, a key None).
+_RECORD_TYPES = tuple(get_type_hints(Profile).values())
+_RECORDS: TypeAdapter[Any] = TypeAdapter(tuple[_RECORD_TYPES])
+_LAYOUTS = tuple(list(_layout(record)) for record in _RECORD_TYPES)
+_TREE = _nest((keys, None) for layout in _LAYOUTS for _, keys in layout)
 
 
-class ElasticSection(_Section):
-    max_failures: Optional[NonNegativeInt] = None
-    min_workers: Optional[PositiveInt] = None
+def _one_worker_per_listed_host(value: Any) -> Any:
+    # `hosts: [a, b]` is one worker on each; `hosts: {a: 4}` says how many.
+    if isinstance(value, list) and all(isinstance(h, str) for h in value):
+        return {h: 1 for h in value}
+    return value
 
 
-class TrainingSection(_Section):
-    output: Literal["rank0", "all", "quiet"] = "rank0"
-    telemetry: bool = True
-    collective_timing: bool = True
-    bucket_timing: bool = False
-    cell_timeout: Optional[PositiveFloat] = None
-    elastic: ElasticSection = Field(default_factory=ElasticSection)
+def _numbers_as_text(value: Any) -> Any:
+    # `NCCL_IB_DISABLE: 1` is what people write; the environment holds text.
+    if isinstance(value, Mapping):
+        return {k: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+                for k, v in value.items()}
+    return value
 
 
-class Profile(_Section):
-    """A validated profile. Build one with :func:`load_profile` or ``Profile(**dict)``."""
-
-    cluster: ClusterSection = Field(default_factory=ClusterSection)
-    runtime: RuntimeSection = Field(default_factory=RuntimeSection)
-    training: TrainingSection = Field(default_factory=TrainingSection)
-
-
-# Where a key of the option records lives in a profile, to point at its line.
-_KEY_LOCATIONS = {
-    "engine": ("cluster", "engine"), "workers": ("cluster", "workers"),
-    "launcher": ("cluster", "launcher"), "listen": ("cluster", "listen"),
-    "hosts": ("cluster", "hosts"), "device": ("runtime", "device"),
-    "dist_backend": ("runtime", "dist_backend"), "timeout": ("runtime", "timeout"),
-    "threads": ("runtime", "threads"), "output": ("training", "output"),
-    "cell_timeout": ("training", "cell_timeout"),
-}
+# What YAML lets people write for a key, made into what the record's field holds.
+_SHORTHANDS = {("cluster", "hosts"): _one_worker_per_listed_host,
+               ("runtime", "env"): _numbers_as_text}
 
 
 # ------------------------------------------------------------------------------ reading
@@ -149,7 +119,7 @@ def load_profile(path: Union[str, os.PathLike]) -> Profile:
     Examples
     --------
     >>> profile = load_profile("examples/profiles/local-cpu.yaml")   # doctest: +SKIP
-    >>> profile.cluster.workers                                      # doctest: +SKIP
+    >>> profile.options.n                                            # doctest: +SKIP
     2
     """
     name = os.fspath(path)
@@ -177,78 +147,96 @@ def parse_profile(text: str, name: str = "<profile>") -> Profile:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ProfileError(name, [(1, "", "a profile is a mapping with the sections cluster, "
-                                          "runtime and training")])
+        raise ProfileError(name, [(1, "", "a profile is a mapping with the sections "
+                                          f"{', '.join(_TREE)}")])
+    values, problems = _sort_out(data, _TREE)
+    for keys, shorthand in _SHORTHANDS.items():
+        if keys in values:
+            values[keys] = shorthand(values[keys])
+    given = tuple(_nest((attrs, values[keys]) for attrs, keys in layout if keys in values)
+                  for layout in _LAYOUTS)
     try:
-        profile = Profile.model_validate(data)
+        options, defaults = _RECORDS.validate_python(given)
     except ValidationError as exc:
-        problems = sorted((_problem(e, tree) for e in exc.errors()),
-                          key=lambda p: (p[0] or 0, p[1]))
-        raise ProfileError(name, problems) from None
-    try:
-        to_options(profile)
-    except OptionError as exc:
-        loc = _KEY_LOCATIONS.get(exc.key, ())
-        raise ProfileError(name, [(_line_of(tree, loc), ".".join(loc), str(exc))]) from None
-    return profile
-
-
-def _problem(error: Any, tree: Optional[yaml.Node]) -> Problem:
-    """One pydantic error as (line, dotted key, message for people)."""
-    loc = tuple(p for p in error["loc"] if not _is_union_tag(p))
-    key = ".".join(str(p) for p in loc)
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        valid = _fields_at(loc[:-1])
-        near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        msg = f"unknown key{hint} Valid keys here: {', '.join(valid)}"
-    elif kind == "literal_error":
-        choices = re.findall(r"'([^']*)'", error.get("ctx", {}).get("expected", ""))
-        near = difflib.get_close_matches(str(error.get("input")), choices, n=1, cutoff=0.6)
-        msg = (f"{error['input']!r} is not one of {', '.join(choices)}"
-               + (f"; did you mean {near[0]!r}?" if near else ""))
+        problems += [_problem(e) for e in exc.errors()]
     else:
-        msg = f"{error['msg']} (got {error.get('input')!r})"
-        if loc[:2] == ("runtime", "env"):
-            msg += "; environment values are text: quote it"
-    return _line_of(tree, loc), key, msg
+        placed = sum(options.launch.hosts.values())
+        if placed and options.n > placed:  # the file's own two keys disagree
+            problems.append((("cluster", "workers"), f"workers: {options.n} is more than the "
+                                                     f"{placed} that `hosts` places"))
+    if problems:
+        found = {(_line_of(tree, keys), ".".join(keys), msg) for keys, msg in problems}
+        raise ProfileError(name, sorted(found, key=lambda p: (p[0] or 0, p[1], p[2])))
+    return Profile(options, defaults)
 
 
-def _is_union_tag(part: Any) -> bool:
-    # pydantic puts the type it tried for an Optional (`int`, `str`) in the location.
-    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float",
-                                                                "constrained-int",
-                                                                "constrained-float"))
+def _sort_out(data: Mapping[Any, Any], tree: Mapping[str, Any], at: Keys = ()
+              ) -> tuple[dict[Keys, Any], list[tuple[Keys, str]]]:
+    """The values ``data`` gives by key path, and a problem for each key not in ``tree``."""
+    values: dict[Keys, Any] = {}
+    problems: list[tuple[Keys, str]] = []
+    for key, value in data.items():
+        keys = at + (str(key),)
+        below = tree.get(key)
+        if key not in tree:
+            near = difflib.get_close_matches(str(key), list(tree), n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else "."
+            problems.append((keys, f"unknown key{hint} Valid keys here: {', '.join(tree)}"))
+        elif below is None:
+            values[keys] = value
+        elif isinstance(value, Mapping):
+            found, wrong = _sort_out(value, below, keys)
+            values.update(found)
+            problems += wrong
+        elif value is not None:  # a section left empty is all defaults
+            problems.append((keys, f"a section of keys ({', '.join(below)}), not {value!r}"))
+    return values, problems
 
 
-def _fields_at(loc: Sequence[Any]) -> list[str]:
-    """The keys the schema accepts at ``loc`` (a path of section names)."""
-    model: Any = Profile
-    for part in loc:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        ann = field.annotation if field is not None else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return []
-        model = ann
-    return list(model.model_fields)
+def _problem(error: Any) -> tuple[Keys, str]:
+    """One pydantic error about the records as (profile key path, message for people)."""
+    record, *loc = error["loc"]
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, OptionError):  # a record's own check; its key names the field
+        return _keys_named(record, tuple(loc), cause.key), str(cause)
+    keys = _keys_at(record, tuple(str(p) for p in loc))
+    if error["type"] == "literal_error":
+        choices = re.findall(r"'([^']*)'", error["ctx"]["expected"])
+        near = difflib.get_close_matches(str(error["input"]), choices, n=1, cutoff=0.6)
+        return keys, (f"{error['input']!r} is not one of {', '.join(choices)}"
+                      + (f"; did you mean {near[0]!r}?" if near else ""))
+    msg = f"{error['msg']} (got {error.get('input')!r})"
+    if keys[:2] == ("runtime", "env"):
+        msg += "; environment values are text: quote it"
+    return keys, msg
 
 
-def _line_of(tree: Optional[yaml.Node], loc: Sequence[Any]) -> Optional[int]:
+def _keys_at(record: int, loc: Keys) -> Keys:
+    """The profile key path of the attribute path ``loc`` in record number ``record``."""
+    for attrs, keys in _LAYOUTS[record]:
+        if loc[:len(attrs)] == attrs:
+            return keys + loc[len(attrs):]  # and below it: a host, a variable
+    return loc
+
+
+def _keys_named(record: int, loc: Keys, key: str) -> Keys:
+    """The key path of the field under ``loc`` whose profile key ends with ``key``."""
+    for attrs, keys in _LAYOUTS[record]:
+        if attrs[:len(loc)] == loc and keys[-1] == key:
+            return keys
+    return ()
+
+
+def _line_of(tree: Optional[yaml.Node], loc: Keys) -> Optional[int]:
     """The 1-based line of the deepest key of ``loc`` present in the YAML ``tree``."""
     node, line = tree, (tree.start_mark.line + 1 if tree is not None else None)
     for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if k.value == str(part):
-                    node, line = v, k.start_mark.line + 1
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) \
-                and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
+        if not isinstance(node, yaml.MappingNode):
+            return line
+        for k, v in node.value:
+            if k.value == part:
+                node, line = v, k.start_mark.line + 1
+                break
         else:
             return line
     return line
@@ -256,60 +244,29 @@ def _line_of(tree: Optional[yaml.Node], loc: Sequence[Any]) -> Optional[int]:
 
 # ------------------------------------------------------------------------------ options
 def to_options(profile: Profile) -> tuple[ClusterOptions, CellDefaults]:
-    """The cluster options and cell defaults a profile describes (validated together)."""
-    c, r, t = profile.cluster, profile.runtime, profile.training
-    res = c.resources
-    hosts = dict(c.hosts)
-    launch = LaunchOptions(
-        launcher=c.launcher, listen=c.listen, hosts=dict(hosts), cpus=res.cpus,
-        memory=res.memory, gpus=res.gpus, queue=res.queue, account=res.account,
-        walltime=res.walltime, image=res.image, options=dict(res.options))
-    workers = c.workers
-    if hosts and workers is None:
-        workers = sum(hosts.values())
-    elif hosts and workers is not None and workers > sum(hosts.values()):
-        raise OptionError(f"workers: {workers} is more than the {sum(hosts.values())} that "
-                          "`hosts` places", key="workers")
-    options = ClusterOptions(
-        engine=c.engine, n=workers, device=r.device, dist_backend=r.dist_backend,
-        timeout=r.timeout, threads=r.threads, launch=launch, env=dict(r.env),
-        working_dir=r.working_dir)
-    defaults = CellDefaults(
-        output=t.output, telemetry=t.telemetry, collective_timing=t.collective_timing,
-        bucket_timing=t.bucket_timing,
-        timeout=t.cell_timeout, elastic_max_failures=t.elastic.max_failures,
-        elastic_min_workers=t.elastic.min_workers)
-    return options, defaults
+    """The cluster options and cell defaults a profile describes (validated when read)."""
+    return profile.options, profile.defaults
 
 
 def from_options(options: ClusterOptions, defaults: CellDefaults) -> Profile:
     """The profile that starts a session with ``options`` and ``defaults`` again."""
-    launch = options.launch
-    resources = {k: getattr(launch, k) for k in ("cpus", "memory", "gpus", "queue", "account",
-                                                  "walltime", "image")}
-    return Profile.model_validate({
-        "cluster": {"engine": options.engine, "workers": options.n,
-                    "launcher": launch.launcher, "listen": launch.listen,
-                    "hosts": dict(launch.hosts),
-                    "resources": {**resources, "options": dict(launch.options)}},
-        "runtime": {"device": options.device, "dist_backend": options.dist_backend,
-                    "threads": options.threads, "timeout": options.timeout,
-                    "env": dict(options.env), "working_dir": options.working_dir},
-        "training": {"output": defaults.output, "telemetry": defaults.telemetry,
-                     "collective_timing": defaults.collective_timing,
-                     "bucket_timing": defaults.bucket_timing,
-                     "cell_timeout": defaults.timeout,
-                     "elastic": {"max_failures": defaults.elastic_max_failures,
-                                 "min_workers": defaults.elastic_min_workers}},
-    })
+    return Profile(options, defaults)
 
 
 def dump_profile(profile: Profile, header: str = "") -> str:
     """The profile as YAML, unset values left out, with ``header`` as a comment on top."""
-    data = _prune(profile.model_dump())
+    data = _prune(_nest((keys, _value(record, attrs))
+                        for record, layout in zip(to_options(profile), _LAYOUTS)
+                        for attrs, keys in layout))
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
     return comment + text
+
+
+def _value(record: Any, attrs: Keys) -> Any:
+    for attr in attrs:
+        record = getattr(record, attr)
+    return dict(record) if isinstance(record, Mapping) else record
 
 
 def _prune(value: Any) -> Any:

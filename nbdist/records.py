@@ -1,4 +1,8 @@
-"""Plain records users hold: a cluster's status and a rank's displayed value."""
+"""Plain records users hold: a cluster's status, a rank's displayed value, runs side by side.
+
+Each record builds its own :class:`~nbdist.layout.Table` and draws it through the leaf
+:mod:`nbdist.layout`, so the records never import the views.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,13 @@ import html
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+from .layout import Row, Table, comparison_html, status_html, status_text, text_table
+from .telemetry.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
+
 if TYPE_CHECKING:
     from .telemetry.compare import RunFigures
+
+STATUS_HEADER = ("rank", "host", "pid", "device", "alive", "mem MiB", "state")
 
 
 @dataclass(frozen=True)
@@ -38,16 +47,27 @@ class ClusterStatus:
     def alive(self) -> int:
         return sum(r.alive for r in self.rows)
 
-    # Views are imported when drawn, not at import time: display names these types itself.
-    def __repr__(self) -> str:
-        from .display.text import format_status
+    def table(self) -> Table:
+        """One row per worker (``NO`` for a dead worker: text has no red)."""
+        rows = tuple(
+            Row((_or_dash(w.rank), w.hostname, str(w.pid or "-"), w.device or "-",
+                 "yes" if w.alive else "NO",
+                 f"{w.rss_mb:.0f}" if w.rss_mb is not None else "-", w.state),
+                broken=not w.alive)
+            for w in self.rows)
+        return Table(STATUS_HEADER, rows)
 
-        return format_status(self)
+    def __repr__(self) -> str:
+        return status_text(self.engine, self.alive, self.wanted, self.table(),
+                           dist_backend=self.dist_backend, master=self.master)
 
     def _repr_html_(self) -> str:
-        from .display.html import status_table
+        return status_html(self.engine, self.alive, self.wanted, self.table(),
+                           dist_backend=self.dist_backend, master=self.master)
 
-        return status_table(self)
+
+def _or_dash(value: Optional[object]) -> str:
+    return "-" if value is None else str(value)
 
 
 class RemoteValue:
@@ -94,12 +114,37 @@ class Comparison:
         frame.index.name = "run"
         return frame
 
-    def __repr__(self) -> str:
-        from .display.text import format_comparison
+    def table(self) -> Table:
+        """One row per named run: what each strategy costs and gives (a bubble column when
+        any run is a pipeline), then the last logged values."""
+        runs = self.runs
+        scalar_keys = sorted({k for r in runs for k in r.scalars})
+        piped = any(r.bubble is not None for r in runs)
+        header = ("run", "ranks", "samples/s", "step time", "exposed comm",
+                  *(("bubble",) if piped else ()), "comm/step", "params/rank", "grads/rank",
+                  "optimizer/rank", "peak RSS", *scalar_keys)
+        rows = tuple(Row((r.name, str(r.ranks), fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
+                          fmt_fraction(r.exposed_fraction),
+                          *((fmt_fraction(r.bubble),) if piped else ()),
+                          fmt_bytes(r.bytes_per_step),
+                          fmt_bytes(r.params), fmt_bytes(r.grads), fmt_bytes(r.optimizer),
+                          fmt_bytes(r.peak_rss),
+                          *(f"{r.scalars[k]:.4g}" if k in r.scalars else "-"
+                            for k in scalar_keys)))
+                     for r in runs)
+        return Table(header, rows)
 
-        return format_comparison(self.runs)
+    def __repr__(self) -> str:
+        if not self.runs:
+            return "no named runs"
+        return "\n".join(text_table(self.table()))
 
     def _repr_html_(self) -> str:
-        from .display.html import comparison
-
-        return comparison(self.runs)
+        throughput = [(r.name, r.samples_per_s, fmt_rate(r.samples_per_s))
+                      for r in self.runs if r.samples_per_s]
+        held = []  # what one rank holds for training
+        for r in self.runs:
+            if r.params is not None:
+                nbytes = float(r.params + (r.grads or 0) + (r.optimizer or 0))
+                held.append((r.name, nbytes, fmt_bytes(nbytes)))
+        return comparison_html(self.table(), throughput, held)

@@ -1,4 +1,4 @@
-"""The notebook's handle on the job's rendezvous store (:mod:`nbdist.runtime.store_host`).
+"""The notebook's handle on the job's rendezvous store (:mod:`nbdist.runtime.boot.store_host`).
 
 Started when a cluster starts, in parallel with the workers (it imports torch, which takes a
 second or two), so it costs no start-up time. The session writes elastic plans into it; workers
@@ -25,7 +25,7 @@ class StoreHost:
     def __init__(self, host: str, timeout: float) -> None:
         self.host = host
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "nbdist.runtime.store_host", host, str(timeout)],
+            [sys.executable, "-m", "nbdist.runtime.boot.store_host", host, str(timeout)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             bufsize=1)
         self._lock = threading.Lock()

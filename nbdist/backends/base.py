@@ -7,9 +7,9 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Optional, TypeVar
+from typing import Any, Callable, Generic, Optional, Protocol, TypeVar
 
 from ..errors import ClusterError, MissingPackageError, WorkersDidNotStart
 from ..options import LaunchOptions
@@ -17,6 +17,7 @@ from ..telemetry.events import Batch
 
 WorkerId = Hashable
 ClientT = TypeVar("ClientT")
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,8 @@ class Backend(abc.ABC, Generic[ClientT]):
         engine lets go of them, ``describe``, and ``dask_client`` where the workers can also
         be Dask workers;
     6.  optionally, only for engines that can scale, ``_grow(k, timeout)`` (add ``k``
-        workers and wait for them) and ``_retire(ids, timeout)`` (stop those workers).
+        workers and wait for them), ``_retire(ids, timeout)`` (stop those workers) and
+        ``_add_worker(known)`` (start one more without waiting for it).
 
     In return you get
 
@@ -98,7 +100,8 @@ class Backend(abc.ABC, Generic[ClientT]):
         highest ranks, so the ranks that stay keep their numbers; waits until the retired
         workers are gone; engine errors become :class:`~nbdist.errors.ClusterError`;
     3.  :meth:`stop`: client, then cluster, each released even when the other fails;
-    4.  :meth:`_require`: the connected client, or a ClusterError that says what to type.
+    4.  :meth:`add_worker`: refused, with the reason, on a cluster nbdist did not start;
+    5.  :meth:`_require`: the connected client, or a ClusterError that says what to type.
     """
 
     name: str = "?"
@@ -157,12 +160,10 @@ class Backend(abc.ABC, Generic[ClientT]):
         """Stop the workers ``ids``; :meth:`scale` then waits until they are gone."""
         raise ClusterError(f"the {self.name} engine cannot remove workers")
 
-    def add_worker(self, known: set) -> None:
-        """Start one more worker without waiting for it (elastic training's replacement); it
-        shows up in :meth:`worker_ids` as an id not in ``known``. Only where the cluster is
-        nbdist's own."""
-        raise ClusterError(f"nbdist did not start this {self.name} cluster, so it cannot add "
-                           "a worker to it")
+    def _add_worker(self, known: set) -> None:
+        """Start one more worker without waiting for it (engines that can); see
+        :meth:`add_worker`."""
+        raise ClusterError(f"the {self.name} engine cannot add workers")
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int]) -> Optional[str]:
         """How a worker process ended (``"SIGKILL"``, ``"exit status 1"``), where the engine
@@ -208,6 +209,15 @@ class Backend(abc.ABC, Generic[ClientT]):
                 logger.warning("could not stop the partly started %s cluster", self.name,
                                exc_info=True)
             raise WorkersDidNotStart(self.name, ready, n, timeout, _reason(exc)) from exc
+
+    def add_worker(self, known: set) -> None:
+        """Start one more worker without waiting for it (elastic training's replacement); it
+        shows up in :meth:`worker_ids` as an id not in ``known``. Only where the cluster is
+        nbdist's own."""
+        if not self.owns_cluster or self.cluster is None:
+            raise ClusterError(f"nbdist did not start this {self.name} cluster, so it cannot "
+                               "add a worker to it")
+        self._add_worker(known)
 
     def scale(self, n: int, timeout: float) -> None:
         """Make the cluster ``n`` workers (only where :attr:`owns_cluster`)."""
@@ -263,18 +273,36 @@ class Backend(abc.ABC, Generic[ClientT]):
             return 0
 
 
-def poll_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Wait until ``predicate()`` is true (True) or ``timeout`` seconds pass (False).
+def poll_until(predicate: Callable[[], T], timeout: float, interval: float = 0.05) -> T:
+    """Wait until ``predicate()`` answers something true, and return that answer; once
+    ``timeout`` seconds pass, return its last (false) answer.
 
     For state the engine changes in the background and offers nothing to wait on, such as a
-    worker leaving the scheduler's or controller's list; the cost is one call of
-    ``predicate`` per ``interval``.
+    worker leaving the scheduler's or controller's list, or a log line saying how a process
+    ended; the cost is one call of ``predicate`` per ``interval``.
     """
     deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
+    while True:
+        answer = predicate()
+        if answer or time.monotonic() >= deadline:
+            return answer
         time.sleep(interval)
+
+
+class Waitable(Protocol):
+    """Anything with ``wait(timeout) -> bool``: a :class:`Job`, or an engine's async result."""
+
+    def wait(self, timeout: Optional[float]) -> bool: ...
+
+
+def wait_all(pending: Iterable[Waitable], timeout: Optional[float]) -> bool:
+    """Wait for each of ``pending`` in turn (jobs, or an engine's own async results), all
+    within one ``timeout`` (None: no limit); True once every one has finished."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for one in pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not one.wait(left):
+            return False
     return True
 
 

@@ -6,107 +6,44 @@ loop (heartbeats, event forwarding, interrupts) stays free while a cell runs. Wo
 in module globals of the worker process and so persists across calls.
 Events travel as Dask events: the worker logs them under a topic private to this backend and the
 client is subscribed to that topic.
+
+This module is the notebook's side; what runs inside the workers is :mod:`.dask_runner`, and
+how clusters are launched is :mod:`.launchers`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import importlib
-import importlib.util
 import ipaddress
 import json
 import logging
-import os
 import pickle
 import re
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import cloudpickle
-import dask
 import distributed
 from distributed.actor import Actor
 from distributed.comm.addressing import get_address_host_port
 
-from ..errors import ClusterError, MissingPackageError
-from ..options import LaunchOptions
-from ..runtime.interrupt import forget_call, interrupt_calls, register_call
+from ..errors import ClusterError
+from ..runtime.interrupt import interrupt_calls
 from ..telemetry.events import Batch
-from .base import Backend, Call, Job, Outcome, WorkerId, signal_text
+from .base import Backend, Call, Job, Outcome, WorkerId, poll_until, signal_text
+from .dask_runner import Runner, publish
+from .launchers import cluster_spec, import_cluster_class, worker_process_config
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
 # How often a running job asks the scheduler which workers are still alive.
 _LIVENESS_INTERVAL = 1.0
 _LEFT = "the worker left the cluster (its process died, or it lost the scheduler)"
-
-# ----------------------------------------------------------------------------- worker side
-# These run inside Dask worker processes.
-
-_worker: Optional[distributed.Worker] = None  # for event threads that are not task threads
-
-
-def _invoke(payload: bytes) -> Any:
-    """Run one nbdist call; register the thread running it, so that it can be interrupted."""
-    tag, fn, args, kwargs = cloudpickle.loads(payload)
-    ident = register_call(tag)
-    try:
-        return fn(*args, **(kwargs or {}))
-    except KeyboardInterrupt:
-        # Landed in nbdist's own code rather than the cell's (which reports it as data).
-        raise RuntimeError("interrupted outside the cell's code") from None
-    finally:
-        forget_call(ident)
-
-
-def _guarded(payload: bytes) -> tuple[bool, Any]:
-    """``(True, value)``, or ``(False, the error with its traceback)`` for an error in
-    nbdist's own worker code (the cell's errors are data in its result)."""
-    try:
-        return True, _invoke(payload)
-    except BaseException as exc:  # noqa: BLE001 - reported, never re-raised on the worker
-        text = "".join(traceback.format_tb(exc.__traceback__))
-        return False, f"{type(exc).__name__}: {exc}\n{text}"
-
-
-class _Runner:
-    """Worker side: the Dask actor through which nbdist's calls reach one worker.
-
-    A Dask task travels client → scheduler → worker → scheduler → client and its result is
-    fetched in one more round trip; an actor call is relayed by the scheduler once each way
-    (about 2 ms for a call on each of two workers, against 9–15 ms for two tasks). The call
-    runs in the worker's task thread pool, as a task would: the worker's event loop stays
-    free, and Dask work the user sends to the worker waits behind a running cell as before.
-    """
-
-    def __init__(self) -> None:
-        global _worker
-        _worker = distributed.get_worker()
-
-    async def call(self, payload: bytes) -> tuple[bool, Any]:
-        worker = _worker
-        assert worker is not None  # set when the actor was made
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(worker.executors["default"], _guarded, payload)
-
-
-def _publish(topic: str, batch: Batch) -> None:
-    """Worker side: send one event batch to the notebook as a Dask event under ``topic``."""
-    worker = _worker
-    if worker is None:
-        worker = distributed.get_worker()
-    # Pickled, because Dask events must be msgpack-serializable and events may hold any value.
-    worker.log_event(topic, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-# ----------------------------------------------------------------------------- client side
 
 
 def _new_client(*args: Any, **kwargs: Any) -> distributed.Client:
@@ -130,7 +67,7 @@ class _RunnerRef:
         self.ready = False  # True once the actor was made
         # Bound to nbdist's client, not to whichever Dask client is this process's default.
         with client.as_current():
-            self.actor = Actor(_Runner, worker, created.key)
+            self.actor = Actor(Runner, worker, created.key)
 
     def release(self) -> None:
         """Let Dask forget the actor now. The handle holds a future of its own, which would
@@ -243,7 +180,7 @@ class DaskBackend(Backend[distributed.Client]):
         self._size = n
         if not self.launch.local:
             module, name, package, kwargs, scale = cluster_spec(self.launch, n, self._tag)
-            cls = _import_cluster_class(module, name, package, self.launch.launcher)
+            cls = import_cluster_class(module, name, package, self.launch.launcher)
             self.cluster = cls(**kwargs)
             if scale:
                 self.cluster.scale(n)
@@ -251,7 +188,7 @@ class DaskBackend(Backend[distributed.Client]):
             self.client.wait_for_workers(n, timeout=timeout)
             return
         _quiet_relay_errors()
-        with _worker_process_config():
+        with worker_process_config():
             # Loopback only, dashboard included; workers are spawned, never forked from a
             # kernel that may hold CUDA state. No memory limit: Dask's nanny must not kill
             # or pause a training process by its own heuristics.
@@ -353,7 +290,7 @@ class DaskBackend(Backend[distributed.Client]):
         """The runner actor on ``worker``, made (not waited for) on the first call there."""
         runner = self._runners.get(worker)
         if runner is None:
-            created = client.submit(_Runner, actor=True, workers=[worker],
+            created = client.submit(Runner, actor=True, workers=[worker],
                                     allow_other_workers=False, pure=False,
                                     key=f"{self._tag}-runner-{uuid.uuid4().hex}")
             runner = self._runners[worker] = _RunnerRef(client, worker, created)
@@ -378,14 +315,13 @@ class DaskBackend(Backend[distributed.Client]):
         assert cluster is not None  # scale() checked
         want = len(self.worker_ids()) + k
         self._size = want
-        with _worker_process_config():
+        with worker_process_config():
             cluster.scale(want)
             client.wait_for_workers(want, timeout=timeout)
 
-    def add_worker(self, known: set) -> None:
+    def _add_worker(self, known: set) -> None:
         cluster = self.cluster
-        if not self.owns_cluster or cluster is None:
-            super().add_worker(known)
+        assert cluster is not None  # add_worker() checked
         # A nanny starts a new worker process when its worker dies: where every nanny of the
         # cluster's full size is there to do that, there is nothing to ask. Otherwise (a lost
         # nanny, or one closed while it restarted its worker) the cluster gets back to size.
@@ -397,29 +333,25 @@ class DaskBackend(Backend[distributed.Client]):
                       and str(w.status).endswith(("running", "init", "starting"))]
         if len(restarting) >= size:
             return
-        with _worker_process_config():
+        with worker_process_config():
             cluster.scale(max(size, len(getattr(cluster, "worker_spec", ()) or ())))
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int],
                    wait: float = 1.0) -> Optional[str]:
         """Read from the nannies' logs, which note how each worker process they ran ended
         (a nanny notices within a fraction of a second; wait that long for it)."""
-        if pid is None or self.client is None:
+        client = self.client
+        if pid is None or client is None:
             return None
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                logs = self.client.get_worker_logs(nanny=True)
-            except Exception:  # the cluster cannot say; the death itself is the news
-                return None
-            for lines in logs.values():
-                for _level, line in lines:
-                    cause = _nanny_exit(line, pid)
-                    if cause:
-                        return cause
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.05)  # the nanny's log line is what we wait for; nothing signals it
+
+        def logged() -> Optional[str]:
+            return next((cause for lines in client.get_worker_logs(nanny=True).values()
+                         for _level, line in lines if (cause := _nanny_exit(line, pid))), None)
+
+        try:  # the nanny's log line is what we wait for; nothing signals it
+            return poll_until(logged, wait)
+        except Exception:  # the cluster cannot say; the death itself is the news
+            return None
 
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
         cluster = self.cluster
@@ -439,7 +371,7 @@ class DaskBackend(Backend[distributed.Client]):
                      callback_timeout=timeout)
 
     def transport(self) -> Callable[[Batch], None]:
-        return functools.partial(_publish, self._topic)
+        return functools.partial(publish, self._topic)
 
     def dask_client(self) -> distributed.Client:
         # nbdist's own client: its calls and the user's Dask work share the workers' pools.
@@ -469,66 +401,6 @@ def _quiet_relay_errors() -> None:
     log = logging.getLogger("distributed.scheduler")
     if not any(isinstance(f, _RelayErrors) for f in log.filters):
         log.addFilter(_RelayErrors())
-
-
-_JOBQUEUE = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster",
-             "lsf": "LSFCluster"}
-
-
-def cluster_spec(launch: LaunchOptions, n: int, tag: str = "nbdist"
-                 ) -> tuple[str, str, str, dict[str, Any], bool]:
-    """The Dask cluster class for ``launch`` and its arguments.
-
-    Returns ``(module, class name, package that provides it, keyword arguments, whether the
-    cluster must then be scaled to n)``: Dask's ``SSHCluster`` for ``ssh`` (scheduler on the
-    first host), dask-jobqueue's ``SLURMCluster``/``PBSCluster``/``SGECluster``/``LSFCluster``
-    (one worker process per job), dask-kubernetes' ``KubeCluster``. The profile's
-    ``resources.options`` are the class's own keyword arguments and win.
-    """
-    kwargs: dict[str, Any]
-    if launch.launcher == "ssh":
-        hosts = [h for host, count in launch.hosts.items() for h in [host] * count]
-        kwargs = {"hosts": [next(iter(launch.hosts), "localhost"), *hosts],
-                  "worker_options": {"nthreads": 1}}
-        spec = ("distributed.deploy.ssh", "SSHCluster", "asyncssh", kwargs, False)
-    elif launch.launcher in _JOBQUEUE:
-        kwargs = {"processes": 1}
-        for key, arg in (("cpus", "cores"), ("memory", "memory"), ("queue", "queue"),
-                         ("account", "account"), ("walltime", "walltime")):
-            if getattr(launch, key):
-                kwargs[arg] = getattr(launch, key)
-        if launch.gpus and launch.launcher == "slurm":
-            kwargs["job_extra_directives"] = [f"--gres=gpu:{launch.gpus}"]
-        if launch.listen:
-            host = "0.0.0.0" if launch.listen == "*" else launch.listen
-            kwargs["scheduler_options"] = {"host": host}
-        spec = ("dask_jobqueue", _JOBQUEUE[launch.launcher], "dask-jobqueue", kwargs, True)
-    elif launch.launcher == "kubernetes":
-        kwargs = {"name": tag, "n_workers": n}
-        if launch.image:
-            kwargs["image"] = launch.image
-        limits = {k: str(v) for k, v in (("cpu", launch.cpus), ("memory", launch.memory),
-                                         ("nvidia.com/gpu", launch.gpus)) if v}
-        if limits:
-            kwargs["resources"] = {"limits": limits, "requests": dict(limits)}
-        spec = ("dask_kubernetes.operator", "KubeCluster", "dask-kubernetes", kwargs, False)
-    else:
-        raise ClusterError(f"the dask engine has no {launch.launcher!r} launcher")
-    spec[3].update(launch.options)
-    return spec
-
-
-def _import_cluster_class(module: str, name: str, package: str, launcher: str) -> Any:
-    """The cluster class, imported now; a missing package is named with how to install it."""
-    what = f"the dask engine's {launcher!r} launcher"
-    # SSHCluster imports without asyncssh and fails only once it connects.
-    needed = "asyncssh" if package == "asyncssh" else module.split(".")[0]
-    if importlib.util.find_spec(needed) is None:
-        raise MissingPackageError(what, package)
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError as exc:
-        raise MissingPackageError(what, package) from exc
 
 
 def _check_reachable(address: Any, scheduler_file: Optional[str]) -> None:
@@ -574,39 +446,6 @@ def _worker_order(addr: str, name: Any) -> tuple:
     except (TypeError, ValueError):
         name_key = (1, 0)
     return (*host_key, *name_key, port)
-
-
-#: glibc's setting that Dask's nannies give their workers (see _worker_process_config)
-MALLOC_TRIM = "MALLOC_TRIM_THRESHOLD_"
-
-
-def _worker_process_config() -> dask.config.set:
-    """Config for the worker processes nbdist spawns; the nanny reads it when it spawns, so it
-    must be active until the workers are up.
-
-    Non-daemonic, so user code may start its own child processes
-    (``DataLoader(num_workers=...)``); Python forbids that in daemonic ones. Without Dask's
-    statistical profiler, which walks the running cell's stack from the event loop every
-    10 ms: a training step would hand the GIL to it a hundred times a second. Nannies and
-    workers preload nbdist's lifeline: they stop when this kernel is gone, even after a
-    SIGKILL (the kernel is named in their environment, which they inherit).
-
-    Without Dask's ``MALLOC_TRIM_THRESHOLD_``: setting it turns off glibc's adaptive mmap
-    threshold, so every tensor over 128 KiB is mapped on allocation and unmapped on free, and
-    a training step page-faults through its activations and gradient buckets again and again
-    (about 950 faults a step and 1.3x the CPU of the same step under torchrun, measured on
-    ``bench_training.py``'s MLP). The workers get glibc's defaults, as torchrun's do.
-    """
-    from ..runtime import lifeline
-
-    os.environ.setdefault(lifeline.ENV, lifeline.this_process())
-    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
-    environ.pop(MALLOC_TRIM, None)
-    return dask.config.set({"distributed.worker.daemon": False,
-                            "distributed.worker.profile.enabled": False,
-                            "distributed.worker.preload": [lifeline.__name__],
-                            "distributed.nanny.preload": [lifeline.__name__],
-                            "distributed.nanny.pre-spawn-environ": environ})
 
 
 _NANNY_EXIT = re.compile(r"Worker process (\d+) (?:was killed by signal (\d+)|exited with "

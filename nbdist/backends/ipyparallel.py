@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
 import ipyparallel as ipp
-from traitlets.config import Config
 
 from ..errors import ClusterError, MissingPackageError
-from ..options import LaunchOptions
 from ..telemetry.events import Batch
-from .base import Backend, Call, Job, Outcome, WorkerGone, WorkerId, signal_text
+from .base import (
+    Backend,
+    Call,
+    Job,
+    Outcome,
+    WorkerGone,
+    WorkerId,
+    poll_until,
+    signal_text,
+    wait_all,
+)
+from .launchers import launcher_settings
 
 _KEY = "nbdist:"
 # The controller confirms new engines at its next heart beat; ipyparallel's default period
@@ -86,12 +94,7 @@ class _IppJob(Job):
         self._results = results
 
     def wait(self, timeout: Optional[float]) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for _, ar in self._results:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not ar.wait(left):
-                return False
-        return True
+        return wait_all((ar for _, ar in self._results), timeout)
 
     def pending(self) -> list[WorkerId]:
         return [w for w, ar in self._results if not ar.ready()]
@@ -153,7 +156,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
         else:  # engines elsewhere are handed the controller's connection info when they start
             self.cluster.start_controller_sync()
             self.cluster.start_engines_sync(n, **self._engine_kwargs)
-        self._launchers()
+        self._engine_launchers()
         self.client = self.cluster.connect_client_sync()
         # No progress bar: the session shows its own status when the job is formed.
         self.client.wait_for_engines(n, timeout=timeout, interactive=False)
@@ -200,16 +203,15 @@ class IpyparallelBackend(Backend[ipp.Client]):
         assert cluster is not None  # scale() checked
         want = len(client.ids) + k
         cluster.start_engines_sync(k, **self._engine_kwargs)
-        self._launchers()
+        self._engine_launchers()
         client.wait_for_engines(want, timeout=timeout, interactive=False)
 
-    def add_worker(self, known: set) -> None:
-        if not self.owns_cluster or self.cluster is None:
-            super().add_worker(known)
+    def _add_worker(self, known: set) -> None:
+        assert self.cluster is not None  # add_worker() checked
         self.cluster.start_engines_sync(1, **self._engine_kwargs)
-        self._launchers()
+        self._engine_launchers()
 
-    def _launchers(self) -> list[Any]:
+    def _engine_launchers(self) -> list[Any]:
         """Every engine launcher this backend has seen, ended ones included: where the
         cluster's event loop runs (in a notebook kernel), an engine set drops a launcher as
         soon as its process ends, taking the exit status with it."""
@@ -223,15 +225,12 @@ class IpyparallelBackend(Backend[ipp.Client]):
                    wait: float = 0.5) -> Optional[str]:
         if self.cluster is None or pid is None:
             return None
-        launchers = [la for la in self._launchers() if getattr(la, "pid", None) == pid]
+        launchers = [la for la in self._engine_launchers() if getattr(la, "pid", None) == pid]
         if not launchers:
             return None  # an engine started elsewhere: its launcher is not here to ask
-        deadline = time.monotonic() + wait
-        while True:
-            cause = _launcher_exit(launchers[0]) or self.child_exit(pid)
-            if cause or time.monotonic() >= deadline:
-                return cause
-            time.sleep(0.02)  # the launcher's thread reaps it within moments; nothing signals
+        # The launcher's thread reaps the process within moments; nothing signals it.
+        return poll_until(lambda: _launcher_exit(launchers[0]) or self.child_exit(pid), wait,
+                          interval=0.02)
 
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
         # Returns once the engines were told; they leave client.ids at their unregistration.
@@ -294,67 +293,3 @@ def _registration_host(client: ipp.Client) -> Optional[str]:
     url = getattr(client, "_config", {}).get("registration") or ""
     return urlparse(url).hostname
 
-
-# Lines each batch launcher's engine job gets for the profile's resources, per worker.
-_BATCH_LINES = {
-    "slurm": (("cpus", "#SBATCH --cpus-per-task={}"), ("gpus", "#SBATCH --gpus-per-task={}")),
-    "pbs": (("account", "#PBS -A {}"), ("walltime", "#PBS -l walltime={}")),
-    "sge": (("walltime", "#$ -l h_rt={}"),),
-    "lsf": (("walltime", "#BSUB -W {}"), ("cpus", "#BSUB -n {}")),
-}
-
-
-def launcher_settings(launch: LaunchOptions, timeout: float = 300.0
-                      ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """ipyparallel's own launcher for ``launch``: keyword arguments of ``ipp.Cluster`` (the
-    engine launcher class and its configuration) and of ``start_engines`` (a batch template
-    with the resource lines, where the launcher has no setting for them).
-
-    The profile's ``resources.options`` are the launcher's configuration traits and win over
-    what nbdist derives (e.g. ``ssh_args``, ``mpi_args``, ``batch_template``).
-    """
-    if launch.local:
-        # Controller and engines run under a lifeline: they exit when this kernel is gone,
-        # even after a SIGKILL that leaves no chance to stop them.
-        from ..runtime import preload
-        from ..runtime.lifeline import command
-
-        return {"config": Config({
-            "LocalControllerLauncher": {"controller_cmd": command("ipyparallel.controller")},
-            # Engines start importing torch while they start and register (runtime.preload),
-            # and may start before the controller has written its connection file.
-            "LocalEngineSetLauncher": {"engine_cmd": [
-                *command(preload.__name__), "ipyparallel.engine",
-                f"--IPEngine.wait_for_url_file={timeout:g}"]}})}, {}
-    from ipyparallel.cluster.launcher import BatchSystemLauncher, find_launcher_class
-
-    cls = find_launcher_class(launch.launcher, "engine")
-    traits: dict[str, Any] = {}
-    engine_kwargs: dict[str, Any] = {}
-    if launch.launcher == "ssh":
-        traits["engines"] = dict(launch.hosts)
-    if issubclass(cls, BatchSystemLauncher):
-        if launch.queue:
-            traits["queue"] = launch.queue
-        if launch.launcher == "slurm":
-            if launch.account:
-                traits["account"] = launch.account
-            if launch.walltime:
-                traits["timelimit"] = launch.walltime
-        if launch.launcher == "pbs" and (launch.cpus or launch.gpus or launch.memory):
-            chunk = "".join(f":{k}={v}" for k, v in (("ncpus", launch.cpus),
-                                                     ("ngpus", launch.gpus),
-                                                     ("mem", launch.memory)) if v)
-            extra = [f"#PBS -l select=1{chunk}"]
-        else:
-            extra = []
-        extra += [line.format(getattr(launch, key))
-                  for key, line in _BATCH_LINES.get(launch.launcher, ()) if getattr(launch, key)]
-        if extra:
-            # ipyparallel adds its queue, account, time and array lines to its default
-            # template; a template of our own would lose them, so extend the default instead.
-            first, rest = cls.class_traits()["default_template"].default_value.split("\n", 1)
-            engine_kwargs["default_template"] = "\n".join([first, *extra, rest])
-    traits.update(launch.options)
-    return {"engine_launcher_class": cls, "config": Config({cls.__name__: traits})}, \
-        engine_kwargs

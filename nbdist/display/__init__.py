@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from .rank_output import OutputView
 from .run_view import Dashboard, RunView
+from .summary import register_formatters, show_summary
 from .text import TextDashboard
 
 __all__ = ["MODES", "Dashboard", "RunView", "display_medium", "make_cluster_view",
@@ -63,8 +64,10 @@ def make_run_view(output: str, shown_rank: int, world_size: int, *,
     """The view of one run, in the medium chosen for this notebook.
 
     ``output`` is ``rank0``, ``all`` or ``quiet`` (quiet: no output and no dashboard, but the
-    run's telemetry is still recorded by the Session).
+    run's telemetry is still recorded by the Session). It also makes sure IPython draws the
+    run's snapshot (``Session.last_run``) as its HTML summary.
     """
+    register_formatters()
     ranks = list(range(world_size)) if ranks is None else list(ranks)
     dashboard: Optional[Dashboard] = None
     widget = output != "quiet" and display_medium(mode) == "widget"
@@ -74,7 +77,7 @@ def make_run_view(output: str, shown_rank: int, world_size: int, *,
 
             dashboard = WidgetDashboard(ranks)
         else:
-            dashboard = TextDashboard()
+            dashboard = TextDashboard(show=show_summary)
     stream = OutputView(output, shown_rank=shown_rank, ranks=ranks, per_rank=widget)
     return RunView(stream, dashboard)
 

@@ -1,9 +1,11 @@
 """Static HTML: what stays readable in a saved notebook (GitHub, nbviewer), and what the
 widgets show.
 
-All of nbdist's markup and colours live here; the widgets set their values from these
-functions. Remote text (host names, error messages, progress labels) is always escaped. Styles
-are inline, so a table looks the same in an output, inside a widget and in a saved notebook.
+The views' markup lives here (tables are laid out, and the colours defined, in the leaf
+:mod:`nbdist.layout`, which the records draw through too); the widgets set their values from
+these functions. Remote text (host names, error messages, progress labels) is always escaped.
+Styles are inline, so a view looks the same in an output, inside a widget and in a saved
+notebook.
 """
 
 from __future__ import annotations
@@ -12,14 +14,24 @@ import re
 import statistics
 from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
-from ..telemetry.units import fmt_bytes, fmt_bytes_rate, fmt_ranks, fmt_rate, fmt_seconds
+from ..layout import (
+    AXIS,
+    BANDWIDTH,
+    COMPUTE,
+    FAIL,
+    RANK_COLOURS,
+    STRAGGLER,
+    TRANSFER,
+    WAITING,
+    WARNED,
+    WARNED_BACKGROUND,
+    html_table,
+)
+from ..telemetry.units import fmt_bytes_rate, fmt_ranks, fmt_seconds
 from .tables import (
     DEFINITIONS,
-    Row,
-    Table,
-    comparison_table,
     diagnosis_phrases,
     dims_table,
     failure_lines,
@@ -28,36 +40,14 @@ from .tables import (
     progress_phrases,
     run_table,
     stall_lines,
-    status_rows,
 )
 
 if TYPE_CHECKING:
-    from ..records import ClusterStatus
-    from ..telemetry.aggregate import RunSnapshot, StepPoint
-    from ..telemetry.compare import RunFigures
+    from ..telemetry.snapshot import RunSnapshot, StepPoint
 
-#: step time split: compute, waiting for the last rank (idle grey), transfer (on the wire)
-COMPUTE, WAITING, TRANSFER = "#4c78a8", "#a0a0a0", "#f58518"
-#: bandwidth line; the axes
-BANDWIDTH, AXIS = "#54a24b", "#888"
-#: the rank everyone waits for: a colour no chart series uses
-STRAGGLER = "#a4168f"
-#: a failed rank, a dead worker, an action that did not work
-FAIL = "#c00"
-#: progress bars by rank state
-BAR = {"waiting": "#d0d0d0", "running": "#4a90d9", "done": "#59a14f", "failed": FAIL,
-       "stopped": FAIL}
-#: one colour per rank in the scalar charts
-RANK_COLOURS = ("#4c78a8", "#e45756", "#72b7b2", "#b8860b", "#9d755d", "#ff9da6", "#17becf",
-                "#7f7f7f")
 #: ranks drawn one line each in a scalar chart; above, median with a min-max band
 MAX_LINES = 8
 
-_TABLE = ("border-collapse:collapse;font-size:12px;line-height:18px;"
-          "font-variant-numeric:tabular-nums")
-_CELL = "padding:1px 6px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
-_NUMERIC = {"count", "rate", "ETA", "compute", "waiting", "transfer", "bandwidth", "pid",
-            "mem MiB"}
 #: the run table's column widths (px): at 1400 px JupyterLab's default cell is wider
 RUN_WIDTHS = (56, 100, 84, 88, 52, 72, 68, 72, 84, 120, 130)
 RUN_TABLE_WIDTH = sum(RUN_WIDTHS)
@@ -88,69 +78,7 @@ def _phrases(parts: Sequence[str]) -> str:
     return " · ".join(f"<span style='white-space:nowrap'>{p}</span>" for p in parts)
 
 
-def _bar(fraction: Optional[float], colour: str, label: str) -> str:
-    fill = f"{100 * max(0.0, min(1.0, fraction or 0.0)):.1f}%"
-    return (f"<div style='display:flex;align-items:center;gap:4px'>"
-            f"<div class='nbdist-bar' style='width:56px;height:10px;background:#e8e8e8;"
-            f"border-radius:2px;overflow:hidden;flex:none'><div class='nbdist-bar-fill' "
-            f"style='width:{fill};height:100%;background:{colour}'></div></div>"
-            f"{escape(label)}</div>")
-
-
-def _row_html(header: Sequence[str], row: Row, bars: bool) -> str:
-    classes = ["nbdist-rank-row", f"nbdist-rank-{row.rank}"] if row.rank is not None \
-        else ["nbdist-aggregate-row"]
-    style = ""
-    if row.broken:
-        classes.append("nbdist-broken")
-        style = f" style='color:{FAIL}'"
-    if row.straggler:
-        classes.append("nbdist-straggler")
-    tds = []
-    for name, cell in zip(header, row.cells):
-        css = _CELL + (";text-align:right" if name in _NUMERIC else "")
-        body = escape(cell)
-        if name == "rank" and row.straggler:
-            css += f";color:{STRAGGLER};font-weight:bold;box-shadow:inset 3px 0 {STRAGGLER}"
-        if bars and name == "progress" and row.fraction is not None:
-            colour = FAIL if row.broken else STRAGGLER if row.straggler else \
-                BAR.get(row.state, BAR["running"])
-            body = _bar(row.fraction, colour, cell)
-        title = f" title='{escape(cell)}'" if len(cell) > 14 else ""
-        tds.append(f"<td style='{css}'{title}>{body}</td>")
-    return f"<tr class='{' '.join(classes)}'{style}>{''.join(tds)}</tr>"
-
-
-def table(t: Table, widths: Optional[Sequence[int]] = None, bars: bool = False) -> str:
-    """A :class:`~nbdist.display.tables.Table` as an HTML table; broken rows in red.
-
-    With ``widths`` (px per column) the layout is fixed and cells never wrap: a long value is
-    cut with an ellipsis and shown whole on hover. ``bars`` draws the ``progress`` column.
-    """
-    style = _TABLE
-    cols = ""
-    if widths:
-        style += f";table-layout:fixed;width:{sum(widths)}px"
-        cols = "<colgroup>" + "".join(f"<col style='width:{w}px'>" for w in widths) + \
-            "</colgroup>"
-    head = "".join(f"<th style='{_CELL};text-align:{'right' if c in _NUMERIC else 'left'};"
-                   f"border-bottom:1px solid {AXIS}'>{escape(c)}</th>" for c in t.header)
-    body = "".join(_row_html(t.header, row, bars) for row in t.rows)
-    return (f"<table class='nbdist-table' style='{style}'>{cols}<thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table>")
-
-
 # ----------------------------------------------------------------- cluster
-def status_table(status: ClusterStatus) -> str:
-    """A :class:`~nbdist.records.ClusterStatus`: a line, then one row per worker."""
-    head = (f"<b>nbdist</b> {escape(status.engine)}: {status.alive}/{status.wanted} workers alive"
-            + (f", backend <code>{escape(status.dist_backend)}</code>" if status.dist_backend
-               else "")
-            + (f", MASTER_ADDR <code>{escape(status.master)}</code>" if status.master else ""))
-    return (f"<div class='nbdist-status'><div style='margin-bottom:4px'>{head}</div>"
-            f"{table(status_rows(status))}</div>")
-
-
 def cluster_stopped(reason: str) -> str:
     """What the cluster panel shows once no cluster is running."""
     return (f"<div class='nbdist-status nbdist-stopped'><b>nbdist</b> "
@@ -189,7 +117,7 @@ def run_header(snap: RunSnapshot, final: bool = False) -> str:
 def run_table_html(snap: RunSnapshot) -> str:
     """The run's table with progress bars, in fixed columns that do not wrap."""
     return (f"<div style='overflow-x:auto'>"
-            f"{table(run_table(snap), RUN_WIDTHS, bars=True)}</div>")
+            f"{html_table(run_table(snap), RUN_WIDTHS, bars=True)}</div>")
 
 
 def _swatch(colour: str, label: str, hover: str) -> str:
@@ -415,48 +343,11 @@ def run_summary(snap: RunSnapshot) -> str:
 def detail_tables(snap: RunSnapshot) -> str:
     """The pipeline's stages, collectives by mesh dimension and what each rank holds; each
     only when the run has it."""
-    return "".join(table(t) for t in (pipeline_table(snap), dims_table(snap),
-                                      memory_table(snap)) if t is not None)
-
-
-def _bars_svg(title: str, items: Sequence[tuple[str, float]], fmt: Callable[[float], str],
-              color: str, width: int = 420) -> str:
-    """Horizontal bars, one per run, labelled with the run's name and its value."""
-    if not items or max(v for _, v in items) <= 0:
-        return ""
-    top = max(v for _, v in items)
-    pad_l, bar_h = 110, 16
-    height = 18 + bar_h * len(items)
-    w = width - pad_l - 70
-    rows = []
-    for i, (name, v) in enumerate(items):
-        y = 16 + i * bar_h
-        rows.append(f"<text x='{pad_l - 4}' y='{y + 11}' text-anchor='end'>{escape(name)}</text>"
-                    f"<rect x='{pad_l}' y='{y + 2}' width='{w * v / top:.1f}' height='{bar_h - 4}'"
-                    f" fill='{color}'/><text x='{pad_l + w * v / top + 4:.1f}' y='{y + 11}'>"
-                    f"{escape(fmt(v))}</text>")
-    return (f"<svg class='nbdist-compare-chart' xmlns='http://www.w3.org/2000/svg' "
-            f"width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-            f"font-family='sans-serif' font-size='10'><text x='{pad_l}' y='10'>{escape(title)}"
-            f"</text>{''.join(rows)}</svg>")
-
-
-def comparison(runs: Sequence[RunFigures]) -> str:
-    """Named runs side by side: the table, then throughput and memory per rank as bars."""
-    speed = [(r.name, r.samples_per_s) for r in runs if r.samples_per_s]
-    held = [(r.name, float((r.params or 0) + (r.grads or 0) + (r.optimizer or 0)))
-            for r in runs if r.params is not None]
-    chart = (_bars_svg("samples/s (all ranks)", speed, lambda v: fmt_rate(v), COMPUTE)
-             + _bars_svg("params + grads + optimizer state per rank", held, fmt_bytes, TRANSFER))
-    return (f"<div class='nbdist-compare'>{table(comparison_table(runs))}<div>{chart}</div>"
-            "</div>")
+    return "".join(html_table(t) for t in (pipeline_table(snap), dims_table(snap),
+                                           memory_table(snap)) if t is not None)
 
 
 # ----------------------------------------------------------------- workers' output
-#: warnings from the ranks: amber on cream, apart from the failure red
-WARNED, WARNED_BACKGROUND = "#8a5a00", "#fff8e6"
-
-
 def output_pre(text: str) -> str:
     """Workers' output text, escaped, as a preformatted block."""
     return f"<pre class='nbdist-output'>{escape(text)}</pre>"

@@ -15,7 +15,7 @@ from .refresh import Throttle
 from .text import StreamView
 
 if TYPE_CHECKING:
-    from ..telemetry.aggregate import RunSnapshot
+    from ..telemetry.snapshot import RunSnapshot
 
 
 class Dashboard(Protocol):

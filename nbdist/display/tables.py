@@ -1,18 +1,18 @@
-"""The tables and header phrases nbdist shows, as plain strings: text.py and html.py only lay
-them out.
+"""The run tables and header phrases nbdist shows, as plain strings: text.py and html.py only
+lay them out (through :mod:`nbdist.layout`).
 
 One builder per table, so the text and HTML views cannot drift apart in their headers or in
-how a number is written. Pure: no markup, no IPython; the snapshot types are imported for
-annotations only (``records`` and ``aggregate`` import the views back for their reprs).
+how a number is written. Pure: no markup, no IPython; which ranks stand out is the snapshot's
+to say (:meth:`~nbdist.telemetry.snapshot.RunSnapshot.outliers`), the tables only name them.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from ..telemetry.matching import STRAGGLER_MIN_S
+from ..layout import Row, Table
 from ..telemetry.stall import headline, where_lines
 from ..telemetry.states import RankState
 from ..telemetry.units import (
@@ -25,44 +25,21 @@ from ..telemetry.units import (
 )
 
 if TYPE_CHECKING:
-    from ..records import ClusterStatus
-    from ..telemetry.aggregate import MemoryPoint, PipelinePoint, RankSnapshot, RunSnapshot
-    from ..telemetry.compare import RunFigures
+    from ..telemetry.snapshot import (
+        MemoryPoint,
+        Outlier,
+        PipelinePoint,
+        RankSnapshot,
+        RunSnapshot,
+    )
 
-
-class Row(NamedTuple):
-    cells: tuple[str, ...]
-    #: a dead worker, or a rank that failed or stopped: views draw it in the failure colour
-    broken: bool = False
-    #: the rank the others wait for: views mark it in the straggler colour
-    straggler: bool = False
-    #: the progress bar's filled share (run tables; None: no bar with a total)
-    fraction: Optional[float] = None
-    #: the rank's state (run tables; "" for aggregate rows), for the bar's colour
-    state: str = ""
-    #: the rank this row shows (None: an aggregate over ranks)
-    rank: Optional[int] = None
-
-
-class Table(NamedTuple):
-    """A header and its rows, every cell already formatted. Unpacks as ``header, rows``."""
-
-    header: tuple[str, ...]
-    rows: tuple[Row, ...]
-
-
-STATUS_HEADER = ("rank", "host", "pid", "device", "alive", "mem MiB", "state")
 RUN_HEADER = ("rank", "progress", "count", "rate", "ETA", "compute", "waiting", "transfer",
               "bandwidth", "last values", "state")
 #: more ranks than this are shown as min / median / max rows and the outliers, by name
 AGGREGATE_ABOVE = 16
-#: outliers (stragglers, failed, stalled and the slowest ranks) named one per row in the
+#: outliers (:meth:`~nbdist.telemetry.snapshot.RunSnapshot.outliers`) named one per row in the
 #: aggregate table
 MAX_OUTLIERS = 6
-#: the slowest ranks named as outliers: at most this many, and only those whose compute per
-#: step exceeds the others' median by :data:`SLOW_SHARE` of it (and a millisecond)
-SLOWEST = 3
-SLOW_SHARE = 0.05
 
 #: what each run column means; the legend and docs/telemetry.md say the same
 DEFINITIONS = (
@@ -80,21 +57,6 @@ MEMORY_HEADER = ("rank", "params", "grads", "optimizer", "comm/step", "RSS", "pe
 PIPELINE_HEADER = ("rank", "stage", "schedule", "microbatches", "forward/mb", "backward/mb",
                    "p2p wait/step", "step", "bubble")
 DIMS_HEADER = ("mesh dim", "collectives", "calls", "bytes", "time (all ranks)")
-
-
-def _or_dash(value: Optional[object]) -> str:
-    return "-" if value is None else str(value)
-
-
-def status_rows(status: ClusterStatus) -> Table:
-    """One row per worker of a cluster's status (``NO`` for a dead worker: text has no red)."""
-    rows = tuple(
-        Row((_or_dash(w.rank), w.hostname, str(w.pid or "-"), w.device or "-",
-             "yes" if w.alive else "NO",
-             f"{w.rss_mb:.0f}" if w.rss_mb is not None else "-", w.state),
-            broken=not w.alive)
-        for w in status.rows)
-    return Table(STATUS_HEADER, rows)
 
 
 # ----------------------------------------------------------------- run table
@@ -156,27 +118,15 @@ def _spread(ranks: Sequence[RankSnapshot], get: Callable[[RankSnapshot], Optiona
     return (xs[0], statistics.median(xs), xs[-1]) if xs else None
 
 
-def outliers(snap: RunSnapshot) -> list[tuple[RankSnapshot, str]]:
-    """The ranks an aggregate view names, in rank order, each with what sets it apart (""
-    when its state says it: a straggler, a failed or stopped rank): ranks the hang doctor
-    found away from the collective the others wait in (``"stalled"``), and the
-    :data:`SLOWEST` ranks whose compute per step is well above the others'
-    (``"slow: +5 ms/step"``)."""
-    stalled = set(snap.stall.missing) if snap.stall is not None else set()
-    slow = sorted((r for r in snap.ranks
-                   if r.slower_by_s is not None and r.compute_s
-                   and r.slower_by_s >= max(STRAGGLER_MIN_S, SLOW_SHARE * r.compute_s)),
-                  key=lambda r: -(r.slower_by_s or 0.0))[:SLOWEST]
-    notes = {r.rank: f"slow: +{fmt_seconds(r.slower_by_s)}/step" for r in slow}
-    out = []
-    for r in snap.ranks:
-        if r.rank in stalled:
-            out.append((r, "stalled"))
-        elif r.straggler or r.state.broken:
-            out.append((r, ""))
-        elif r.rank in notes:
-            out.append((r, notes[r.rank]))
-    return out
+def _outliers(snap: RunSnapshot) -> list[tuple[RankSnapshot, str]]:
+    """The snapshot's outliers, each with the note its state cell adds ("" when its state
+    says it: a straggler, a failed or stopped rank)."""
+    def note(o: Outlier) -> str:
+        if o.why == "slow":
+            return f"slow: +{fmt_seconds(o.rank.slower_by_s)}/step"
+        return "stalled" if o.why == "stalled" else ""
+
+    return [(o.rank, note(o)) for o in snap.outliers()]
 
 
 def _more_row(rest: Sequence[tuple[RankSnapshot, str]], width: int, at: int) -> Row:
@@ -218,7 +168,7 @@ def _aggregate_rows(snap: RunSnapshot) -> tuple[Row, ...]:
         cells.append(counts if label == "median" else "")
         frac = spreads[0][i] if spreads[0] is not None else None
         rows.append(Row(tuple(cells), fraction=frac))
-    named = outliers(snap)
+    named = _outliers(snap)
     rows += [_rank_row(r, note) for r, note in named[:MAX_OUTLIERS]]
     if len(named) > MAX_OUTLIERS:
         rows.append(_more_row(named[MAX_OUTLIERS:], len(RUN_HEADER), 2))
@@ -227,7 +177,7 @@ def _aggregate_rows(snap: RunSnapshot) -> tuple[Row, ...]:
 
 def run_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> Table:
     """One row per rank of a run; above ``aggregate_above`` ranks, min / median / max rows
-    over the ranks, then the :func:`outliers` by name (stragglers, failed, stalled and the
+    over the ranks, then the outliers by name (stragglers, failed, stalled and the
     slowest ranks)."""
     if len(snap.ranks) > aggregate_above:
         return Table(RUN_HEADER, _aggregate_rows(snap))
@@ -332,8 +282,8 @@ def _spread_rows(ranks: Sequence[RankSnapshot], width: int,
 
 
 def _named(snap: RunSnapshot, row: Callable[[RankSnapshot], Row], width: int) -> list[Row]:
-    """The :func:`outliers`' own rows, then how many more there are."""
-    named = outliers(snap)
+    """The outliers' own rows, then how many more there are."""
+    named = _outliers(snap)
     rows = [row(r) for r, _ in named[:MAX_OUTLIERS]]
     if len(named) > MAX_OUTLIERS:
         rows.append(_more_row(named[MAX_OUTLIERS:], width, 1))
@@ -352,7 +302,7 @@ def _memory_row(r: RankSnapshot) -> Row:
 
 def memory_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> Optional[Table]:
     """What each rank holds (local shards of sharded tensors) and sends per step; above
-    ``aggregate_above`` ranks, min / median / max rows and the :func:`outliers`. None when no
+    ``aggregate_above`` ranks, min / median / max rows and the outliers. None when no
     rank reported memory (no optimizer stepped)."""
     if not any(r.memory for r in snap.ranks):
         return None
@@ -421,23 +371,3 @@ def dims_table(snap: RunSnapshot) -> Optional[Table]:
     return Table(DIMS_HEADER, tuple(
         Row((d.dim, ", ".join(d.ops), str(d.calls), fmt_bytes(d.nbytes), fmt_seconds(d.seconds)))
         for d in snap.dims))
-
-
-def comparison_table(runs: Sequence[RunFigures]) -> Table:
-    """One row per named run: what each strategy costs and gives (a bubble column when any
-    run is a pipeline)."""
-    scalar_keys = sorted({k for r in runs for k in r.scalars})
-    piped = any(r.bubble is not None for r in runs)
-    header = ("run", "ranks", "samples/s", "step time", "exposed comm",
-              *(("bubble",) if piped else ()), "comm/step", "params/rank", "grads/rank",
-              "optimizer/rank", "peak RSS", *scalar_keys)
-    rows = tuple(Row((r.name, str(r.ranks), fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
-                      fmt_fraction(r.exposed_fraction),
-                      *((fmt_fraction(r.bubble),) if piped else ()),
-                      fmt_bytes(r.bytes_per_step),
-                      fmt_bytes(r.params), fmt_bytes(r.grads), fmt_bytes(r.optimizer),
-                      fmt_bytes(r.peak_rss),
-                      *(f"{r.scalars[k]:.4g}" if k in r.scalars else "-" for k in scalar_keys)))
-                 for r in runs)
-    return Table(header, rows)
-

@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Optional, TextIO
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
+import nbdist.display.tables as tables
+
+from ..layout import text_table
 from ..telemetry.events import STREAM, Batch
-from .html import run_summary
 from .refresh import Throttle
-from .tables import (
-    Table,
-    comparison_table,
-    diagnosis_phrases,
-    dims_table,
-    failure_lines,
-    memory_table,
-    pipeline_table,
-    progress_phrases,
-    run_table,
-    stall_lines,
-    status_rows,
-)
 
 if TYPE_CHECKING:
-    from ..records import ClusterStatus
-    from ..telemetry.aggregate import RunSnapshot
-    from ..telemetry.compare import RunFigures
+    from ..telemetry.snapshot import RunSnapshot
 
 
 class StreamView:
@@ -83,66 +70,45 @@ class StreamView:
         self._last_rank.clear()
 
 
-def _lay_out(table: Table) -> list[str]:
-    """The header and rows in left-aligned columns two spaces apart."""
-    header, rows = table
-    cells = [row.cells for row in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h)
-              for i, h in enumerate(header)]
-    return ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip()
-            for line in (header, *cells)]
-
-
-def format_status(status: ClusterStatus) -> str:
-    """A plain table of a :class:`~nbdist.records.ClusterStatus`."""
-    head = (f"nbdist cluster: {status.engine}, {status.alive}/{status.wanted} workers alive"
-            + (f", backend {status.dist_backend}" if status.dist_backend else "")
-            + (f", MASTER_ADDR {status.master}" if status.master else ""))
-    return "\n".join([head, *_lay_out(status_rows(status))])
-
-
 # ----------------------------------------------------------------- run telemetry
 def format_line(snap: RunSnapshot, prefix: str = "nbdist: ", final: bool = False) -> str:
     """One line for a run: state, pace, where the step time goes, failures."""
-    parts = progress_phrases(snap, final) + diagnosis_phrases(snap)
-    return prefix + " | ".join(parts + failure_lines(snap))
+    parts = tables.progress_phrases(snap, final) + tables.diagnosis_phrases(snap)
+    return prefix + " | ".join(parts + tables.failure_lines(snap))
 
 
 def format_summary(snap: RunSnapshot) -> str:
     """A plain table of a finished run, one row per rank (or min/median/max and outliers),
     then the pipeline's stages, collectives by mesh dimension and what each rank holds."""
-    head = "nbdist run: " + " | ".join(progress_phrases(snap, final=snap.finished)
-                                       + diagnosis_phrases(snap))
+    head = "nbdist run: " + " | ".join(tables.progress_phrases(snap, final=snap.finished)
+                                       + tables.diagnosis_phrases(snap))
     extra = []
-    for table in (pipeline_table(snap), dims_table(snap), memory_table(snap)):
+    for table in (tables.pipeline_table(snap), tables.dims_table(snap), tables.memory_table(snap)):
         if table is not None:
-            extra += ["", *_lay_out(table)]
-    stall = stall_lines(snap)
+            extra += ["", *text_table(table)]
+    stall = tables.stall_lines(snap)
     if stall:
         extra += ["", *stall]
-    return "\n".join([head, *_lay_out(run_table(snap)), *extra])
-
-
-def format_comparison(runs: Sequence[RunFigures]) -> str:
-    """Named runs side by side, as a plain table."""
-    if not runs:
-        return "no named runs"
-    return "\n".join(_lay_out(comparison_table(runs)))
+    return "\n".join([head, *text_table(tables.run_table(snap)), *extra])
 
 
 class TextDashboard:
     """The no-widget dashboard: a line every ``interval`` seconds, then a summary.
 
-    The summary is shown as a rich display (plain text + static HTML) when IPython is
-    running, so a notebook executed by nbconvert keeps a table and chart that GitHub renders.
+    Without a ``stream``, ``show`` may show the summary as a rich output instead (it returns
+    False where it cannot): :func:`~nbdist.display.make_run_view` passes
+    :func:`~nbdist.display.summary.show_summary`, plain text with static HTML under IPython,
+    so a notebook executed by nbconvert keeps a table and chart that GitHub renders.
     """
 
     interval: float = 5.0
 
-    def __init__(self, stream: Optional[TextIO] = None, interval: Optional[float] = None):
+    def __init__(self, stream: Optional[TextIO] = None, interval: Optional[float] = None,
+                 show: Optional[Callable[[RunSnapshot], bool]] = None):
         if interval is not None:
             self.interval = interval
         self._stream = stream
+        self._show = show
         self._throttle = Throttle(self.interval)
         self.lines = 0
         self._last = ""
@@ -159,7 +125,7 @@ class TextDashboard:
         key = snap.stall.key if snap.stall is not None else None
         if key != self._stall and key is not None:
             self._print("\n".join("nbdist: " + line if i == 0 else "  " + line
-                                  for i, line in enumerate(stall_lines(snap))))
+                                  for i, line in enumerate(tables.stall_lines(snap))))
         self._stall = key
 
     def close(self, snap: RunSnapshot) -> None:
@@ -168,18 +134,7 @@ class TextDashboard:
         line = format_line(snap, final=True)
         if line != self._last:
             self._print(line)
-        shown = False
-        if self._stream is None:
-            try:  # deferred: the text view also serves plain Python, without IPython
-                from IPython import get_ipython
-                from IPython.display import display
-
-                if get_ipython() is not None:
-                    display({"text/plain": format_summary(snap), "text/html": run_summary(snap)},
-                            raw=True)
-                    shown = True
-            except ImportError:
-                pass
+        shown = self._stream is None and self._show is not None and self._show(snap)
         if not shown:
             self._print(format_summary(snap))
 

@@ -5,7 +5,8 @@ cluster panel refreshes itself while it is shown: a coroutine on the kernel's ow
 (the loop ipykernel runs on the main thread) wakes every few seconds and calls the status
 function it was given. No thread is started: the status call never runs beside a cell (the loop
 only turns while the kernel is idle), and ipyparallel's and Dask's clients are only ever used
-from the main thread. Markup and colours come from :mod:`nbdist.display.html`.
+from the main thread. Markup comes from :mod:`nbdist.display.html`, tables and colours from
+:mod:`nbdist.layout`.
 """
 
 from __future__ import annotations
@@ -29,18 +30,16 @@ from .html import (
     message,
     refreshed_note,
     run_header,
-    run_summary,
     run_table_html,
     stall,
-    status_table,
 )
-from .text import format_status, format_summary
+from .summary import summary_bundle
 
 if TYPE_CHECKING:
     from IPython.display import DisplayHandle
 
     from ..records import ClusterStatus
-    from ..telemetry.aggregate import RunSnapshot
+    from ..telemetry.snapshot import RunSnapshot
 
 
 def _held(*views: Widget) -> ExitStack:
@@ -134,8 +133,7 @@ class WidgetDashboard:
         self._handle: Optional[DisplayHandle] = None
 
     def _bundle(self, snap: RunSnapshot) -> dict[str, Any]:
-        return {**self.widget._repr_mimebundle_(),
-                "text/html": run_summary(snap), "text/plain": format_summary(snap)}
+        return {**self.widget._repr_mimebundle_(), **summary_bundle(snap)}
 
     def _draw(self, snap: RunSnapshot, final: bool) -> None:
         if not snap.has_telemetry and self._handle is None:
@@ -240,7 +238,7 @@ class ClusterPanel(VBox):
                 _set(self.message, "")  # what the last Scale said is no longer true
             else:
                 if self.status is not None:
-                    _set(self.table, status_table(self.status))
+                    _set(self.table, self.status._repr_html_())
                 _set(self.note, refreshed_note(self.interval, clock, error))
             self.scale_button.disabled = self._scale is None or self.stopped
 
@@ -292,7 +290,7 @@ class ClusterPanel(VBox):
     def __repr__(self) -> str:
         if self.stopped:
             return "nbdist cluster: stopped"
-        return format_status(self.status) if self.status is not None else "<ClusterPanel>"
+        return repr(self.status) if self.status is not None else "<ClusterPanel>"
 
 
 __all__ = ["ClusterPanel", "RunWidget", "WidgetDashboard", "message"]

@@ -4,11 +4,15 @@ Input is what each worker says about itself (``describe()`` in :mod:`nbdist.runt
 output is one :class:`RankPlan` per worker. Ranks are grouped by host so ``LOCAL_RANK`` and
 ``LOCAL_WORLD_SIZE`` mean what they mean under ``torchrun``; ``MASTER_ADDR`` is loopback only
 when every worker shares one host, else an address of rank 0's host that the other hosts reach.
+Beside it, :func:`count_local_gpus` probes this host for the default number of workers.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import shutil
+import subprocess
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -174,6 +178,22 @@ def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] =
             ))
             rank += 1
     return plans
+
+
+def count_local_gpus() -> int:
+    """GPUs visible on this host, without initializing CUDA (the notebook's default ``-n``)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+        return len(ids)
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def shared_gpus(plans: Sequence[RankPlan]) -> dict[tuple[str, int], list[int]]:

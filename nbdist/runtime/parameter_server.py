@@ -37,8 +37,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
-from . import memory
-from .measure import _batch_size, telemetry
+from .measure import memory
+from .measure.model import telemetry
+from .measure.tensors import batch_size
 
 _PUSH, _PULL, _STOP = 0, 1, 2
 # Point-to-point tags far from the slots gloo numbers collectives with.
@@ -364,4 +365,4 @@ def _dtype(params: list[torch.Tensor]) -> str:
 
 def _count_samples(_module: torch.nn.Module, args: tuple) -> None:
     if telemetry.enabled and torch.is_grad_enabled():
-        telemetry.count_samples(_batch_size(args))
+        telemetry.count_samples(batch_size(args))

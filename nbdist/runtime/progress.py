@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Optional
 
 from ..telemetry import events as ev
-from .measure import telemetry
+from .measure.model import telemetry
 
 # How often a progress bar reports its position (seconds); the end is always reported.
 _PROGRESS_EVERY = 0.1

@@ -56,6 +56,53 @@ class CellResult(TypedDict, total=False):
     interrupted: bool  # scripts: stopped by an interrupt or timeout
     elastic_gen: Optional[int]  # the generation an elastic run re-formed the group at, if any
     rank: int  # this worker's rank when the call returned (elastic runs renumber ranks)
+    not_joined: str  # a replacement worker the elastic run did not let in: why (absent: it was)
+
+
+class Address(TypedDict):
+    """One IPv4 address of a worker's host."""
+
+    ip: str
+    prefix: int  # network prefix length
+    iface: str
+
+
+class _Described(TypedDict):
+    hostname: str
+    pid: int
+    cpu_count: int  # cores this process may run on
+    gpu_count: int  # 0 when asked without GPUs (the notebook's own description)
+    addresses: list[Address]
+    route_ip: Optional[str]  # the address the host routes towards the controller
+    python: str  # sys.executable
+
+
+class WorkerInfo(_Described, total=False):
+    """What ``describe`` says about a worker's host, for planning ranks and the store."""
+
+    worker_id: Any  # the engine's id of the worker, added by the notebook
+
+
+class WorkerStatus(TypedDict):
+    """What ``status`` reports: one row of ``%nbdist status``."""
+
+    rank: Optional[int]  # None: the worker has not joined the job
+    hostname: str
+    pid: int
+    device: Optional[str]
+    group: bool  # its process group is formed
+    rss: Optional[int]  # resident memory in bytes (None without psutil)
+
+
+class Joined(TypedDict, total=False):
+    """What ``join`` reports once a worker took its rank."""
+
+    rank: int
+    device: str
+    backend: str  # the process group's backend (gloo, nccl)
+    threads: int
+    group_s: float  # forming the group took this long
+    warm_s: float  # and warming DDP up this long
 
 
 class PullResult(TypedDict, total=False):
@@ -159,6 +206,13 @@ def script_result(returncode: int, interrupted: bool, seq: int) -> CellResult:
     return CellResult(ok=returncode == 0 and not interrupted, value=None, error=None,
                       returncode=returncode, interrupted=interrupted, seq=seq,
                       group_alive=True)
+
+
+def not_joined(why: str, seq: int) -> CellResult:
+    """A replacement worker's call that ended without joining the elastic run (``why``)."""
+    out = finish(cell_ok(), seconds=0.0, group_alive=False, seq=seq)
+    out["not_joined"] = why
+    return out
 
 
 def engine_failure(text: str) -> CellResult:

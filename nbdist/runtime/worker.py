@@ -20,14 +20,16 @@ import cloudpickle
 
 from ..telemetry.units import fmt_bytes
 from . import env as envmod
-from . import preload, results
+from . import results
+from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
 from .execute import mimebundle, run_code
-from .hang import enable_flight_recorder, watching
 from .interrupt import interruptible
+from .measure.hang import enable_flight_recorder, watching
+from .measure.spec import DEFAULT, Measure
 
 
-class _State:
+class WorkerState:
     """Everything one worker keeps between cells."""
 
     def __init__(self) -> None:
@@ -50,14 +52,20 @@ class _State:
         self.elastic_gen: Optional[int] = None
 
 
-_state = _State()
+_state = WorkerState()
 
-def describe(controller_ip: Optional[str] = None, gpus: bool = True) -> dict[str, Any]:
+
+def current() -> WorkerState:
+    """This worker's state: what the runtime's other modules (elastic training) read."""
+    return _state
+
+
+def describe(controller_ip: Optional[str] = None, gpus: bool = True) -> results.WorkerInfo:
     """What this worker knows about its host, without touching CUDA; ``gpus=False`` leaves
     out the GPU count and with it torch's import (the notebook's own description)."""
     if gpus:
         preload.wait()  # torch is being imported at the worker's start: not beside it
-    addresses = []
+    addresses: list[results.Address] = []
     try:
         import psutil
 
@@ -66,7 +74,8 @@ def describe(controller_ip: Optional[str] = None, gpus: bool = True) -> dict[str
                 if a.family == socket.AF_INET:
                     mask = a.netmask or "255.255.255.255"
                     prefix = sum(bin(int(x)).count("1") for x in mask.split("."))
-                    addresses.append({"ip": a.address, "prefix": prefix, "iface": iface})
+                    addresses.append(results.Address(ip=a.address, prefix=prefix,
+                                                     iface=iface))
     except ImportError:
         pass
     route_ip = None
@@ -82,15 +91,9 @@ def describe(controller_ip: Optional[str] = None, gpus: bool = True) -> dict[str
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
         cpus = os.cpu_count() or 1
-    return {
-        "hostname": socket.gethostname(),
-        "pid": os.getpid(),
-        "cpu_count": cpus,
-        "gpu_count": _gpu_count() if gpus else 0,
-        "addresses": addresses,
-        "route_ip": route_ip,
-        "python": sys.executable,
-    }
+    return results.WorkerInfo(hostname=socket.gethostname(), pid=os.getpid(), cpu_count=cpus,
+                              gpu_count=_gpu_count() if gpus else 0, addresses=addresses,
+                              route_ip=route_ip, python=sys.executable)
 
 
 def _gpu_count() -> int:
@@ -122,7 +125,7 @@ def close_store(purpose: str) -> None:
 
 def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeout: float,
          gen: int, warm: bool = True, working_dir: Optional[str] = None,
-         form: bool = True) -> dict[str, Any]:
+         form: bool = True) -> results.Joined:
     """Take ``plan``'s rank: set torchrun's env, pin threads and GPU, form the group, warm up.
 
     With ``working_dir``, cells run there (the previous directory comes back on leave).
@@ -158,7 +161,7 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     _state.sink.rank = plan.rank
     _state.sink.interval = flush_interval(plan.world_size)  # fewer batches from big jobs
     group.install_guard()
-    from . import ddp_hooks, parallel_hooks, tqdm_bars
+    from .measure import ddp_hooks, parallel_hooks, tqdm_bars
 
     ddp_hooks.install()  # DDP and collective timing; each cell switches it on or off
     parallel_hooks.install()  # pipelines, DTensor's collectives, mesh dimensions
@@ -173,9 +176,9 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
         _warm_up()
     _state.namespace.update(rank=plan.rank, local_rank=plan.local_rank,
                             world_size=plan.world_size, device=_state.device)
-    return {"rank": plan.rank, "device": str(_state.device), "backend": _state.backend,
-            "threads": plan.threads, "group_s": t_group,
-            "warm_s": time.perf_counter() - t0 - t_group}
+    return results.Joined(rank=plan.rank, device=str(_state.device), backend=_state.backend,
+                          threads=plan.threads, group_s=t_group,
+                          warm_s=time.perf_counter() - t0 - t_group)
 
 
 #: mallopt's parameters (glibc's malloc.h) and the values glibc's adaptive thresholds reach
@@ -234,19 +237,18 @@ def leave() -> None:
 
 
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
-             want_result: bool, grace: float = 3.0, telemetry: bool = True,
-             collectives: bool = True, coordinated: bool = False,
-             slot: Optional[int] = None, keep_cell: bool = False,
-             stall_after: Optional[float] = None, buckets: bool = False) -> results.CellResult:
+             want_result: bool, grace: float = 3.0, measure: Measure = DEFAULT,
+             coordinated: bool = False, slot: Optional[int] = None,
+             keep_cell: bool = False) -> results.CellResult:
     """Run one cell on this rank. ``peers`` are the ranks running the same cell.
 
+    ``measure``: what the cell measures (telemetry switches, the hang doctor's threshold);
     ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
     fails; ``slot``: the rank this worker's events report as (a replacement worker takes the
-    slot of the rank it replaces); ``stall_after`` is the hang doctor's threshold (None: its
-    default, 0: off); ``buckets``: DDP models built in the cell time each bucket."""
+    slot of the rank it replaces)."""
     from ..telemetry import events
     from . import group
-    from .measure import telemetry as tel
+    from .measure.model import telemetry as tel
 
     plan = _state.plan
     if plan is None:
@@ -275,9 +277,9 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                                          evalue=f"could not re-form the process group: {exc}")
                 return results.cell_failed(err, group_alive=False, seq=_state.sink.flush())
         out = results.cell_ok()
-        tel.begin_cell(_state.sink, telemetry, collectives, buckets)
+        tel.begin_cell(_state.sink, measure)
         with interruptible(group.sever) as watch, captured_output(_state.sink), \
-                watching(_state.sink, filename, telemetry, stall_after):
+                watching(_state.sink, filename, measure.telemetry, measure.stall_after):
             try:
                 value = run_code(source, filename, _state.namespace)
                 if want_result:
@@ -410,7 +412,7 @@ def run_script(script: str, source: str, argv: list[str], port: int, cwd: str,
     return run(script, source, argv, env, cwd, _state.sink)
 
 
-def status() -> dict[str, Any]:
+def status() -> results.WorkerStatus:
     from . import group
 
     plan = _state.plan
@@ -421,42 +423,39 @@ def status() -> dict[str, Any]:
         mem = psutil.Process().memory_info().rss
     except ImportError:
         pass
-    return {"rank": plan.rank if plan else None, "hostname": socket.gethostname(),
-            "pid": os.getpid(), "device": str(_state.device) if _state.device else None,
-            "group": group.generation() is not None, "rss": mem}
+    return results.WorkerStatus(rank=plan.rank if plan else None, hostname=socket.gethostname(),
+                                pid=os.getpid(),
+                                device=str(_state.device) if _state.device else None,
+                                group=group.generation() is not None, rss=mem)
 
 
 def elastic_join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str,
                  timeout: float, elastic_plan: Any, key: str, slot: int, seq_base: int,
-                 want_result: bool, telemetry: bool = True,
-                 collectives: bool = True, buckets: bool = False) -> results.CellResult:
+                 want_result: bool, measure: Measure = DEFAULT) -> results.CellResult:
     """On a replacement worker: take ``plan``'s rank without forming a group, join the
     survivors of an elastic run at a commit, heal from a live peer, then run the rest of the
     cell as every rank does."""
-    from . import elastic_loop
+    from .elastic import loop
 
     try:
         join(plan, port, device, dist_backend, timeout, gen=-1, warm=False, form=False)
         _state.coordinated = True
         if _state.sink is not None:
             _state.sink.rank = slot
-        step = elastic_loop.join(_state, elastic_plan, key, slot, seq_base)
+        step = loop.join(_state, elastic_plan, key, slot, seq_base)
     except BaseException as exc:  # reported like a cell's error, for this rank
         return results.cell_failed(results.error_info(exc, "<elastic join>"),
                                    group_alive=False, seq=_state.sink.flush() if _state.sink
                                    else 0)
     if not step["joined"]:
-        return results.finish(results.cell_ok(), seconds=0.0, group_alive=False,
-                              seq=_state.sink.flush() if _state.sink else 0) | {
-            "not_joined": step["why"]}
+        return results.not_joined(step["why"], _state.sink.flush() if _state.sink else 0)
     from . import group
 
     gen = group.generation()
     world = _state.plan.world_size if _state.plan else 1
     return run_cell(step["source"], step["filename"], _state.cell["cell_id"], gen,
-                    list(range(world)), want_result, telemetry=telemetry,
-                    collectives=collectives, coordinated=True, slot=slot, keep_cell=True,
-                    buckets=buckets)
+                    list(range(world)), want_result, measure=measure, coordinated=True,
+                    slot=slot, keep_cell=True)
 
 
 def call_in_namespace(fn: Callable[..., Any], *args: Any) -> Any:

@@ -3,8 +3,8 @@
 Pure: no IPython, widgets, processes or clocks (callers pass ``now``). The run's record
 (:class:`~nbdist.telemetry.run.Run`) calls :meth:`RunState.feed` with the event batches of a
 run and :meth:`RunState.snapshot` when a view redraws; everything here is unit-tested on
-synthetic event streams. How ranks' reports of one step are matched and split into waiting and
-transfer: :mod:`.matching`.
+synthetic event streams. When ranks' reports of one step are matched: :mod:`.matcher`; how
+they are split into waiting and transfer: :mod:`.matching`.
 
 The fold is incremental: an event (or a :func:`~.events.table` of them, read column by
 column) updates running state in place: each rank's window of its last :data:`WINDOW` steps,
@@ -19,8 +19,7 @@ from __future__ import annotations
 import pickle
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from math import fsum
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 from .columns import column, columns, row, rows, summary, summary_column, table_rows
@@ -40,25 +39,9 @@ from .events import (
     Batch,
     Event,
 )
-from .intervals import union_seconds
-from .matching import (
-    STRAGGLER_MIN_S,
-    STRAGGLER_MIN_STEPS,
-    STRAGGLER_SCORE,
-    MatchedCollective,
-    blame,
-    flagged,
-    match_step,
-    scores_of,
-)
-from .ranks import (
-    RankFold,
-    accumulator,
-    figures,
-    median_without,
-    rank_snapshot,
-    to_ns,
-)
+from .matcher import StepMatcher
+from .matching import STRAGGLER_MIN_S, STRAGGLER_MIN_STEPS, STRAGGLER_SCORE, flagged, scores_of
+from .ranks import RankFold, figures, median_without, rank_snapshot, to_ns
 from .snapshot import (
     WINDOW,
     BarState,
@@ -75,12 +58,10 @@ from .states import RankState
 
 __all__ = ["MAX_RECORDED", "STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
            "BarState", "Diagnosis", "DimPoint", "MemoryPoint", "PipelinePoint", "RankSnapshot",
-           "RunSnapshot", "RunState", "StepPoint", "aggregate"]
+           "RunState", "StepPoint", "aggregate"]
 
 #: events kept per run for ``%nbdist timeline`` (older ones are dropped first)
 MAX_RECORDED = 200_000
-#: collectives outside steps waiting for their peers' reports (older ones are dropped)
-_MAX_PENDING_COLLECTIVES = 10_000
 
 
 # ----------------------------------------------------------------- the fold
@@ -105,17 +86,10 @@ class RunState:
                  started: Optional[float] = None, stall_after: Optional[float] = None):
         self._history = history
         self._ranks: dict[int, RankFold] = {}
-        self._active = 0  # ranks not finished: a step is matched once all of them reported
+        #: ranks' reports of steps and of collectives outside steps, matched across ranks
+        self._matcher = StepMatcher(self._ranks, history)
         for r in ranks:
             self._rank(r)
-        # step → reports so far: a RankStep's fields, as a plain tuple
-        # step -> rank -> its report; None: the rank did not time the step's communication
-        self._pending: dict[int, dict[int, Optional[tuple[float, float, float, int, bool]]]] = {}
-        # who was waited for in each of the last WINDOW matched steps, and how many matched
-        self._blames: deque[Optional[tuple[int, float, float]]] = deque(maxlen=WINDOW)
-        self._nmatched = 0
-        self._series: dict[int, StepPoint] = {}
-        self._free: dict[tuple[str, int], dict[int, tuple[float, int]]] = {}
         #: rank -> what it sent, as ``(events, pickle)`` of each event or table (see events())
         self.recorded: dict[int, deque[Any]] = {}
         self.dropped = 0
@@ -137,12 +111,12 @@ class RunState:
         st = self._ranks.get(rank)
         if st is None:
             st = self._ranks[rank] = RankFold(self._history)
-            self._active += 1
+            self._matcher.active += 1
         return st
 
     def _stop(self, st: RankFold, state: RankState) -> None:
         if st.state.active:
-            self._active -= 1
+            self._matcher.active -= 1
         st.state = state
 
     def feed(self, batches: Iterable[Batch]) -> bool:
@@ -191,16 +165,10 @@ class RunState:
             self._bytes += e["bytes"]
             self._ncomm += 1
             if e.get("step") is not None:
-                acc = accumulator(st.comm, e["step"])
-                acc.nbytes += e["bytes"]
-                acc.busy = None
-                if e["t1"] > e["t0"]:
-                    acc.spans += (e["t0"], e["t1"])
-                    acc.timed_bytes += e["bytes"]
-                if e.get("measured") == "untimed":
-                    acc.untimed = True
+                st.add_collective(e["step"], e["t0"], e["t1"], e["bytes"],
+                                  e.get("measured") == "untimed")
             else:
-                self._free_collective(rank, st, e["op"], e["t0"], e["t1"], e["bytes"])
+                self._matcher.collective(rank, e["op"], e["t0"], e["t1"], e["bytes"])
             if e.get("dim") is not None:
                 self._dim(e["dim"], e["op"], e["bytes"], e["t1"] - e["t0"])
         elif kind == STAGE:
@@ -222,7 +190,7 @@ class RunState:
             self._stop(st, RankState.DONE if e["ok"] else RankState.FAILED)
             st.error = e.get("error")
             self.stall.end(rank, e["t"], e["ok"], st.error)
-            self._settle_all()  # steps this rank will never report no longer wait for it
+            self._matcher.settle_all()  # steps this rank will never report no longer wait for it
 
     @staticmethod
     def _memory(st: RankFold, e: Event) -> None:
@@ -344,13 +312,8 @@ class RunState:
         steps = summary_column(part, "step")
         if any(s in comm for s in steps):  # a step whose collectives came in two batches
             for s, nbytes, timed_bytes, untimed, _, spans in summary(part):
-                acc = accumulator(comm, s)
-                acc.busy = None
-                acc.nbytes += nbytes
-                acc.timed_bytes += timed_bytes
-                if untimed:
-                    acc.untimed = True
-                acc.spans += [x for span in spans for x in span]
+                st.add_collectives(s, nbytes, timed_bytes, untimed,
+                                   [x for span in spans for x in span])
             return
         # All of these steps' collectives so far: each kept as the summary told it (bytes,
         # timed bytes, untimed, busy; the part and row to read its intervals from if more
@@ -367,19 +330,11 @@ class RunState:
         self._bytes += sum(nbytes)
         self._ncomm += len(t0s)
         measured = cols.get("measured") or [None] * len(t0s)
-        comm = st.comm
         for i, (s, a, z, b, m) in enumerate(zip(steps, t0s, t1s, nbytes, measured)):
             if s is None:
-                self._free_collective(rank, st, cols["op"][i], a, z, b)
-                continue
-            acc = accumulator(comm, s)
-            acc.nbytes += b
-            acc.busy = None
-            if z > a:
-                acc.spans += (a, z)
-                acc.timed_bytes += b
-            if m == "untimed":
-                acc.untimed = True
+                self._matcher.collective(rank, cols["op"][i], a, z, b)
+            else:
+                st.add_collective(s, a, z, b, m == "untimed")
         dims = cols.get("dim")
         if dims is not None:
             for i, d in enumerate(dims):
@@ -400,135 +355,15 @@ class RunState:
         self._steps(rank, st, column(part, "step"), t0s, t1s, lengths,
                     column(part, "samples"), column(part, "comm_exposed_s"), untimed)
 
-    # ------------------------------------------------------------- matching across ranks
     def _steps(self, rank: int, st: RankFold, ns: Sequence[int], t0s: Sequence[float],
                t1s: Sequence[float], lengths: Sequence[float], samples: Sequence[int],
                exposed: Sequence[float],
                timing: Optional[Sequence[tuple[bool, int]]] = None) -> None:
         """Steps ``ns`` of ``rank``, in order: its window, and each step's report, matched
-        across ranks once the last one arrives.
-
-        ``timing``, where some step's communication went untimed: per step, whether it was
-        timed and its gradient bytes. An untimed step counts its bytes and its length, but
-        neither its exposed communication (unknown, not 0) nor a report to match."""
-        exposed = [e if e < s else s for e, s in zip(exposed, lengths)]  # min(), inline
-        st.steps += len(ns)
-        st.t0s.extend(t0s)
-        st.t1 = t1s[-1]
-        st.step_s.extend(lengths)
-        st.samples.extend(samples)
-        st.exposed.extend(exposed if timing is None else
-                          [e for e, (ok, _) in zip(exposed, timing) if ok])
-        comm, pending = st.comm, self._pending
-        for i, (n, step_s, ex) in enumerate(zip(ns, lengths, exposed)):
-            acc = comm.pop(n, None)
-            # A report is a plain tuple of numbers until the step is matched: the garbage
-            # collector stops tracking it at once (reports wait for the last rank's, seconds
-            # at scale).
-            if timing is not None and not timing[i][0]:
-                nbytes = timing[i][1] + (0 if acc is None else
-                                         acc[0] if type(acc) is tuple else acc.nbytes)
-                st.step_bytes.append(nbytes)
-                self._bytes += timing[i][1]
-                report = None  # reported, untimed: the step is not split (see _settle)
-            elif acc is None:
-                st.step_bytes.append(0)
-                report = (step_s, ex, 0.0, 0, True)
-            elif type(acc) is tuple:  # one worker's summary: bytes, timed, untimed, busy
-                st.step_bytes.append(acc[0])
-                report = (step_s, ex, acc[3], acc[1], not acc[2])
-            else:
-                st.step_bytes.append(acc.nbytes)
-                busy = acc.busy if acc.busy is not None else union_seconds(
-                    zip(acc.spans[::2], acc.spans[1::2]))
-                report = (step_s, ex, busy, acc.timed_bytes, not acc.untimed)
-            reports = pending.get(n)
-            if reports is None:
-                reports = pending[n] = {}
-            reports[rank] = report
-            while len(pending) > self._history:  # a rank stopped reporting: give up on it
-                del pending[min(pending)]
-            # Not given up already (a rank far behind, async), and maybe the last report
-            # (fewer reports than ranks still running cannot be all of them).
-            if len(reports) >= self._active and n in pending:
-                self._settle(n)
-
-    def _waiting_on(self, reporters: Mapping[int, Any]) -> bool:
-        """True while a rank that has not reported may still report (it has not ended)."""
-        if len(reporters) < self._active:
-            return True  # not every rank still running can be among them: no need to look
-        if self._active == len(self._ranks):
-            return False  # no rank has ended: as many reporters as ranks are all of them
-        return any(st.state.active and r not in reporters for r, st in self._ranks.items())
-
-    def _settle(self, step: int) -> None:
-        reports = self._pending[step]
-        if self._waiting_on(reports):
-            return
-        del self._pending[step]
-        if None in reports.values():
-            return  # a rank did not time this step's communication: nothing to split
-        m = match_step(step, reports)
-        self._blames.append(blame(m))
-        index = self._nmatched
-        self._nmatched += 1
-        bws = []
-        tt = m.transfer_time_s
-        waiting, transfer = m.waiting, m.transfer_s
-        for r, rep in reports.items():
-            st = self._ranks[r]
-            bw = rep[3] / tt if rep[3] and tt else None  # m.bandwidth(r), inline
-            if bw is not None:
-                bws.append(bw)
-            st.m_index.append(index)
-            st.m_waiting.append(waiting[r])
-            st.m_transfer.append(transfer)
-            st.m_bw.append(bw)
-        reps = list(reports.values())
-        k = len(reps)
-        # fsum: the same whatever order the ranks' reports came in
-        self._series[step] = StepPoint(
-            step, fsum(p[0] for p in reps) / k, fsum(max(0.0, p[0] - p[1]) for p in reps) / k,
-            fsum(waiting.values()) / k, transfer, sum(p[3] for p in reps) // k,
-            statistics.median(bws) if bws else None, k, m.last)
-        while len(self._series) > self._history:
-            del self._series[min(self._series)]
-
-    def _free_collective(self, rank: int, st: RankFold, op: str, t0: float, t1: float,
-                         nbytes: int) -> None:
-        # Collectives run in the same order on every rank of a group: the k-th call of an op
-        # on one rank is the k-th call of that op on the others.
-        k = st.free_seq.get(op, 0)
-        st.free_seq[op] = k + 1
-        if t1 <= t0:
-            return  # untimed
-        key = (op, k)
-        self._free.setdefault(key, {})[rank] = (t1 - t0, nbytes)
-        while len(self._free) > _MAX_PENDING_COLLECTIVES:
-            del self._free[next(iter(self._free))]
-        self._settle_free(key)
-
-    def _settle_free(self, key: tuple[str, int]) -> None:
-        reports = self._free[key]
-        if self._waiting_on(reports):
-            return
-        del self._free[key]
-        m = MatchedCollective(key[0], {r: v[0] for r, v in reports.items()},
-                              {r: v[1] for r, v in reports.items()})
-        for r in reports:
-            st = self._ranks[r]
-            st.free += 1
-            st.free_waiting_ns += to_ns(m.waiting(r))
-            st.free_transfer_ns += to_ns(m.transfer_s)
-            bw = m.bandwidth(r)
-            if bw is not None:
-                st.free_bw.append(bw)
-
-    def _settle_all(self) -> None:
-        for step in sorted(self._pending):
-            self._settle(step)
-        for key in list(self._free):
-            self._settle_free(key)
+        across ranks once the last one arrives (``timing``: :meth:`.RankFold.add_steps`)."""
+        reports, untimed_bytes = st.add_steps(ns, t0s, t1s, lengths, samples, exposed, timing)
+        self._bytes += untimed_bytes
+        self._matcher.steps(rank, ns, reports)
 
     def finish(self) -> None:
         """The run is over: ranks that never said they finished are marked stopped."""
@@ -536,17 +371,18 @@ class RunState:
             if st.state.active:
                 self._stop(st, RankState.STOPPED)
                 st.error = st.error or "no end-of-cell report (interrupted, or the worker died)"
-        self._settle_all()
+        self._matcher.settle_all()
 
     # ------------------------------------------------------------- snapshot
     def snapshot(self, now: Optional[float] = None, at: Optional[float] = None) -> RunSnapshot:
         """The current summary; ``now`` (worker clock) makes progress ETAs count down, ``at``
         (the notebook's ``time.time()``) is when a stall is judged (None: not judged)."""
         ranks = sorted(self._ranks)
-        scores = scores_of(list(self._blames), ranks)
-        slow = flagged(scores, len(self._blames))
+        matcher = self._matcher
+        scores = scores_of(list(matcher.blames), ranks)
+        slow = flagged(scores, len(matcher.blames))
         flagged_set = set(slow)
-        cutoff = self._nmatched - WINDOW  # match numbers of the run's last WINDOW matches
+        cutoff = matcher.matched - WINDOW  # match numbers of the run's last WINDOW matches
         numbers = [figures(self._ranks[r], cutoff) for r in ranks]
         known = sorted(f[3] for f in numbers if f[3] is not None)  # compute per step
         out = []
@@ -567,7 +403,7 @@ class RunState:
         dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3] / 1e9)
                      for dim, d in sorted(self._dims.items()))
         stall = self.verdict(at) if at is not None else None
-        return RunSnapshot(tuple(out), tuple(self._series[s] for s in sorted(self._series)),
+        return RunSnapshot(tuple(out), tuple(matcher.series[s] for s in sorted(matcher.series)),
                            tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims,
                            stall=stall, scalar_spread=self._scalar_spread())
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .aggregate import RunSnapshot
+from .snapshot import RunSnapshot
 
 # (attribute, column label, scale): the numeric columns, in order, with units in the label.
 COLUMNS: tuple[tuple[str, str, float], ...] = (

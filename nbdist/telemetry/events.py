@@ -11,6 +11,7 @@ kind travels as it is.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Optional
 
 STREAM = "stream"  # {"kind", "name": "stdout"|"stderr", "text"}
@@ -24,7 +25,7 @@ MEMORY = "memory"  # bytes this rank holds for training; see memory()
 STAGE = "stage"  # a pipeline stage's forward or backward of one microbatch; see stage()
 PIPELINE = "pipeline"  # one step of a pipeline schedule on one rank; see pipeline()
 END = "end"  # the cell finished on this rank: {"ok", "error", "t"}
-# Elastic training on this rank: {"what": begin|failed|healed|stopped, "t", "run", "epoch", ...}
+# Elastic training on this rank: {"what": an ElasticWhat's value, "t", "run", "epoch", ...}
 ELASTIC = "elastic"
 STACK = "stack"  # where a rank's cell was when it stopped making progress; see stack()
 TABLE = "table"  # consecutive high-rate events of one rank, as columns; see columns.table()
@@ -90,16 +91,26 @@ def comm(op: str, t0: float, t1: float, nbytes: int, *, step: Optional[int] = No
     return event
 
 
-def elastic(what: str, t: float, **info: Any) -> Event:
-    """What happened to this rank in an ``nbdist.elastic.run`` call.
+class ElasticWhat(str, Enum):
+    """What happened to a rank in an ``nbdist.elastic.run`` call (an elastic event's ``what``).
 
-    ``begin`` (``world``, ``commit``, ``max_failures``), ``failed`` (a collective failed:
-    ``error``, ``commit``), ``healed`` (back in a group: ``commit`` restored, ``rolled_back``
-    commits, ``discarded`` optimizer steps, ``seconds``, ``world_before``, ``world``,
-    ``failures``, ``joined``: the worker that joined), ``stopped`` (this rank's own ``error``
-    ended the run).
+    ``BEGIN``: ``world``, ``commit``, ``max_failures``. ``FAILED``: a collective failed
+    (``error``, ``commit``). ``HEALED``: back in a group (``commit`` restored,
+    ``rolled_back`` commits, ``discarded`` optimizer steps, ``seconds``, ``world_before``,
+    ``world``, ``failures``, ``joined``: the worker that joined). ``STOPPED``: this rank's
+    own ``error`` ended the run.
     """
-    return {"kind": ELASTIC, "what": what, "t": t, **info}
+
+    BEGIN = "begin"
+    FAILED = "failed"
+    HEALED = "healed"
+    STOPPED = "stopped"
+
+
+def elastic(what: ElasticWhat, t: float, **info: Any) -> Event:
+    """What happened to this rank in an ``nbdist.elastic.run`` call; see :class:`ElasticWhat`
+    (on the wire as its plain value, like every field of an event)."""
+    return {"kind": ELASTIC, "what": ElasticWhat(what).value, "t": t, **info}
 
 
 def stage(op: str, mb: int, stage_index: int, t0: float, t1: float) -> Event:

@@ -1,8 +1,9 @@
 """One rank's part of a run's fold, and what a snapshot reads of it.
 
 A :class:`RankFold` holds a rank's recent steps, the matched steps it took part in and its
-collectives waiting for their step; :func:`figures` and :func:`rank_snapshot` turn it into the
-rank's row. Pure, like the fold (:mod:`.aggregate`) that owns them.
+collectives waiting for their step; it turns its steps into the reports that
+:class:`~.matcher.StepMatcher` matches across ranks. :func:`figures` and :func:`rank_snapshot`
+turn it into the rank's row. Pure, like the fold (:mod:`.aggregate`) that owns them.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ from typing import Any, Optional
 
 from .columns import summary
 from .events import Event
-from .intervals import bubble_fraction, rate
+from .intervals import bubble_fraction, rate, union_seconds
 from .snapshot import WINDOW, BarState, MemoryPoint, PipelinePoint, RankSnapshot
 from .states import RankState
 
-__all__ = ["RankFold", "StepComm", "accumulator", "figures", "mean", "median_without",
-           "pipeline_point", "rank_snapshot", "to_ns"]
+__all__ = ["RankFold", "Report", "StepComm", "accumulator", "figures", "mean",
+           "median_without", "pipeline_point", "rank_snapshot", "to_ns"]
+
+#: one rank's report of one step, a :class:`~.matching.RankStep`'s fields as a plain tuple (the
+#: garbage collector stops tracking it at once; reports wait for the last rank's, seconds at
+#: scale); None: the rank did not time the step's communication
+Report = Optional[tuple[float, float, float, int, bool]]
 
 
 class StepComm:
@@ -93,6 +99,69 @@ class RankFold:
         self.step_bytes: deque[int] = deque(maxlen=WINDOW)
         self.pipes: deque[Event] = deque(maxlen=WINDOW)  # schedule steps
         self.stage_s: dict[str, deque[float]] = {}  # "forward"/"backward" -> per microbatch
+
+    def add_collective(self, step: int, t0: float, t1: float, nbytes: int,
+                       untimed: bool = False) -> None:
+        """One collective of ``step``: timed where ``t1 > t0``; ``untimed``, the worker says it
+        had no time yet (a GPU bucket), which its step's report then says too."""
+        if t1 > t0:
+            self.add_collectives(step, nbytes, nbytes, untimed, (t0, t1))
+        else:
+            self.add_collectives(step, nbytes, 0, untimed, ())
+
+    def add_collectives(self, step: int, nbytes: int, timed_bytes: int, untimed: bool,
+                        spans: Sequence[float]) -> None:
+        """Collectives of ``step`` (one, or what a worker summed of several): their bytes, the
+        timed ones' bytes and intervals (flat: start, end, start, end...), and whether one of
+        them had no time. Kept until the step's own report lands (:meth:`add_steps`)."""
+        acc = accumulator(self.comm, step)
+        acc.nbytes += nbytes
+        acc.timed_bytes += timed_bytes
+        acc.spans += spans
+        if untimed:
+            acc.untimed = True
+        acc.busy = None  # the spans' union, worked out again when the step lands
+
+    def add_steps(self, ns: Sequence[int], t0s: Sequence[float], t1s: Sequence[float],
+                  lengths: Sequence[float], samples: Sequence[int], exposed: Sequence[float],
+                  timing: Optional[Sequence[tuple[bool, int]]] = None
+                  ) -> tuple[list[Report], int]:
+        """Steps ``ns``, in order, into the rank's window; returns each step's report, with
+        its collectives so far, and the bytes of the steps whose communication went untimed.
+
+        ``timing``, where some step's communication went untimed: per step, whether it was
+        timed and its gradient bytes. An untimed step counts its bytes and its length, but
+        neither its exposed communication (unknown, not 0) nor a report to match."""
+        exposed = [e if e < s else s for e, s in zip(exposed, lengths)]  # min(), inline
+        self.steps += len(ns)
+        self.t0s.extend(t0s)
+        self.t1 = t1s[-1]
+        self.step_s.extend(lengths)
+        self.samples.extend(samples)
+        self.exposed.extend(exposed if timing is None else
+                            [e for e, (ok, _) in zip(exposed, timing) if ok])
+        comm, step_bytes = self.comm, self.step_bytes
+        reports: list[Report] = []
+        untimed_bytes = 0
+        for i, (n, step_s, ex) in enumerate(zip(ns, lengths, exposed)):
+            acc = comm.pop(n, None)
+            if timing is not None and not timing[i][0]:
+                step_bytes.append(timing[i][1] + (0 if acc is None else
+                                                  acc[0] if type(acc) is tuple else acc.nbytes))
+                untimed_bytes += timing[i][1]
+                reports.append(None)  # reported, untimed: the step is not split
+            elif acc is None:
+                step_bytes.append(0)
+                reports.append((step_s, ex, 0.0, 0, True))
+            elif type(acc) is tuple:  # one worker's summary: bytes, timed, untimed, busy
+                step_bytes.append(acc[0])
+                reports.append((step_s, ex, acc[3], acc[1], not acc[2]))
+            else:
+                step_bytes.append(acc.nbytes)
+                busy = acc.busy if acc.busy is not None else union_seconds(
+                    zip(acc.spans[::2], acc.spans[1::2]))
+                reports.append((step_s, ex, busy, acc.timed_bytes, not acc.untimed))
+        return reports, untimed_bytes
 
     def log(self, values: Mapping[str, float], step: Optional[int]
             ) -> list[tuple[str, float, float]]:

@@ -2,7 +2,7 @@
 
 The Session feeds it the event batches its backend drains; the record folds them
 (:class:`~.aggregate.RunState`), counts batches per rank so the Session knows when it has seen
-everything the run sent, and hands views a :class:`~.aggregate.RunSnapshot` to draw. When the
+everything the run sent, and hands views a :class:`~.snapshot.RunSnapshot` to draw. When the
 run is over it stays here for ``Session.last_run`` and ``%nbdist timeline``.
 """
 
@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Optional, Union
 
-from .aggregate import RunSnapshot, RunState
+from .aggregate import RunState
 from .events import Batch, Event
+from .snapshot import RunSnapshot
 from .stall import Verdict
 from .trace import write_trace
 
@@ -126,6 +127,3 @@ class Run:
         label = f" {self.name!r}" if self.name else ""
         return (f"<nbdist.Run{label} {self.what} on ranks {list(self.ranks)}, {state}: "
                 f"{self.snapshot()!r}>")
-
-    def _repr_html_(self) -> str:
-        return self.snapshot()._repr_html_()

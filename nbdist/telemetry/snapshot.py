@@ -1,23 +1,32 @@
 """What a run looks like now: the frozen records every view draws (a :class:`RunSnapshot`).
 
-The fold (:mod:`.aggregate`) builds them; nothing here changes after it is built.
+The fold (:mod:`.aggregate`) builds them; nothing here changes after it is built. Numbers
+only: no view is imported here. In a notebook a snapshot still shows as the run's HTML
+summary, because the display layer registers that drawing with IPython
+(:func:`nbdist.display.summary.register_formatters`).
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, NamedTuple, Optional
 
+from .matching import STRAGGLER_MIN_S
 from .stall import Verdict
 from .states import RankState
 from .units import fmt_rate
 
-__all__ = ["BarState", "DimPoint", "Diagnosis", "MemoryPoint", "PipelinePoint", "RankSnapshot",
-           "RunSnapshot", "StepPoint"]
+__all__ = ["BarState", "DimPoint", "Diagnosis", "MemoryPoint", "Outlier", "PipelinePoint",
+           "RankSnapshot", "RunSnapshot", "StepPoint"]
 
 #: steps used for rates, means and straggler scores (recent behaviour, not the whole run's)
 WINDOW = 20
+#: the slowest ranks named as outliers: at most this many, and only those whose compute per
+#: step exceeds the others' median by :data:`SLOW_SHARE` of it (and by
+#: :data:`~.matching.STRAGGLER_MIN_S`)
+SLOWEST = 3
+SLOW_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -167,6 +176,15 @@ class Diagnosis:
     bandwidth: Optional[float]
 
 
+class Outlier(NamedTuple):
+    """A rank that stands out of many: what :meth:`RunSnapshot.outliers` names."""
+
+    rank: RankSnapshot
+    #: ``"stalled"`` (away from the collective the others wait in), ``"straggler"``,
+    #: ``"broken"`` (failed or stopped) or ``"slow"`` (compute per step well above the others')
+    why: Literal["stalled", "straggler", "broken", "slow"]
+
+
 @dataclass(frozen=True)
 class RunSnapshot:
     """What a run looks like now: one row per rank and a per-step series."""
@@ -243,6 +261,29 @@ class RunSnapshot:
             transfer=statistics.fmean(transfer) if transfer else None,
             bandwidth=self.bandwidth)
 
+    def outliers(self) -> tuple[Outlier, ...]:
+        """The ranks that stand apart, in rank order: ranks the hang doctor found away from
+        the collective the others wait in, stragglers, failed or stopped ranks, and the
+        :data:`SLOWEST` ranks whose compute per step exceeds the others' median by
+        :data:`SLOW_SHARE` of it (and by :data:`~.matching.STRAGGLER_MIN_S`)."""
+        stalled = set(self.stall.missing) if self.stall is not None else set()
+        slow = sorted((r for r in self.ranks
+                       if r.slower_by_s is not None and r.compute_s
+                       and r.slower_by_s >= max(STRAGGLER_MIN_S, SLOW_SHARE * r.compute_s)),
+                      key=lambda r: -(r.slower_by_s or 0.0))[:SLOWEST]
+        slowest = {r.rank for r in slow}
+        out = []
+        for r in self.ranks:
+            if r.rank in stalled:
+                out.append(Outlier(r, "stalled"))
+            elif r.straggler:
+                out.append(Outlier(r, "straggler"))
+            elif r.state.broken:
+                out.append(Outlier(r, "broken"))
+            elif r.rank in slowest:
+                out.append(Outlier(r, "slow"))
+        return tuple(out)
+
     def __repr__(self) -> str:
         rates = [r.steps_per_s for r in self.ranks if r.steps_per_s]
         parts = [f"{len(self.ranks)} ranks", f"{self.steps} steps"]
@@ -253,8 +294,3 @@ class RunSnapshot:
         if self.failed:
             parts.append("failed: rank " + ",".join(str(r.rank) for r in self.failed))
         return f"<RunSnapshot: {', '.join(parts)}>"
-
-    def _repr_html_(self) -> str:
-        from ..display.html import run_summary  # views live in display; numbers stay here
-
-        return run_summary(self)

@@ -10,28 +10,22 @@ written here, once.
 
 "Progress" is a completed step or collective, or a moved progress bar
 (:data:`~nbdist.telemetry.events.PROGRESS_KINDS`). The threshold is
-:func:`stall_threshold`: five times the median step, at least 10 s, or the user's
-``--stall-after``.
+:func:`~.stall_rules.stall_threshold`: five times the median step, at least 10 s, or the
+user's ``--stall-after``.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from .events import Event
+from .stall_rules import STALL_WINDOW, stall_threshold
 from .states import RankState
 from .units import fmt_bytes, fmt_ranks, fmt_seconds
 
-#: the least time without progress that counts as a stall (seconds)
-STALL_FLOOR_S = 10.0
-#: ... or this many median steps, when steps are longer
-STALL_STEPS = 5.0
-#: steps whose median sets the threshold (the most recent)
-STALL_WINDOW = 20
 #: above this many ranks, ranks whose places read the same share one line
 GROUP_ABOVE = 16
 
@@ -41,32 +35,6 @@ ELSEWHERE = "elsewhere"  # running, not inside a collective
 FINISHED = "finished"  # ended the cell without error
 FAILED = "failed"  # ended the cell with an error
 UNKNOWN = "unknown"  # running, but no report of where yet
-
-
-def stall_threshold(step_s: Iterable[float], override: Optional[float] = None
-                    ) -> Optional[float]:
-    """Seconds without progress that make a stall; None when the user switched it off.
-
-    ``override`` (``--stall-after S``) wins; 0 switches the hang doctor off. Otherwise
-    :data:`STALL_STEPS` times the median of ``step_s`` (recent step durations), at least
-    :data:`STALL_FLOOR_S`.
-
-    >>> stall_threshold([0.1, 0.2, 4.0])
-    10.0
-    >>> stall_threshold([3.0, 3.0]), stall_threshold([], 2.5), stall_threshold([], 0)
-    (15.0, 2.5, None)
-    """
-    if override is not None:
-        return float(override) if override > 0 else None
-    steps = list(step_s)
-    median = statistics.median(steps) if steps else 0.0
-    return max(STALL_FLOOR_S, STALL_STEPS * median)
-
-
-def probe_after(threshold: float) -> float:
-    """How long a worker waits without progress before it first says where it is: early
-    enough that its report is in when the notebook's threshold passes."""
-    return max(0.2, threshold / 2)
 
 
 # ----------------------------------------------------------------- records

@@ -171,3 +171,7 @@ def outputs_text(cell: Any) -> str:
         elif out["output_type"] == "error":
             parts.append(f"{out['ename']}: {out['evalue']}")
     return "\n".join(parts)
+
+
+# A real Slurm and sshd for the launcher tests (see realclusters.py).
+from realclusters import slurm, slurm_daemons, sshd, sshd_daemon  # noqa: E402,F401

@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 import torch
+from clusters import check_ddp_matches_union_batch
 
 from nbdist.errors import CellTimeoutError, DistributedError
 
@@ -77,45 +78,7 @@ def test_push_pull_round_trip(cluster):
 
 
 def test_ddp_matches_single_process_training_on_the_union_batch(cluster):
-    steps, per_rank, lr = 5, 8, 0.1
-    torch.manual_seed(0)
-    init = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    data_x = torch.randn(steps, 2 * per_rank, 4)
-    data_y = torch.randn(steps, 2 * per_rank, 1)
-    cluster.push({"init_state": init.state_dict(), "data_x": data_x, "data_y": data_y,
-                  "steps": steps, "per_rank": per_rank, "lr": lr})
-    cell(cluster, """
-        import torch
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        net.load_state_dict(init_state)
-        ddp = DDP(net)
-        opt = torch.optim.SGD(ddp.parameters(), lr=lr)
-        for s in range(steps):
-            lo = rank * per_rank
-            x, y = data_x[s, lo:lo + per_rank], data_y[s, lo:lo + per_rank]
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(ddp(x), y).backward()
-            opt.step()
-        final = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    """)
-    ref = init
-    opt = torch.optim.SGD(ref.parameters(), lr=lr)
-    for s in range(steps):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ref(data_x[s]), data_y[s]).backward()
-        opt.step()
-    r0, r1 = cluster.pull("final", rank=0), cluster.pull("final", rank=1)
-    for k, v in ref.state_dict().items():
-        assert torch.equal(r0[k], r1[k]), f"ranks disagree on {k}"
-        assert torch.allclose(r0[k], v, atol=1e-6), f"DDP differs from ground truth on {k}"
-        assert not torch.equal(v, init_state_value(k)), "training did not move the weights"
-
-
-def init_state_value(key):
-    torch.manual_seed(0)
-    init = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    return init.state_dict()[key]
+    check_ddp_matches_union_batch(cluster)
 
 
 def test_error_on_rank1_is_raised_with_cell_line_and_next_cell_runs(cluster):

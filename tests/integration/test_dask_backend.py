@@ -288,7 +288,7 @@ def test_events_arrive_while_the_cell_runs(dask_session):
         from nbdist.runtime import worker as rt
         from nbdist.telemetry.events import stream
 
-        rt._state.sink.emit(stream("stdout", "ping\n"))
+        rt.current().sink.emit(stream("stdout", "ping\n"))
         t = time.time()
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:  # stay busy, so only streaming can deliver it

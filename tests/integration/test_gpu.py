@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from nbdist.errors import ClusterError
-from nbdist.session import Session, count_local_gpus
+from nbdist.runtime.env import count_local_gpus
+from nbdist.session import Session
 
 GPUS = count_local_gpus()  # nvidia-smi / CUDA_VISIBLE_DEVICES: no CUDA init in this process
 

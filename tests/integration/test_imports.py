@@ -18,8 +18,8 @@ def modules_after(code: str) -> set[str]:
 
 
 def test_worker_runtime_needs_no_notebook_stack():
-    mods = modules_after("import nbdist.runtime.worker, nbdist.runtime.ddp_hooks\n"
-                         "nbdist.runtime.ddp_hooks.install()")
+    mods = modules_after("import nbdist.runtime.worker, nbdist.runtime.measure.ddp_hooks\n"
+                         "nbdist.runtime.measure.ddp_hooks.install()")
     assert "torch" in mods
     for banned in ("IPython", "ipywidgets", "zmq", "ipyparallel", "nbdist.display",
                    "nbdist.session"):
@@ -34,8 +34,8 @@ def test_import_nbdist_is_cheap():
 
 def test_measurement_model_and_user_api_are_torch_free():
     # The notebook imports both (nbdist.progress); only ddp_hooks may load torch.
-    mods = modules_after("import nbdist.runtime.measure, nbdist.runtime.progress")
-    for banned in ("torch", "nbdist.runtime.ddp_hooks", "nbdist.telemetry.aggregate"):
+    mods = modules_after("import nbdist.runtime.measure.model, nbdist.runtime.progress")
+    for banned in ("torch", "nbdist.runtime.measure.ddp_hooks", "nbdist.telemetry.aggregate"):
         assert banned not in mods, f"the measurement model imported {banned}"
 
 

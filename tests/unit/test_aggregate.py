@@ -6,12 +6,13 @@ import random
 import statistics
 
 import pytest
-from synthetic import T0, batches, ddp_job, job_batches
+from synthetic import T0, batches, ddp_job, job_batches, stack_sleeping, stack_waiting
 
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState, aggregate
 from nbdist.telemetry.intervals import bandwidth, exposed_seconds, rate, union_seconds
 from nbdist.telemetry.matching import RankStep, flagged, match_step, straggler_scores
+from nbdist.telemetry.snapshot import SLOWEST
 from nbdist.telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
 
 
@@ -170,6 +171,33 @@ def test_a_rank_only_2ms_slower_is_still_named():
     assert snap.ranks[0].waiting_s == approx(0.002)
 
 
+def test_outliers_are_stragglers_failed_ranks_and_the_few_slowest():
+    compute = {r: 0.010 for r in range(40)}
+    compute[20] = 0.016  # the one the others wait for
+    compute[3] = compute[30] = 0.013
+    compute[11] = 0.012  # slow too, but the fourth slowest: not named
+    compute[7] = 0.0104  # 0.4 ms slower: under the 1 ms floor
+    job = ddp_job(compute, steps=8)
+    job[5].append(ev.end(False, T0 + 2, "RuntimeError: out of memory"))
+    state = RunState(range(40))
+    for r, es in job.items():
+        state.feed([{"rank": r, "seq": 1, "events": es}])
+    snap = state.snapshot()
+    assert snap.stragglers == (20,)
+    assert [(o.rank.rank, o.why) for o in snap.outliers()] == [
+        (3, "slow"), (5, "broken"), (20, "straggler"), (30, "slow")]
+    assert SLOWEST == 3 and snap.ranks[11].slower_by_s == approx(0.002)
+
+
+def test_a_rank_away_from_the_collective_the_others_wait_in_is_stalled():
+    state = RunState([0, 1], started=T0)
+    state.feed([{"rank": 0, "seq": 1, "events": [stack_waiting(T0 + 1)]}])
+    state.feed([{"rank": 1, "seq": 1, "events": [stack_sleeping(T0 + 1)]}])
+    assert state.snapshot(at=T0 + 5).outliers() == ()  # under the threshold: no verdict yet
+    assert [(o.rank.rank, o.why) for o in state.snapshot(at=T0 + 12).outliers()] == [
+        (1, "stalled")]
+
+
 def test_clock_skew_between_hosts_moves_nothing():
     job = {0: 0.010, 1: 0.015, 2: 0.010}
     plain = aggregate(job_batches(ddp_job(job)))
@@ -286,14 +314,12 @@ def test_formatting():
     assert fmt_seconds(3725) == "1:02:05" and fmt_seconds(125) == "2:05"
 
 
-def test_snapshot_repr_is_one_line_and_html_escapes():
+def test_snapshot_repr_is_one_line():
     state = RunState([0, 1])
     state.feed(batches(0, ddp_stream(0)) + batches(1, ddp_stream(1)))
     state.feed([{"rank": 1, "seq": 99, "events": [ev.end(False, T0 + 5, "Bad <input>")]}])
     snap = state.snapshot()
     assert repr(snap) == "<RunSnapshot: 2 ranks, 10 steps, 10 steps/s, failed: rank 1>"
-    html = snap._repr_html_()
-    assert "Bad &lt;input&gt;" in html and "<svg" in html and "<table " in html
 
 
 def test_a_rank_far_behind_the_others_does_not_break_the_fold():

@@ -125,7 +125,7 @@ def test_local_magic_called_directly_runs_here_and_raises_errors(shell):
 def test_the_python_twin_refuses_to_run_on_a_rank(monkeypatch):
     import types
 
-    fake = types.SimpleNamespace(_state=types.SimpleNamespace(plan=object()))
+    fake = types.SimpleNamespace(current=lambda: types.SimpleNamespace(plan=object()))
     monkeypatch.setitem(__import__("sys").modules, "nbdist.runtime.worker", fake)
     with pytest.raises(RuntimeError, match="%nbdist auto off"):
         nbdist.auto(False)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 
-from nbdist.backends.base import Backend, Call, Job, WorkerId, poll_until
+from nbdist.backends.base import Backend, Call, Job, WorkerId, poll_until, wait_all
 from nbdist.errors import ClusterError, WorkersDidNotStart
 from nbdist.telemetry.events import Batch
 
@@ -72,6 +72,9 @@ class MemoryBackend(Backend):
     def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
         self.leaving = [w for w in self.workers if w in ids]
         self.workers = [w for w in self.workers if w not in ids]
+
+    def _add_worker(self, known: set) -> None:
+        self.workers.append(max([*known, *self.workers], default=-1) + 1)
 
 
 def test_an_adapter_implements_a_small_abstract_set():
@@ -150,3 +153,58 @@ def testpoll_until():
     calls = iter([False, False, True])
     assert poll_until(lambda: next(calls), 5, interval=0.001)
     assert not poll_until(lambda: False, 0.05, interval=0.01)
+
+
+def test_poll_until_returns_the_first_true_answer_or_the_last_false_one():
+    answers = iter([None, None, "SIGKILL", "later"])
+    assert poll_until(lambda: next(answers), 5, interval=0.001) == "SIGKILL"
+    assert poll_until(lambda: "", 0.02, interval=0.005) == ""
+
+
+def test_add_worker_on_a_cluster_nbdist_did_not_start_is_refused_before_the_adapter():
+    b = MemoryBackend()
+    b.connect(5)
+    with pytest.raises(ClusterError, match="nbdist did not start this memory cluster"):
+        b.add_worker({0, 1})
+    assert b.worker_ids() == [0, 1]
+
+
+def test_add_worker_on_its_own_cluster_reaches_the_adapter():
+    b = MemoryBackend()
+    b.start(2, 5)
+    b.add_worker({0, 1})
+    assert b.worker_ids() == [0, 1, 2]
+
+
+def test_add_worker_on_an_engine_that_cannot_says_so():
+    class Fixed(MemoryBackend):
+        _add_worker = Backend._add_worker
+
+    b = Fixed()
+    b.start(2, 5)
+    with pytest.raises(ClusterError, match="the memory engine cannot add workers"):
+        b.add_worker({0, 1})
+
+
+class _Waiter:
+    def __init__(self, finishes_after: Optional[float]) -> None:
+        self.finishes_after, self.given = finishes_after, []
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        self.given.append(timeout)
+        return self.finishes_after is not None and (
+            timeout is None or self.finishes_after <= timeout)
+
+
+def test_wait_all_shares_one_deadline_and_stops_at_the_first_unfinished():
+    done, stuck, never_asked = _Waiter(0.0), _Waiter(None), _Waiter(0.0)
+    assert not wait_all([done, stuck, never_asked], 5)
+    assert done.given[0] <= 5 and stuck.given[0] <= done.given[0]
+    assert never_asked.given == []
+    assert wait_all([_Waiter(0.0), _Waiter(0.0)], 5)
+
+
+def test_wait_all_without_a_timeout_waits_without_one():
+    a, b = _Waiter(1.0), _Waiter(2.0)
+    assert wait_all([a, b], None)
+    assert a.given == b.given == [None]

@@ -9,7 +9,7 @@ import time
 import pytest
 from synthetic import Sink
 
-from nbdist.runtime.measure import DDPTimes, Telemetry
+from nbdist.runtime.measure.model import DDPTimes, Telemetry
 
 
 class ScriptedTimer:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nbdist.elastic import ElasticError, State, run
-from nbdist.runtime.elastic import joiner_source, picklable_namespace
+from nbdist.runtime.elastic.protocol import Wrapped, joiner_source, picklable_namespace
 
 
 def model_and_opt():
@@ -67,10 +67,10 @@ def test_commits_reuse_their_buffers():
     s = State(model=m)
     s.commit()
     s.commit()
-    ptr = s._commit[1]["model"][1]["weight"].data_ptr()
+    ptr = s.committed()[1]["model"][1]["weight"].data_ptr()
     s.commit()
     s.commit()
-    assert s._commit[1]["model"][1]["weight"].data_ptr() == ptr  # two buffers, alternating
+    assert s.committed()[1]["model"][1]["weight"].data_ptr() == ptr  # two buffers, alternating
     assert s.commits == 4
 
 
@@ -115,7 +115,7 @@ def test_state_pickles_without_its_commit():
     s = State(step=3, name="x")
     s.commit()
     back = pickle.loads(pickle.dumps(s))
-    assert back.step == 3 and back.name == "x" and back._commit is None
+    assert back.step == 3 and back.name == "x" and back.committed() is None
     assert back.commits == 1
 
 
@@ -142,3 +142,38 @@ def test_names_that_cannot_travel_are_left_out_with_the_reason():
     ns = {"__builtins__": {}, "rank": 0, "a": 1, "lock": threading.Lock()}
     kept, dropped = picklable_namespace(ns, pickle.dumps)
     assert kept == {"a": 1} and "lock" in dropped and "pickle" in dropped["lock"]
+
+
+def test_what_the_loop_reads_and_sets_on_a_state_is_its_public_api():
+    m, _ = model_and_opt()
+    s = State(model=m, step=0)
+    s.unfinished = True  # the State's own flag: not an object a commit records
+    assert s.names == ("model", "step") and s.unfinished and s.committed() is None
+    s.commit()
+    peer = State(model=torch.nn.Linear(4, 2), step=0)
+    peer.step = 7
+    peer.commit()
+    peer.commit()
+    s.adopt(peer.committed())  # a commit from a live peer, as healing brings it
+    assert s.commits == 2 and s.restore() == 2 and s.step == 7
+    torch.testing.assert_close(s.model.weight, peer.model.weight, rtol=0, atol=0)
+    with pytest.raises(AttributeError, match="State.names is part of State itself"):
+        State(names=["a"])  # the user's object would hide the State's API: said at once
+
+
+def test_a_model_in_transit_is_committed_through_its_module():
+    m, _ = model_and_opt()
+    s = State(model=Wrapped(m, {}))
+    s.commit()
+    kind, snap = s.committed()[1]["model"]
+    assert kind == "state_dict" and set(snap) == {"weight", "bias"}
+
+
+def test_both_sides_spell_the_store_keys_the_same():
+    from nbdist.runtime.elastic.protocol import arrive_key, cell_of, join_key, plan_key, run_key
+
+    key = run_key("c0ffee", 2)
+    assert cell_of(key) == "c0ffee"
+    assert len({plan_key(key, 1), plan_key(key, 2), join_key(key),
+                arrive_key(key, 1, "7")}) == 4
+    assert all(k.startswith(key + "/") for k in (plan_key(key, 1), join_key(key)))

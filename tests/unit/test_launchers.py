@@ -10,8 +10,8 @@ import logging
 import ipyparallel as ipp
 import pytest
 
-from nbdist.backends.dask import DaskBackend, cluster_spec
-from nbdist.backends.ipyparallel import launcher_settings
+from nbdist.backends.dask import DaskBackend
+from nbdist.backends.launchers import cluster_spec, launcher_settings
 from nbdist.errors import MissingPackageError
 from nbdist.options import LaunchOptions
 from nbdist.session import Session
@@ -34,11 +34,11 @@ def test_local_needs_no_launcher_but_runs_under_the_lifeline():
     for launcher, module in (("LocalControllerLauncher", "controller"),
                              ("LocalEngineSetLauncher", "engine")):
         cmd = config[launcher][f"{module}_cmd"]
-        assert cmd[1:3] == ["-m", "nbdist.runtime.lifeline"]
+        assert cmd[1:3] == ["-m", "nbdist.runtime.boot.lifeline"]
         assert f"ipyparallel.{module}" in cmd
     # engines import torch while they start, and may start before the controller's file exists
     engine = config["LocalEngineSetLauncher"]["engine_cmd"]
-    assert engine[engine.index("ipyparallel.engine") - 1] == "nbdist.runtime.preload"
+    assert engine[engine.index("ipyparallel.engine") - 1] == "nbdist.runtime.boot.preload"
     assert engine[-1] == "--IPEngine.wait_for_url_file=300"
 
 
@@ -164,3 +164,14 @@ def test_the_log_of_an_engine_killed_by_a_signal_is_not_shown(tmp_path, exit_cod
         cluster_id="c1", identifier="1", output_file=str(log_file))
     engine.notify_stop({"exit_code": exit_code, "pid": 12345})
     assert any(m.startswith("Output for 1:") for m in seen) is shown, seen
+
+
+def test_scaling_an_ipyparallel_cluster_nbdist_did_not_start_names_its_tools():
+    from nbdist.backends.ipyparallel import IpyparallelBackend
+    from nbdist.errors import ClusterError
+
+    backend = IpyparallelBackend()
+    backend.client = object()  # connected, to a cluster someone else started
+    with pytest.raises(ClusterError) as info:
+        backend.scale(3, 1)
+    assert "(ipcluster, Slurm, ...), then run %nbdist restart" in str(info.value)

@@ -1,9 +1,10 @@
-"""The import rules of the house, checked by reading every import (function-local ones too).
+"""The import rules of the house, checked by reading every import: function-local ones, those
+in display hooks (``__repr__``, ``_repr_html_``) and those under ``if TYPE_CHECKING:`` too.
 
 Commands flow down (magics → session → backends → runtime on the workers), events flow up
-(runtime → telemetry's run record → display). Imports under ``if TYPE_CHECKING:`` are for type
-checkers only and do not count; a display hook (``__repr__``, ``_repr_html_``) may reach the
-display layer, which draws for it.
+(runtime → telemetry's run record → display). No module imports one that imports it back,
+counted as ``shared/tools/import_cycles.py`` counts: ``from pkg import name`` reads as importing
+``pkg`` as well as ``pkg.name``, and a package may import its own submodules.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "nbdist"
-DISPLAY_HOOKS = {"__repr__", "_repr_html_", "_repr_mimebundle_", "_ipython_display_"}
 
 # module prefix -> prefixes it must never import
 FORBIDDEN = {
@@ -23,12 +23,29 @@ FORBIDDEN = {
     "nbdist.runtime": ("IPython", "ipywidgets", "ipyparallel", "distributed", "dask",
                        "nbdist.display", "nbdist.session", "nbdist.magics", "nbdist.backends",
                        "nbdist.telemetry.aggregate", "nbdist.telemetry.run",
-                       "nbdist.telemetry.trace", "nbdist.errors", "nbdist.options"),
+                       "nbdist.telemetry.trace", "nbdist.telemetry.stall", "nbdist.errors",
+                       "nbdist.options"),
+    # the numbers: views draw them, they never draw themselves
     "nbdist.telemetry": ("nbdist.session", "nbdist.backends", "nbdist.runtime", "nbdist.magics",
-                         "IPython", "ipywidgets", "torch"),
+                         "nbdist.display", "nbdist.records", "IPython", "ipywidgets", "torch"),
+    # records users hold draw themselves through the leaf nbdist.layout, never the views
+    "nbdist.records": ("nbdist.display", "nbdist.session", "nbdist.backends", "nbdist.runtime",
+                       "nbdist.magics", "IPython", "ipywidgets", "torch"),
     "nbdist.backends": ("nbdist.session", "nbdist.magics", "nbdist.display", "IPython",
                         "ipywidgets"),
     "nbdist.session": ("nbdist.magics", "IPython", "ipywidgets"),
+    # The session's rooms: who is in the job, and the cell loop. Views reach the cell loop as
+    # objects the session made; neither room draws, nor calls back up into the session.
+    "nbdist.membership": ("nbdist.session", "nbdist.cell_run", "nbdist.elastic_coordinator",
+                          "nbdist.display", "nbdist.magics", "IPython", "ipywidgets", "torch"),
+    "nbdist.cell_run": ("nbdist.session", "nbdist.display", "nbdist.magics", "IPython",
+                        "ipywidgets", "torch"),
+    # Elastic training: the notebook's half, and the workers' half, which never reaches back
+    # into the notebook's modules (nbdist.elastic, its user-facing name, included).
+    "nbdist.elastic_coordinator": ("nbdist.session", "nbdist.cell_run", "nbdist.display",
+                                   "nbdist.magics", "IPython", "ipywidgets", "torch"),
+    "nbdist.runtime.elastic": ("nbdist.elastic", "nbdist.elastic_coordinator",
+                               "nbdist.membership", "nbdist.cell_run", "nbdist.rendezvous"),
     "nbdist.errors": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     "nbdist.options": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     # runs on every cell's text: IPython's hook only, nothing heavy
@@ -40,17 +57,18 @@ FORBIDDEN = {
        for m in ("nbdist.profiles", "nbdist.history", "nbdist.export")},
 }
 # Leaves: stdlib only, so any layer may use them.
-LEAVES = ("nbdist.telemetry.units", "nbdist.telemetry.intervals", "nbdist.telemetry.states",
-          "nbdist.telemetry.events", "nbdist.runtime.results", "nbdist.runtime.env")
+LEAVES = ("nbdist.layout", "nbdist.telemetry.units", "nbdist.telemetry.intervals",
+          "nbdist.telemetry.states", "nbdist.telemetry.events", "nbdist.telemetry.stall_rules",
+          "nbdist.runtime.results", "nbdist.runtime.env")
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def all_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in ROOT.rglob("*.py")}
+def all_modules(root: Path = ROOT) -> dict[str, Path]:
+    return {module_name(p, root): p for p in root.rglob("*.py")}
 
 
 def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
@@ -62,21 +80,16 @@ def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
 
 
 class _Imports(ast.NodeVisitor):
-    """Collects (imported module, enclosing function names) pairs, skipping TYPE_CHECKING."""
+    """Collects (imported name, enclosing function names) pairs from every import statement.
 
-    def __init__(self, mod: str, is_pkg: bool, modules: set[str]):
-        self.mod, self.is_pkg, self.modules = mod, is_pkg, modules
+    ``from pkg import name`` gives both ``pkg`` and ``pkg.name``: importing a name from a
+    package runs the package, whether the name is a submodule or not.
+    """
+
+    def __init__(self, mod: str, is_pkg: bool):
+        self.mod, self.is_pkg = mod, is_pkg
         self.found: list[tuple[str, tuple[str, ...]]] = []
         self._funcs: list[str] = []
-
-    def visit_If(self, node: ast.If) -> None:
-        test = node.test
-        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
-            for child in node.orelse:
-                self.visit(child)
-            return
-        self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         self._funcs.append(node.name)
@@ -91,26 +104,34 @@ class _Imports(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         base = _resolve(self.mod, self.is_pkg, node)
+        self.found.append((base, tuple(self._funcs)))
         for alias in node.names:
-            sub = f"{base}.{alias.name}"
-            self.found.append((sub if sub in self.modules else base, tuple(self._funcs)))
+            self.found.append((f"{base}.{alias.name}", tuple(self._funcs)))
 
 
-def imports_of(mod: str, path: Path, modules: set[str]) -> list[tuple[str, tuple[str, ...]]]:
-    visitor = _Imports(mod, path.name == "__init__.py", modules)
+def imports_of(mod: str, path: Path) -> list[tuple[str, tuple[str, ...]]]:
+    visitor = _Imports(mod, path.name == "__init__.py")
     visitor.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
     return visitor.found
 
 
-def graph() -> dict[str, set[str]]:
-    """nbdist-internal edges, display hooks excluded."""
-    modules = all_modules()
+def _module_of(name: str, modules: set[str]) -> str:
+    """The package's module that importing ``name`` runs ("" for none: another package)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """The package's modules and, for each, the other modules of the package it imports."""
+    modules = all_modules(root)
     names = set(modules)
     edges: dict[str, set[str]] = {m: set() for m in modules}
     for mod, path in modules.items():
-        for target, funcs in imports_of(mod, path, names):
-            if target in names and target != mod and not DISPLAY_HOOKS & set(funcs):
-                edges[mod].add(target)
+        for target, _funcs in imports_of(mod, path):
+            to = _module_of(target, names)
+            if to and to != mod:
+                edges[mod].add(to)
     return edges
 
 
@@ -121,30 +142,32 @@ def _matches(name: str, prefix: str) -> bool:
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layer_rules(layer):
     modules = all_modules()
-    bad = []
+    bad = set()
     for mod, path in modules.items():
         if not _matches(mod, layer):
             continue
-        for target, funcs in imports_of(mod, path, set(modules)):
-            if DISPLAY_HOOKS & set(funcs):
-                continue
+        for target, funcs in imports_of(mod, path):
+            target = _module_of(target, set(modules)) or target
+            if target in LEAVES:
+                continue  # stdlib only: any layer may use them
             for banned in FORBIDDEN[layer]:
                 if _matches(target, banned) and not _matches(target, layer):
-                    bad.append(f"{mod} imports {target}" + (f" in {funcs[-1]}()" if funcs else ""))
-    assert not bad, "\n".join(bad)
+                    bad.add(f"{mod} imports {target}" + (f" in {funcs[-1]}()" if funcs else ""))
+    assert not bad, "\n".join(sorted(bad))
 
 
 def test_leaves_import_no_nbdist_module():
     modules = all_modules()
     for leaf in LEAVES:
-        inner = [t for t, _ in imports_of(leaf, modules[leaf], set(modules))
+        inner = [t for t, _ in imports_of(leaf, modules[leaf])
                  if _matches(t, "nbdist") and not t.startswith("nbdist.telemetry.events")]
         assert not inner, f"{leaf} imports {inner}"
 
 
-def test_no_import_cycles():
-    edges = graph()
-    # Tarjan's strongly connected components: any with two or more modules is a cycle.
+def import_cycles(edges: dict[str, set[str]], packages: set[str]) -> list[list[str]]:
+    """Every group of modules that import each other, by Tarjan's strongly connected
+    components. As ``import_cycles.py`` counts: a group is a cycle when two or more plain
+    modules (not ``packages``, the ``__init__`` modules) take part in it."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -169,12 +192,21 @@ def test_no_import_cycles():
                 comp.append(w)
                 if w == v:
                     break
-            if len(comp) > 1:
+            if len([m for m in comp if m not in packages]) >= 2:
                 cycles.append(sorted(comp))
 
     for v in sorted(edges):
         if v not in index:
             visit(v)
+    return cycles
+
+
+def _packages(root: Path = ROOT) -> set[str]:
+    return {m for m, p in all_modules(root).items() if p.name == "__init__.py"}
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(graph(), _packages())
     assert not cycles, f"import cycles: {cycles}"
 
 
@@ -183,5 +215,41 @@ def test_the_checker_sees_function_local_imports(tmp_path):
     src = "def f():\n    from ..session import Session\n"
     path = tmp_path / "mod.py"
     path.write_text(src)
-    found = imports_of("nbdist.display.mod", path, {"nbdist.session"})
+    found = imports_of("nbdist.display.mod", path)
     assert ("nbdist.session", ("f",)) in found
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    pkg = root / "pkg"
+    for name, src in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(src)
+    return pkg
+
+
+def test_the_checker_counts_cycles_through_display_hooks_and_type_checking(tmp_path):
+    # A record drawing itself through a view that names it for type checkers is a cycle.
+    pkg = _package(tmp_path, {
+        "__init__.py": "",
+        "record.py": "class R:\n    def _repr_html_(self):\n"
+                     "        from .view import draw\n        return draw(self)\n",
+        "view.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                   "    from .record import R\n",
+        "leaf.py": "",
+    })
+    assert import_cycles(graph(pkg), _packages(pkg)) == [["pkg.record", "pkg.view"]]
+
+
+def test_the_checker_reads_from_dot_import_as_importing_the_package(tmp_path):
+    # `from . import automode` runs the package: here its __init__ imports _extension, which
+    # imports magics, which imports the package back.
+    pkg = _package(tmp_path, {
+        "__init__.py": "from ._extension import load\n",
+        "_extension.py": "def load():\n    from .magics import M\n",
+        "magics.py": "from . import automode\n",
+        "automode.py": "",
+    })
+    assert import_cycles(graph(pkg), _packages(pkg)) == [
+        ["pkg", "pkg._extension", "pkg.magics"]]
+    (pkg / "magics.py").write_text("import pkg.automode as automode\n")
+    assert import_cycles(graph(pkg), _packages(pkg)) == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from synthetic import Sink
 
-from nbdist.runtime.measure import _MAX_HELD, Telemetry
+from nbdist.runtime.measure.model import _MAX_HELD, Telemetry
 
 
 @pytest.fixture

@@ -1,8 +1,20 @@
 """Pure option parsing: rank selections and option records."""
 
+from typing import get_args, get_type_hints
+
 import pytest
 
-from nbdist.options import CellOptions, ClusterOptions, parse_ranks
+from nbdist.errors import OptionError
+from nbdist.options import (
+    ENGINE_LAUNCHERS,
+    ENGINES,
+    LAUNCHERS,
+    CellDefaults,
+    CellOptions,
+    ClusterOptions,
+    LaunchOptions,
+    parse_ranks,
+)
 
 
 @pytest.mark.parametrize("spec,world,expected", [
@@ -48,3 +60,29 @@ def test_cell_options_validate():
         CellOptions(output="loud")
     with pytest.raises(ValueError, match="positive"):
         CellOptions(timeout=-1)
+
+
+def test_hosts_place_the_workers():
+    ssh = LaunchOptions(launcher="ssh", listen="10.0.0.1", hosts={"a": 2, "b": 1})
+    assert ClusterOptions(launch=ssh).n == 3
+    assert ClusterOptions(n=2, launch=ssh).n == 2
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: LaunchOptions(launcher="slurmm"), "unknown launcher"),
+    (lambda: LaunchOptions(cpus=0), "cpus per worker must be at least 1"),
+    (lambda: LaunchOptions(gpus=-1), "gpus per worker must be at least 0"),
+    (lambda: LaunchOptions(launcher="ssh", hosts={"a": 0}), "host 'a' must be at least 1"),
+    (lambda: CellDefaults(elastic_max_failures=-1), "max_failures must be at least 0"),
+    (lambda: CellDefaults(output="loud"), "output mode"),
+])
+def test_records_refuse_values_out_of_range(make, message):
+    with pytest.raises(OptionError, match=message):
+        make()
+
+
+def test_choices_are_the_fields_literal_types():
+    hints = get_type_hints(ClusterOptions)
+    assert get_args(hints["engine"]) == ENGINES == ("ipyparallel", "dask")
+    assert get_args(get_type_hints(LaunchOptions)["launcher"]) == LAUNCHERS
+    assert set(LAUNCHERS) == {name for names in ENGINE_LAUNCHERS.values() for name in names}

@@ -7,10 +7,11 @@ import pytest
 from synthetic import Sink
 
 from nbdist.display.html import detail_tables, run_summary
-from nbdist.display.tables import comparison_table, dims_table, pipeline_table
+from nbdist.display.tables import dims_table, pipeline_table
 from nbdist.display.text import format_line, format_summary
+from nbdist.records import Comparison
 from nbdist.runtime import mesh
-from nbdist.runtime.measure import Telemetry
+from nbdist.runtime.measure.model import Telemetry
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
 from nbdist.telemetry.compare import compare
@@ -217,7 +218,7 @@ def test_compare_has_a_bubble_for_pipelines_only():
     runs = compare({"pipeline": snapshot(pipeline_run(4, busy=0.75)),
                     "ddp": snapshot({0: [ev.step(0, T0, T0 + 1, samples=4)]})})
     assert runs[0].bubble == pytest.approx(0.25) and runs[1].bubble is None
-    header, rows = comparison_table(runs)
+    header, rows = Comparison(runs).table()
     assert "bubble" in header
     assert rows[0].cells[header.index("bubble")] == "25%"
-    assert "bubble" not in comparison_table(runs[1:]).header
+    assert "bubble" not in Comparison(runs[1:]).table().header

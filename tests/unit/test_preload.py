@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from nbdist.runtime import preload
+from nbdist.runtime.boot import preload
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,7 +22,7 @@ def test_preload_runs_the_module_as_main_with_its_arguments_while_torch_imports(
             t.join(60)
         print(__name__, sys.argv[1:], len(started), "torch._dynamo" in sys.modules)
     """))
-    out = subprocess.run([sys.executable, "-m", "nbdist.runtime.preload", "probe", "--x", "1"],
+    out = subprocess.run([sys.executable, "-m", "nbdist.runtime.boot.preload", "probe", "--x", "1"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from nbdist.errors import OptionError, ProfileError
-from nbdist.options import CellDefaults, ClusterOptions
+from nbdist.options import CellDefaults, ClusterOptions, LaunchOptions, Measure
 from nbdist.profiles import (
+    _LAYOUTS,
+    _TREE,
     Profile,
     dump_profile,
     from_options,
@@ -28,11 +30,23 @@ def write(tmp_path: Path, text: str, name: str = "p.yaml") -> str:
     return str(path)
 
 
-def test_every_section_reaches_the_option_records(tmp_path):
+def test_every_key_reaches_its_field(tmp_path):
     path = write(tmp_path, """
         cluster:
           engine: dask
           workers: 3
+          launcher: ssh
+          listen: 10.0.0.1
+          hosts: {a: 2, b: 1}
+          resources:
+            cpus: 4
+            memory: 8GB
+            gpus: 0
+            queue: q
+            account: acc
+            walltime: "01:00:00"
+            image: img:1
+            options: {connect_options: {known_hosts: null}}
         runtime:
           device: cpu
           dist_backend: gloo
@@ -43,16 +57,35 @@ def test_every_section_reaches_the_option_records(tmp_path):
         training:
           output: all
           telemetry: false
+          collective_timing: false
+          bucket_timing: true
+          stall_after: 20
           cell_timeout: 30
-          elastic: {max_failures: 2, min_workers: 1}
+          elastic: {max_failures: 2}
     """)
     options, defaults = to_options(load_profile(path))
+    launch = LaunchOptions(launcher="ssh", listen="10.0.0.1", hosts={"a": 2, "b": 1}, cpus=4,
+                           memory="8GB", gpus=0, queue="q", account="acc", walltime="01:00:00",
+                           image="img:1", options={"connect_options": {"known_hosts": None}})
     assert options == ClusterOptions(engine="dask", n=3, device="cpu", dist_backend="gloo",
-                                     threads=2, timeout=60.0,
+                                     threads=2, timeout=60.0, launch=launch,
                                      env={"NCCL_IB_DISABLE": "1", "NAME": "x"},
                                      working_dir="/scratch")
-    assert defaults == CellDefaults(output="all", telemetry=False, timeout=30.0,
-                                    elastic_max_failures=2, elastic_min_workers=1)
+    measure = Measure(telemetry=False, collectives=False, buckets=True, stall_after=20.0)
+    assert defaults == CellDefaults(output="all", measure=measure, timeout=30.0,
+                                    elastic_max_failures=2)
+
+
+def test_each_key_sets_one_field_and_the_layout_is_the_documented_one():
+    keys = [".".join(k) for layout in _LAYOUTS for _, k in layout]
+    assert len(keys) == len(set(keys))
+    assert list(_TREE) == ["cluster", "runtime", "training"]
+    assert list(_TREE["cluster"]) == ["engine", "workers", "launcher", "listen", "hosts",
+                                      "resources"]
+    assert list(_TREE["runtime"]) == ["device", "dist_backend", "threads", "timeout", "env",
+                                      "working_dir"]
+    assert list(_TREE["training"]) == ["output", "telemetry", "collective_timing",
+                                       "bucket_timing", "stall_after", "cell_timeout", "elastic"]
 
 
 def test_an_empty_profile_is_the_defaults(tmp_path):
@@ -80,8 +113,8 @@ def test_example_profiles_are_valid(name):
 
 
 def test_the_examples_cover_what_the_docs_promise():
-    launchers = {load_profile(p).cluster.launcher for p in EXAMPLES.glob("*.yaml")}
-    engines = {load_profile(p).cluster.engine for p in EXAMPLES.glob("*.yaml")}
+    launchers = {load_profile(p).options.launch.launcher for p in EXAMPLES.glob("*.yaml")}
+    engines = {load_profile(p).options.engine for p in EXAMPLES.glob("*.yaml")}
     assert {"local", "slurm", "kubernetes"} <= launchers and engines == {"ipyparallel", "dask"}
 
 
@@ -112,6 +145,13 @@ def test_unknown_key_names_file_line_key_and_the_nearest_valid_key(tmp_path):
 def test_unknown_section_suggests_the_section(tmp_path):
     err = problem(tmp_path, "runtme:\n  device: cpu\n")
     assert "line 1: runtme: unknown key; did you mean 'runtime'?" in str(err)
+
+
+def test_a_section_is_a_mapping_or_left_empty(tmp_path):
+    err = problem(tmp_path, "cluster: 4\n")
+    assert "line 1: cluster: a section of keys (engine, workers" in str(err)
+    assert to_options(parse_profile("cluster:\ntraining:\n  elastic:\n")) == (
+        ClusterOptions(), CellDefaults())
 
 
 def test_wrong_type_names_the_line_and_the_value(tmp_path):
@@ -165,6 +205,14 @@ def test_not_a_mapping(tmp_path):
 
 
 @pytest.mark.parametrize("text,line,key,message", [
+    # unknown keys, in every section
+    ("training:\n  elastic:\n    min_workers: 2\n", 3, "training.elastic.min_workers",
+     "unknown key. Valid keys here: max_failures"),
+    ("cluster:\n  resources:\n    gpu: 1\n", 3, "cluster.resources.gpu",
+     "did you mean 'gpus'?"),
+    ("runtime:\n  device: cpu\n  env_vars: {A: b}\n", 3, "runtime.env_vars",
+     "Valid keys here: device, dist_backend, threads, timeout, env, working_dir"),
+    # options that do not go together
     ("cluster:\n  engine: dask\n  launcher: mpi\n", 3, "cluster.launcher",
      "the dask engine has no 'mpi' launcher"),
     ("cluster:\n  launcher: kubernetes\n", 2, "cluster.launcher",
@@ -174,11 +222,22 @@ def test_not_a_mapping(tmp_path):
      "needs --device cuda"),
     ("cluster:\n  launcher: ssh\n  listen: h\n  hosts: [a]\n  workers: 3\n", 5,
      "cluster.workers", "more than the 1"),
+    # values out of range, checked by the record too
+    ("cluster:\n  workers: 0\n", 2, "cluster.workers", "at least 1, got 0"),
+    ("cluster:\n  resources:\n    cpus: 0\n", 3, "cluster.resources.cpus", "at least 1"),
+    ("cluster:\n  resources: {gpus: -1}\n", 2, "cluster.resources.gpus", "at least 0"),
+    ("cluster:\n  launcher: ssh\n  listen: h\n  hosts:\n    a: 0\n", 4, "cluster.hosts",
+     "the workers on host 'a' must be at least 1"),
+    ("runtime:\n  threads: 0\n", 2, "runtime.threads", "at least 1"),
+    ("runtime:\n  timeout: 0\n", 2, "runtime.timeout", "must be positive"),
+    ("training:\n  cell_timeout: -1\n", 2, "training.cell_timeout", "must be positive"),
+    ("training:\n  elastic:\n    max_failures: -1\n", 3, "training.elastic.max_failures",
+     "at least 0"),
 ])
-def test_options_that_do_not_go_together_point_at_the_key(tmp_path, text, line, key, message):
+def test_each_problem_points_at_its_line_and_key(tmp_path, text, line, key, message):
     err = problem(tmp_path, text)
-    assert err.problems[0][:2] == (line, key)
-    assert message in str(err)
+    assert len(err.problems) == 1 and err.problems[0][:2] == (line, key)
+    assert message in err.problems[0][2]
 
 
 def test_dask_jobqueue_needs_listen_but_kubernetes_does_not(tmp_path):
@@ -196,9 +255,10 @@ def test_saved_options_load_back_equal(tmp_path):
     assert to_options(again) == (options, defaults)
 
 
-def test_profile_objects_validate_like_files():
-    with pytest.raises(Exception, match="extra"):
-        Profile.model_validate({"cluster": {"nodes": 2}})
+def test_profiles_from_records_and_back():
+    assert to_options(Profile()) == (ClusterOptions(), CellDefaults())
+    assert to_options(from_options(ClusterOptions(n=2), CellDefaults(output="all"))) == (
+        ClusterOptions(n=2), CellDefaults(output="all"))
 
 
 @pytest.mark.parametrize("text,key,message", [

@@ -124,8 +124,8 @@ def test_warnings_on_a_rank_become_events_not_stderr_text():
 
 def test_a_tqdm_bar_in_a_cell_reports_progress_and_writes_nothing(monkeypatch):
     tqdm_std = pytest.importorskip("tqdm.std")
-    from nbdist.runtime import tqdm_bars
-    from nbdist.runtime.measure import telemetry
+    from nbdist.runtime.measure import tqdm_bars
+    from nbdist.runtime.measure.model import telemetry
 
     sent = []
 
@@ -136,7 +136,7 @@ def test_a_tqdm_bar_in_a_cell_reports_progress_and_writes_nothing(monkeypatch):
     bar_class = tqdm_bars._reporting(tqdm_std.tqdm)
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
-    telemetry.begin_cell(Sink(), enabled=True)
+    telemetry.begin_cell(Sink())
     try:
         for _ in bar_class(range(30), desc="train", mininterval=0):
             pass

@@ -1,5 +1,5 @@
-"""The Session's coordination on a scripted in-memory backend: error shaping, timeouts,
-group generations and the event grace period, in milliseconds."""
+"""The Session, its membership and its cell loop on a scripted in-memory backend: error
+shaping, timeouts, group generations and the event grace period, in milliseconds."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import time
 import pytest
 from fakes import Scripted, ScriptedBackend, failed, ok
 
-from nbdist import session as session_mod
+from nbdist import cell_run
+from nbdist.backends.base import Outcome
 from nbdist.errors import (
     REBUILD_DDP,
     CellTimeoutError,
+    ClusterError,
     DistributedError,
     InterruptTimeoutError,
     NoClusterError,
     OptionError,
+    WorkerCallFailed,
     WorkersGone,
 )
 from nbdist.runtime import results
@@ -101,7 +104,7 @@ def test_timeout_interrupts_the_late_ranks_and_bumps_the_generation(session, bac
 
 
 def test_a_rank_that_ignores_the_interrupt_is_named(session, backend, monkeypatch):
-    monkeypatch.setattr(session_mod, "_INTERRUPT_GRACE", 0.05)
+    monkeypatch.setattr(cell_run, "_INTERRUPT_GRACE", 0.05)
     backend.script(r0=Scripted(hang=True, ignores_interrupt=True))
     with pytest.raises(InterruptTimeoutError, match=r"rank\(s\) \[0\] did not stop.*restart"):
         session.run_cell("stuck()", timeout=0.1)
@@ -145,7 +148,7 @@ def test_the_last_batch_a_result_carries_is_folded_after_the_batches_sent_before
 
 
 def test_a_result_that_carries_its_only_batch_waits_for_nothing(session, backend, monkeypatch):
-    monkeypatch.setattr(session_mod, "_EVENT_GRACE", 30.0)
+    monkeypatch.setattr(cell_run, "_EVENT_GRACE", 30.0)
     backend.script(r0=Scripted(results.finish(results.cell_ok(), seconds=0.01,
                                               group_alive=True, seq=0,
                                               tail=dict(step(0, 0, 1), seq=1))))
@@ -156,7 +159,7 @@ def test_a_result_that_carries_its_only_batch_waits_for_nothing(session, backend
 
 
 def test_missing_batches_give_up_after_the_grace_period(session, backend, monkeypatch):
-    monkeypatch.setattr(session_mod, "_EVENT_GRACE", 0.05)
+    monkeypatch.setattr(cell_run, "_EVENT_GRACE", 0.05)
     backend.script(r0=Scripted(ok(seq=5), batches=[step(0, 0, 1)]))  # batches 2-5 never come
     session.run_cell("train()")
     assert session.last_run.ranks[0].steps == 1
@@ -241,3 +244,30 @@ def test_a_worker_the_engine_dropped_is_named_by_rank(session, backend):
     backend.ids.remove(backend.ids[0])  # gone without a failed call first
     with pytest.raises(WorkersGone, match=r"rank\(s\) 0 "):
         session.run_cell("x = 1")
+
+
+def test_nbdists_own_calls_fail_naming_the_workers_and_what_they_were_for(
+        session, backend, monkeypatch):
+    submit = backend.submit
+
+    def engine_fails(calls):
+        job = submit(calls)
+        job.outcomes = lambda: [Outcome(c.worker, engine_error="EngineError: died")
+                                for c in calls]
+        return job
+
+    monkeypatch.setattr(backend, "submit", engine_fails)
+    with pytest.raises(WorkerCallFailed, match="could not push values:\nworker 100: Engine") \
+            as info:
+        session.push({"x": 1})
+    assert isinstance(info.value, ClusterError) and set(info.value.errors) == set(backend.ids)
+
+    def never_answers(calls):
+        job = submit(calls)
+        job.wait = lambda timeout: False
+        job.pending = lambda: [c.worker for c in calls]
+        return job
+
+    monkeypatch.setattr(backend, "submit", never_answers)
+    with pytest.raises(WorkerCallFailed, match=r"workers \[100\] did not pull 'x' within 5 s"):
+        session.pull("x")

@@ -16,6 +16,7 @@ from nbdist.errors import (
     ProfileError,
 )
 from nbdist.history import CellEntry, PushEntry
+from nbdist.options import Measure
 from nbdist.profiles import load_profile, to_options
 from nbdist.session import Session
 
@@ -85,12 +86,12 @@ def test_cells_take_the_profiles_training_defaults(profile):
     session.start(profile=profile)
     backend = made[0]
     session.run_cell("x = 1")
-    assert backend.kwargs["run_cell"][-1] == {"telemetry": False, "collectives": True,
-                                             "buckets": False, "coordinated": False,
-                                             "stall_after": None}
-    session.run_cell("x = 1", telemetry=True, bucket_timing=True)  # the cell's own flags win
-    assert backend.kwargs["run_cell"][-1]["telemetry"] is True
-    assert backend.kwargs["run_cell"][-1]["buckets"] is True
+    assert backend.kwargs["run_cell"][-1] == {"measure": Measure(telemetry=False),
+                                             "coordinated": False}
+    # the cell's own flags win, and the record travels whole
+    session.run_cell("x = 1", telemetry=True, bucket_timing=True, stall_after=5)
+    assert backend.kwargs["run_cell"][-1]["measure"] == Measure(telemetry=True, buckets=True,
+                                                                stall_after=5)
     backend.script(r0=Scripted(hang=True))
     with pytest.raises(CellTimeoutError, match="0.05 s"):  # training.cell_timeout
         session.run_cell("while True: pass")

@@ -9,7 +9,7 @@ import pytest
 from fakes import Scripted, ScriptedBackend
 from synthetic import T0, stack_sleeping, stack_waiting
 
-from nbdist import session as session_mod
+from nbdist import cell_run
 from nbdist.display import html as H
 from nbdist.display.text import TextDashboard, format_summary
 from nbdist.errors import CellInterrupted, CellTimeoutError
@@ -22,13 +22,12 @@ from nbdist.telemetry.stall import (
     ELSEWHERE,
     FAILED,
     FINISHED,
-    STALL_FLOOR_S,
     UNKNOWN,
     WAITING,
     headline,
-    stall_threshold,
     where_lines,
 )
+from nbdist.telemetry.stall_rules import STALL_FLOOR_S, stall_threshold
 
 
 def feed(state: RunState, rank: int, *events: dict, seq: int = 1) -> None:
@@ -287,14 +286,14 @@ def test_session_timeout_error_carries_the_ranks_reports(session, backend):
     assert info.value.where.missing == (1,)
     assert "rank 1: in time.sleep(0.05) at In [7], line 5" in str(info.value)
     call = backend.submitted[-1]
-    assert call.kwargs["stall_after"] == 30  # the workers sample on the same threshold
+    assert call.kwargs["measure"].stall_after == 30  # the workers sample on the same threshold
 
 
 def test_session_interrupt_raises_a_keyboard_interrupt_with_the_reports(
         session, backend, monkeypatch):
     _hung_cell(backend)
     polls = [0]
-    pump = session_mod.Session._pump
+    pump = cell_run.pump
 
     def interrupted_on_the_third_poll(job, run, view, healer=None, carried=()):
         polls[0] += 1
@@ -302,7 +301,7 @@ def test_session_interrupt_raises_a_keyboard_interrupt_with_the_reports(
             raise KeyboardInterrupt  # the kernel's stop button, while the cell runs
         pump(job, run, view, healer, carried)
 
-    monkeypatch.setattr(session_mod.Session, "_pump", staticmethod(interrupted_on_the_third_poll))
+    monkeypatch.setattr(cell_run, "pump", interrupted_on_the_third_poll)
     with pytest.raises(KeyboardInterrupt) as info:
         session.run_cell("hang()")
     assert isinstance(info.value, CellInterrupted) and info.value.ranks == [0, 1]

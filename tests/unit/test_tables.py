@@ -7,18 +7,12 @@ from html.parser import HTMLParser
 
 from synthetic import T0, ddp_job, job_batches, training_events
 
+from nbdist import layout as L
 from nbdist.display import html as H
-from nbdist.display.html import run_summary, status_table
-from nbdist.display.tables import (
-    AGGREGATE_ABOVE,
-    RUN_HEADER,
-    STATUS_HEADER,
-    diagnosis_phrases,
-    run_table,
-    status_rows,
-)
-from nbdist.display.text import format_line, format_status, format_summary
-from nbdist.records import ClusterStatus, WorkerRow
+from nbdist.display.html import run_summary
+from nbdist.display.tables import AGGREGATE_ABOVE, RUN_HEADER, diagnosis_phrases, run_table
+from nbdist.display.text import format_line, format_summary
+from nbdist.records import STATUS_HEADER, ClusterStatus, WorkerRow
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
 from nbdist.telemetry.states import RankState
@@ -123,10 +117,10 @@ def test_html_escapes_remote_strings_and_colours_broken_rows():
     assert "ValueError: &lt;bad&gt; &amp;co" in markup and "<bad>" not in markup
     parsed = _Cells(markup)
     broken = [row.broken for row in run_table(snap).rows]
-    assert [H.FAIL in s for s in parsed.styles[1:]] == broken  # row 0 is the header
+    assert [L.FAIL in s for s in parsed.styles[1:]] == broken  # row 0 is the header
     assert ["nbdist-straggler" in c for c in parsed.classes[1:]] == [False, False, True]
     # the header names the rank everyone waits for, in the straggler colour
-    assert f"color:{H.STRAGGLER}'>rank 2 is 40 ms/step slower" in markup
+    assert f"color:{L.STRAGGLER}'>rank 2 is 40 ms/step slower" in markup
     assert "rank 2 is 40 ms/step slower" in format_summary(snap)
 
 
@@ -182,7 +176,7 @@ def test_run_table_columns_have_fixed_widths_and_never_wrap():
 
 
 def test_straggler_and_exposed_communication_colours_differ():
-    colours = {H.COMPUTE, H.WAITING, H.TRANSFER, H.STRAGGLER, H.FAIL, H.BANDWIDTH}
+    colours = {L.COMPUTE, L.WAITING, L.TRANSFER, L.STRAGGLER, L.FAIL, L.BANDWIDTH}
     assert len(colours) == 6
     # the straggler keeps its colour when the run is over (its bar, its rank cell)
     snap = aggregate_job({0: 0.010, 1: 0.015})
@@ -190,7 +184,7 @@ def test_straggler_and_exposed_communication_colours_differ():
     markup = H.run_table_html(done)
     row = markup[markup.index("nbdist-rank-1"):]
     row = row[:row.index("</tr>")]
-    assert f"background:{H.STRAGGLER}" in row and f"color:{H.STRAGGLER}" in row
+    assert f"background:{L.STRAGGLER}" in row and f"color:{L.STRAGGLER}" in row
     assert "finished in" in H.run_header(done, final=True)
 
 
@@ -216,23 +210,23 @@ def test_scalar_charts_say_whose_values_they_show():
 
 def test_status_text_and_html_show_the_same_table():
     st = status()
-    header, rows = status_rows(st)
+    header, rows = st.table()
     assert header == STATUS_HEADER
     expected = [list(header), *(list(row.cells) for row in rows)]
-    assert text_cells(format_status(st), header) == expected
-    parsed = _Cells(status_table(st))
+    assert text_cells(repr(st), header) == expected
+    parsed = _Cells(st._repr_html_())
     assert parsed.rows == expected
     assert [bool(s) for s in parsed.styles[1:]] == [False, True, False]  # the dead worker
     assert expected[1] == ["0", "h<1>", "10", "cpu", "yes", "300", "idle"]
     assert expected[2] == ["1", "h2", "-", "-", "NO", "-", "gone"]
     assert expected[3] == ["-", "h3", "12", "cuda:0", "yes", "1235", "busy"]
-    assert "h&lt;1&gt;" in status_table(st) and "h<1>" not in status_table(st)
+    assert "h&lt;1&gt;" in st._repr_html_() and "h<1>" not in st._repr_html_()
 
 
 def test_empty_tables_still_have_their_headers():
     empty = ClusterStatus("none", 0)
-    assert format_status(empty).splitlines()[1].split() == " ".join(STATUS_HEADER).split()
-    assert _Cells(status_table(empty)).rows == [list(STATUS_HEADER)]
+    assert repr(empty).splitlines()[1].split() == " ".join(STATUS_HEADER).split()
+    assert _Cells(empty._repr_html_()).rows == [list(STATUS_HEADER)]
 
 
 def test_rank_states_come_from_the_enum():

@@ -11,10 +11,11 @@ import re  # noqa: E402
 
 from synthetic import T0, training_events  # noqa: E402
 
+from nbdist import layout as L  # noqa: E402
 from nbdist.display import display_medium, make_run_view, set_display  # noqa: E402
 from nbdist.display import html as H  # noqa: E402
 from nbdist.display.refresh import Throttle  # noqa: E402
-from nbdist.display.text import StreamView, TextDashboard  # noqa: E402
+from nbdist.display.text import StreamView, TextDashboard, format_summary  # noqa: E402
 from nbdist.display.widgets import ClusterPanel, RunWidget, WidgetDashboard  # noqa: E402
 from nbdist.errors import NoClusterError  # noqa: E402
 from nbdist.records import ClusterStatus, WorkerRow  # noqa: E402
@@ -50,7 +51,7 @@ def test_run_widget_shows_a_row_per_rank_scalars_and_charts():
         bar_width(row_html(w, 1)) == pytest.approx(50)
     assert ">5/20 it<" in row_html(w, 0) and ">10/20 it<" in row_html(w, 1)
     assert "loss 0.25" in row_html(w, 0)  # each rank's own last values, in its row
-    assert f"background:{H.BAR['running']}" in row_html(w, 0)
+    assert f"background:{L.BAR['running']}" in row_html(w, 0)
     assert "nbdist-step-chart" in w.chart.value and "nbdist-bandwidth-chart" in w.chart.value
     assert "nbdist-scalar-chart" in w.chart.value and "loss · ranks 0-1 (equal)" in w.chart.value
     assert "running" in w.header.value and "compute" in w.legend.value
@@ -64,8 +65,8 @@ def test_failed_rank_turns_red_with_its_reason_and_stays():
     state.finish()
     w = RunWidget([0, 1])
     w.show(state.snapshot(), final=True)
-    assert f"background:{H.FAIL}" in row_html(w, 1)
-    assert f"background:{H.BAR['done']}" in row_html(w, 0)
+    assert f"background:{L.FAIL}" in row_html(w, 1)
+    assert f"background:{L.BAR['done']}" in row_html(w, 0)
     assert "ValueError: &lt;bad&gt;" in w.failures.value  # remote text is escaped
     assert "failed" in w.header.value
 
@@ -119,6 +120,48 @@ def test_medium_is_chosen_by_argument_env_and_setting(monkeypatch):
         display_medium()
     with pytest.raises(ValueError):
         set_display("fancy")
+
+
+def test_in_ipython_a_snapshot_and_a_run_show_as_the_run_summary():
+    # The snapshot imports no view: making a run's view (as the session does before any run
+    # has a snapshot) teaches IPython to draw it, so `last_run` at the end of a cell shows the
+    # summary, and its text stays the snapshot's own repr.
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from nbdist.telemetry.run import Run
+    from nbdist.telemetry.snapshot import RunSnapshot
+
+    shell = InteractiveShell.instance()
+    html = shell.display_formatter.formatters["text/html"]
+    for cls in (RunSnapshot, Run):
+        html.type_printers.pop(cls, None)  # as in a fresh kernel
+    run = Run("cell", [0, 1], world_size=2)
+    feed_training(run)
+    run.feed([{"rank": 1, "seq": 2, "events": [ev.end(False, T0 + 5, "Bad <input>")]}])
+    run.finish()
+    snap = run.snapshot()
+    assert "text/html" not in shell.display_formatter.format(snap)[0]
+    make_run_view("quiet", 0, 2)
+    data, _ = shell.display_formatter.format(snap)
+    assert data["text/plain"] == repr(snap)
+    assert data["text/html"] == H.run_summary(snap)
+    assert "Bad &lt;input&gt;" in data["text/html"] and "<svg" in data["text/html"]
+    assert shell.display_formatter.format(run)[0]["text/html"] == H.run_summary(snap)
+
+
+def test_text_run_view_shows_its_summary_as_text_and_html_under_ipython(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, raw=False: shown.append(obj))
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.instance()
+    view = make_run_view("rank0", 0, 2)
+    state = RunState([0, 1])
+    feed_training(state)
+    state.finish()
+    snap = state.snapshot()
+    view.dashboard.close(snap)
+    assert shown == [{"text/plain": format_summary(snap), "text/html": H.run_summary(snap)}]
 
 
 def test_text_run_view_prints_lines_not_a_flood(capsys):

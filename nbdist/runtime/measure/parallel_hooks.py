@@ -46,9 +46,10 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
-from . import mesh as meshes
+from .. import mesh as meshes
 from .ddp_hooks import _payload
-from .measure import _batch_size, telemetry
+from .model import telemetry
+from .tensors import batch_size
 
 # What install() replaced: (owner, attribute) -> original, put back by uninstall().
 _original: dict[tuple[Any, str], Any] = {}
@@ -208,7 +209,7 @@ def _timed_schedule_step(fn: Callable) -> Callable:
             return fn(self, *args, **kwargs)
         stages = getattr(self, "_stages", None) or [self._stage]
         first = any(s.is_first for s in stages)
-        tel.count_samples(_batch_size(args) if first else 0)  # later stages: same samples
+        tel.count_samples(batch_size(args) if first else 0)  # later stages: same samples
         tel.begin_pipeline_step()
         t0 = time.time()
         out = fn(self, *args, **kwargs)
@@ -326,7 +327,7 @@ def _count_forward(mesh_size: int) -> Callable:
     def pre_hook(module: Any, args: tuple) -> None:
         if telemetry.enabled and _counting is not None and _counting() is module \
                 and torch.is_grad_enabled():
-            telemetry.count_samples(_batch_size(args) / mesh_size)
+            telemetry.count_samples(batch_size(args) / mesh_size)
 
     return pre_hook
 

@@ -1,5 +1,5 @@
-"""The notebook's decisions during an elastic run (:class:`nbdist.healing.Healer`), on fakes:
-who is in the next group, when to stop, when a replacement gets in."""
+"""The notebook's decisions during an elastic run (:class:`nbdist.elastic_coordinator.Healer`),
+on fakes: who is in the next group, when to stop, when a replacement gets in."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any, Optional
 import pytest
 
 from nbdist.backends.base import Call, Job, Outcome
-from nbdist.healing import Healer
-from nbdist.runtime.env import plan_ranks
+from nbdist.elastic_coordinator import Healer
+from nbdist.membership import Membership
+from nbdist.options import ClusterOptions
 from nbdist.telemetry.events import elastic
 
 KEY = "nbdist/elastic/cell/0"
@@ -80,12 +81,14 @@ def setup():
             store[k] = v
 
     job = FakeJob(workers)
-    gens = iter(range(10, 100))
-    plans = plan_ranks([info(w) for w in workers])
-    healer = Healer(backend, Store(), plans, {w: info(w) for w in workers}, job,
-                    replan=lambda infos: plan_ranks(infos), next_generation=lambda: next(gens),
-                    join_call=lambda w, *a: Call(w, lambda: None),
-                    default_max_failures=None, timeout=5)
+    membership = Membership(stores=None)
+    membership.backend, membership.store = backend, Store()
+    membership.options = ClusterOptions(timeout=5)
+    membership.admit(workers)
+    membership.replan(workers)
+    membership.generation = 9  # the group the cell started with
+    healer = Healer(membership, {}, default_max_failures=None)
+    healer.follow(job)
     return healer, backend, store, job
 
 
@@ -110,6 +113,9 @@ def test_the_survivors_form_the_next_group_and_a_replacement_is_asked_for(setup)
     assert list(p.ranks) == ["0"] and p.ranks["0"].rank == 0 and p.ranks["0"].world_size == 1
     assert p.generation == 10 and p.join_expected and p.abort is None
     assert backend.added == 1
+    # the job's membership is the plan's from now on: nothing copies it back after the cell
+    assert healer.membership.plans == list(p.ranks.values())
+    assert healer.membership.generation == 10
     feed(healer, 0, "healed", epoch=1, commit=5, rolled_back=0, discarded=2, seconds=0.1,
          world=1, world_before=2, failures=1, joined=None)
     [line] = healer.new_lines()
@@ -154,6 +160,9 @@ def test_a_new_worker_is_let_in_at_the_next_epoch(setup):
     healer.tick()
     p = plan(store, 2)
     assert list(p.ranks) == ["0", "2"] and p.joiner == "2" and p.joiner_slot == 1
+    assert 2 in healer.membership.infos  # admitted as every worker is: described, connected
+    assert [c.fn.__name__ for c in backend.submitted[-3:]] == ["describe", "set_transport",
+                                                               "elastic_join"]
     assert store[f"{KEY}/join"] == b"2"
     [(w, _)] = healer.joiner_jobs
     assert w == 2
@@ -162,6 +171,7 @@ def test_a_new_worker_is_let_in_at_the_next_epoch(setup):
     healer.wrap_up()
     assert "finished before the replacement joined" in plan(store, 3).abort
     assert store[f"{KEY}/join"] == b"-1"
+    assert [(p.worker_id, p.world_size) for p in healer.membership.plans] == [(0, 1)]
 
 
 def test_what_was_healed_shows_in_the_run_summary():

@@ -1,11 +1,18 @@
-"""The notebook's side of elastic training (``nbdist.elastic.run``) during one cell.
+"""The notebook's side of elastic training (``nbdist.elastic.run``) during one cell; the
+workers' side is :mod:`nbdist.runtime.elastic`, and the store keys both use are spelled in its
+:mod:`~nbdist.runtime.elastic.protocol`.
 
 Workers report what happens to them as ``elastic`` events; the :class:`Healer` decides who is
 in the group next — the workers that reported the failure and are still alive — and writes
 that membership as a plan into the rendezvous store, which the notebook hosts. Where nbdist
 started the cluster it also brings in a replacement worker, which joins the survivors at a
-commit and heals from one of them. The Session feeds it batches and calls :meth:`tick` while the
-cell runs; what happened is kept as :class:`Recovery` records for the cell's output.
+commit and heals from one of them. The cell loop (:mod:`nbdist.cell_run`) feeds it batches and
+calls :meth:`Healer.tick` while the cell runs; what happened is kept as :class:`Recovery`
+records for the cell's output.
+
+The Healer works on the job's :class:`~nbdist.membership.Membership` in place: each plan it
+writes is the job's membership from then on (its plans and generation), and a replacement
+worker enters through :meth:`Membership.admit`, as every worker does.
 """
 
 from __future__ import annotations
@@ -14,14 +21,21 @@ import pickle
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from enum import Enum
+from typing import TYPE_CHECKING, Optional
 
-from .backends.base import Backend, Call, Job, WorkerId
+from .backends.base import Call, Job, WorkerId
 from .runtime import worker as rt
-from .runtime.elastic import Plan
+from .runtime.elastic.protocol import Plan, join_key, plan_key
 from .runtime.env import RankPlan
-from .telemetry.events import ELASTIC, Batch
+from .runtime.measure.spec import Measure
+from .telemetry.events import ELASTIC, Batch, ElasticWhat
 from .telemetry.units import fmt_seconds
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+    from .membership import Membership
+    from .rendezvous import StoreHost
 
 #: how long a member may take to report a failure the others saw before it counts as gone
 REPORT_DEADLINE = 60.0
@@ -31,12 +45,20 @@ DEFAULT_MAX_FAILURES = 3
 REPLACEMENT_RETRY_S = 10.0
 
 
+class RecoveryKind(str, Enum):
+    """What a :class:`Recovery` records."""
+
+    FAILURE = "failure"  # ranks were lost and the others re-formed (or are re-forming)
+    JOINED = "joined"  # a replacement worker healed into the group
+    STOPPED = "stopped"  # the run ended, or gave up on a replacement: ``why``
+
+
 @dataclass
 class Recovery:
     """One failure an elastic run survived (or did not), or one replacement that joined."""
 
     t: float
-    kind: str  # "failure" | "joined" | "stopped"
+    kind: RecoveryKind
     lost: list[str] = field(default_factory=list)  # "rank 1 on host (pid 123): SIGKILL"
     world_before: int = 0
     world_after: int = 0
@@ -47,12 +69,12 @@ class Recovery:
 
     def line(self) -> str:
         when = time.strftime("%H:%M:%S", time.localtime(self.t))
-        if self.kind == "joined":
+        if self.kind is RecoveryKind.JOINED:
             took = f" in {fmt_seconds(self.seconds)}" if self.seconds is not None else ""
             return (f"nbdist.elastic {when}: a replacement worker joined at commit "
                     f"{self.commit}{took}, healed from a live peer; world "
                     f"{self.world_before} -> {self.world_after}")
-        if self.kind == "stopped":
+        if self.kind is RecoveryKind.STOPPED:
             return f"nbdist.elastic {when}: stopped: {self.why}"
         lost = "; ".join(self.lost) or "a collective failed"
         back = (f"rolled back to commit {self.commit} ({self.discarded} optimizer step"
@@ -69,9 +91,10 @@ class _Run:
 
     key: str
     members: list[WorkerId]
-    plans: dict[WorkerId, RankPlan]
     slots: dict[WorkerId, int]
     target: int
+    #: the budget when the run's own ``max_failures`` is not given (the profile's, or 3)
+    default_max_failures: int = DEFAULT_MAX_FAILURES
     epoch: int = 0
     generation: Optional[int] = None
     failures: int = 0
@@ -81,38 +104,63 @@ class _Run:
     stopped: dict[WorkerId, str] = field(default_factory=dict)
     joiner: Optional[WorkerId] = None  # a replacement waiting to join
     replacing: Optional[float] = None  # when a replacement was asked for
+    replace_slot: Optional[int] = None  # the lost rank's slot the replacement takes
     asked_again: bool = False  # the engine was asked a second time (none came up at first)
     asked: dict[WorkerId, float] = field(default_factory=dict)  # replacement -> asked at
     joined: set = field(default_factory=set)  # replacements that healed
     open_recovery: Optional[Recovery] = None
     ended: bool = False
 
+    @property
+    def budget(self) -> int:
+        """How many failures this run survives (``max_failures``)."""
+        return self.max_failures if self.max_failures is not None else self.default_max_failures
+
 
 class Healer:
     """Coordinates the elastic runs of one cell; see the module docstring."""
 
-    def __init__(self, backend: Backend, store: Any, plans: list[RankPlan],
-                 infos: dict[WorkerId, dict], job: Job, *,
-                 replan: Callable[[list[dict]], list[RankPlan]],
-                 next_generation: Callable[[], int], join_call: Callable[..., Call],
-                 default_max_failures: Optional[int], timeout: float) -> None:
-        self.backend, self.store = backend, store
-        self.start_plans = list(plans)
-        self.infos = dict(infos)
-        self.job = job
-        self.replan, self.next_generation, self.join_call = replan, next_generation, join_call
-        self.default_max_failures = default_max_failures
-        self.timeout = timeout
+    def __init__(self, membership: Membership, measure: Measure, *,
+                 default_max_failures: Optional[int]) -> None:
+        self.membership = membership
+        #: the cell's telemetry switches, which a replacement worker's run of it takes too
+        self.measure = measure
+        self.default_max_failures = (DEFAULT_MAX_FAILURES if default_max_failures is None
+                                     else default_max_failures)
+        self.job: Optional[Job] = None  # the cell's job; see follow()
+        plans = membership.plans
+        self.target = len(plans)  # the size a replacement restores
         self.by_name = {str(p.worker_id): p.worker_id for p in plans}
         self.runs: dict[str, _Run] = {}
         self.records: list[Recovery] = []
         self.joiner_jobs: list[tuple[WorkerId, Job]] = []
         self.slots = {p.worker_id: p.rank for p in plans}  # worker -> telemetry slot
         self._printed = 0
-        self._known = {p.worker_id for p in plans}
-        self._pids = {w: (i.get("hostname"), i.get("pid")) for w, i in infos.items()}
+        self._known = {p.worker_id for p in plans}  # the engine's workers we have seen
         self.seq_base = 1_000_000
         self._oom = _oom_kills()
+
+    @property
+    def backend(self) -> Backend:
+        return self.membership.require()
+
+    @property
+    def store(self) -> StoreHost:
+        assert self.membership.store is not None  # elastic cells need the notebook's store
+        return self.membership.store
+
+    @property
+    def timeout(self) -> float:
+        return self.membership.options.timeout
+
+    def follow(self, job: Job) -> None:
+        """Coordinate the cell running as ``job`` (replacement workers' jobs join
+        :attr:`joiner_jobs`)."""
+        self.job = job
+
+    def _pid(self, w: WorkerId) -> tuple[Optional[str], Optional[int]]:
+        info = self.membership.infos.get(w)
+        return (info["hostname"], info["pid"]) if info is not None else (None, None)
 
     # ------------------------------------------------------------------ events
     def feed(self, batches: list[Batch]) -> None:
@@ -127,28 +175,27 @@ class Healer:
             return
         key = ev["run"]
         r = self.runs.get(key)
-        what = ev["what"]
-        if r is None:
-            r = self.runs[key] = _Run(key, [p.worker_id for p in self.start_plans],
-                                      {p.worker_id: p for p in self.start_plans},
-                                      dict(self.slots), len(self.start_plans))
-        if what == "begin" and ev.get("max_failures") is not None:
+        what = ElasticWhat(ev["what"])
+        if r is None:  # a run starts from the job as it is now
+            r = self.runs[key] = _Run(key, [p.worker_id for p in self.membership.plans],
+                                      dict(self.slots), self.target, self.default_max_failures)
+        if what is ElasticWhat.BEGIN and ev.get("max_failures") is not None:
             r.max_failures = ev["max_failures"]
-        elif what == "failed":
+        elif what is ElasticWhat.FAILED:
             r.failed[w] = ev
             r.first_report = r.first_report or time.monotonic()
             if r.open_recovery is None:
-                r.open_recovery = Recovery(t=ev["t"], kind="failure",
+                r.open_recovery = Recovery(t=ev["t"], kind=RecoveryKind.FAILURE,
                                            world_before=ev.get("world") or len(r.members))
-        elif what == "stopped":
+        elif what is ElasticWhat.STOPPED:
             r.stopped[w] = ev.get("error") or "an error"
-        elif what == "healed":
+        elif what is ElasticWhat.HEALED:
             joined = self.by_name.get(ev["joined"]) if ev.get("joined") is not None else None
             if joined is not None:
                 if w == joined and joined not in r.joined:
                     r.joined.add(joined)
                     self.records.append(Recovery(
-                        t=ev["t"], kind="joined", commit=ev.get("commit"),
+                        t=ev["t"], kind=RecoveryKind.JOINED, commit=ev.get("commit"),
                         seconds=self._since(r.asked.get(joined), ev),
                         world_before=ev.get("world_before") or 0,
                         world_after=ev.get("world") or 0))
@@ -194,12 +241,22 @@ class Healer:
             live = set(self.slots)
         here = socket.gethostname()
         for w in list(live):
-            host, pid = self._pids.get(w, (None, None))
+            host, pid = self._pid(w)
             if host == here and pid and not _pid_alive(pid):
                 live.discard(w)
         return live
 
     def _decide(self, r: _Run) -> None:
+        """Some member of ``r`` reported a failure (or its own error): write the next plan.
+
+        Wait while a member is alive, still running and silent (it is about to report; its
+        failure report says it is ready to re-form), up to :data:`REPORT_DEADLINE`. Then keep
+        the live members that reported (and a replacement joining), and stop the run when one
+        stopped it with its own error, the budget is spent, or nobody is left; otherwise
+        re-plan the membership with them, write the plan, and ask for a replacement when the
+        cluster is nbdist's and the run is smaller than it started.
+        """
+        assert self.job is not None
         live = self._alive()
         pending = set(self.job.pending()) | {w for w, j in self.joiner_jobs if not j.wait(0)}
         undecided = [w for w in r.members if w in live and w not in r.failed
@@ -212,9 +269,6 @@ class Healer:
             r.joiner, r.replacing = None, None  # its join call ended: it is not coming
         keep = [w for w in r.members if w in live and (w in r.failed or w == r.joiner)]
         lost = [w for w in r.members if w not in keep and w not in r.stopped]
-        budget = r.max_failures if r.max_failures is not None else (
-            self.default_max_failures if self.default_max_failures is not None
-            else DEFAULT_MAX_FAILURES)
         r.failures += 1
         abort, stopped_by = None, None
         if r.stopped:
@@ -223,12 +277,12 @@ class Healer:
             abort = (f"rank {r.slots.get(w, '?')} stopped the elastic run with its own error "
                      f"({why}); elastic training recovers from lost ranks and failed "
                      "collectives, not from errors in the code")
-        elif r.failures > budget:
-            abort = (f"{r.failures} failures, over this run's budget (max_failures={budget}); "
-                     "look at why ranks fail before raising it")
+        elif r.failures > r.budget:
+            abort = (f"{r.failures} failures, over this run's budget "
+                     f"(max_failures={r.budget}); look at why ranks fail before raising it")
         elif not keep:
             abort = "no rank is left to continue"
-        rec = r.open_recovery or Recovery(t=time.time(), kind="failure",
+        rec = r.open_recovery or Recovery(t=time.time(), kind=RecoveryKind.FAILURE,
                                           world_before=len(r.members))
         r.open_recovery = rec
         epoch = r.epoch + 1
@@ -236,14 +290,13 @@ class Healer:
             rec.lost = [self._lost_text(r, w) for w in lost]
             self._write(r, Plan(epoch=epoch, generation=-1, abort=abort, failures=r.failures,
                                 stopped_by=stopped_by))
-            rec.kind, rec.why = "stopped", abort
+            rec.kind, rec.why = RecoveryKind.STOPPED, abort
             if rec not in self.records:
                 self.records.append(rec)
             r.ended = True
             return
-        infos = [self.infos[w] for w in keep]
-        plans = self.replan(infos)
-        gen = self.next_generation()
+        plans = self.membership.replan(keep)
+        gen = self.membership.invalidate()
         want_more = (self.backend.owns_cluster and len(keep) < r.target
                      and r.joiner is None)
         joiner = r.joiner if r.joiner in keep else None
@@ -257,7 +310,6 @@ class Healer:
         # After the plan is out: the survivors re-form while the engine is asked how it died.
         rec.lost = [self._lost_text(r, w) for w in lost]
         r.members = [p.worker_id for p in plans]
-        r.plans = {p.worker_id: p for p in plans}
         r.generation = gen
         r.failed, r.first_report = {}, None
         r.open_recovery = rec
@@ -265,7 +317,7 @@ class Healer:
             self._replace(r, lost)
 
     def _lost_text(self, r: _Run, w: WorkerId) -> str:
-        host, pid = self._pids.get(w, (None, None))
+        host, pid = self._pid(w)
         try:
             cause = self.backend.exit_cause(w, pid)
         except Exception:  # how it died is a detail; that it died is the news
@@ -276,14 +328,14 @@ class Healer:
         return f"{where} died" + (f": {cause}" if cause else "")
 
     def _write(self, r: _Run, plan: Plan) -> None:
-        self.store.set(f"{r.key}/plan/{plan.epoch}", pickle.dumps(plan))
+        self.store.set(plan_key(r.key, plan.epoch), pickle.dumps(plan))
         r.epoch = plan.epoch
 
     # ------------------------------------------------------------------ replacements
     def _replace(self, r: _Run, lost: list[WorkerId]) -> None:
         """Ask the engine for a worker to take a lost rank's slot."""
         r.replacing, r.asked_again = time.time(), False
-        r.replace_slot = r.slots.get(lost[0]) if lost else None  # type: ignore[attr-defined]
+        r.replace_slot = r.slots.get(lost[0]) if lost else None
         try:
             self.backend.add_worker(self._known)
         except Exception as exc:  # no replacement: the run carries on at the smaller size
@@ -291,8 +343,8 @@ class Healer:
 
     def _give_up_join(self, r: _Run, why: str) -> None:
         r.replacing = None
-        self.store.set(f"{r.key}/join", b"-1")
-        self.records.append(Recovery(t=time.time(), kind="stopped", why=why))
+        self.store.set(join_key(r.key), b"-1")
+        self.records.append(Recovery(t=time.time(), kind=RecoveryKind.STOPPED, why=why))
 
     def _admit(self, r: _Run) -> None:
         """A new worker is up: make it the next member and let the survivors take it in."""
@@ -318,38 +370,39 @@ class Healer:
         w = fresh[0]
         self._known.add(w)
         try:
-            [info] = _call(self.backend,
-                           [Call(w, rt.describe, (self.backend.controller_ip,))], self.timeout)
-            info["worker_id"] = w
-            _call(self.backend, [Call(w, rt.set_transport, (self.backend.transport(),))],
-                  self.timeout)
+            self.membership.admit([w])
         except Exception:  # it went away as it came up (e.g. a worker restarted again): wait
             return  # for the next one, within the same time limit
-        self.infos[w] = info
-        self._pids[w] = (info.get("hostname"), info.get("pid"))
         self.by_name[str(w)] = w
-        slot = getattr(r, "replace_slot", None)
+        slot = r.replace_slot
         if slot is None:
             slot = max(r.slots.values(), default=-1) + 1
         r.slots[w] = slot
         self.slots[w] = slot
         members = r.members + [w]
-        plans = self.replan([self.infos[m] for m in members])
-        gen = self.next_generation()
+        plans = self.membership.replan(members)
+        gen = self.membership.invalidate()
         plan = Plan(epoch=r.epoch + 1, generation=gen, ranks={str(p.worker_id): p for p in plans},
                     failures=r.failures, join_expected=len(members) < r.target,
                     joiner=str(w), joiner_slot=slot)
         self._write(r, plan)
         r.members = [p.worker_id for p in plans]
-        r.plans = {p.worker_id: p for p in plans}
         r.generation = gen
         r.joiner = w
         r.asked[w] = r.replacing or time.time()
         self.seq_base += 1_000_000
-        mine = r.plans[w]
-        self.joiner_jobs.append((w, self.backend.submit([self.join_call(w, mine, plan, r.key,
-                                                                        slot, self.seq_base)])))
-        self.store.set(f"{r.key}/join", str(plan.epoch).encode())
+        mine = next(p for p in plans if p.worker_id == w)
+        self.joiner_jobs.append((w, self.membership.submit([self._join_call(mine, plan, r.key,
+                                                                            slot)])))
+        self.store.set(join_key(r.key), str(plan.epoch).encode())
+
+    def _join_call(self, mine: RankPlan, plan: Plan, key: str, slot: int) -> Call:
+        """The replacement's call: take ``mine`` without forming a group, join the members
+        at ``plan``, heal, then run the rest of the cell with the cell's telemetry."""
+        m, o = self.membership, self.membership.options
+        return Call(mine.worker_id, rt.elastic_join,
+                    (mine, m.port, o.device, o.dist_backend, o.timeout, plan, key, slot,
+                     self.seq_base, False), {"measure": self.measure})
 
     def _join_job(self, w: WorkerId) -> Job:
         return next(j for x, j in self.joiner_jobs if x == w)
@@ -359,7 +412,7 @@ class Healer:
             [o] = self._join_job(w).outcomes()
         except Exception:
             return True
-        return (o.engine_error is not None or not o.value.get("ok")
+        return (o.engine_error is not None or not o.value["ok"]
                 or bool(o.value.get("not_joined")))
 
     def _joiner_ended(self, r: _Run) -> None:
@@ -371,26 +424,22 @@ class Healer:
             [o] = self._join_job(w).outcomes()
             if o.engine_error is not None:
                 why = o.engine_error.splitlines()[0]
-            elif not o.value.get("ok") and o.value.get("error"):
+            elif not o.value["ok"] and o.value["error"]:
                 why = f"{o.value['error']['ename']}: {o.value['error']['evalue']}"
         except Exception:  # the reason is a detail; going on without it is what matters
             pass
         r.joiner, r.replacing = None, None
         r.failures += 1
-        self.records.append(Recovery(t=time.time(), kind="stopped",
+        self.records.append(Recovery(t=time.time(), kind=RecoveryKind.STOPPED,
                                      why=f"a replacement worker failed to join ({why})"))
         members = [m for m in r.members if m != w]
-        plans = self.replan([self.infos[m] for m in members])
-        budget = r.max_failures if r.max_failures is not None else (
-            self.default_max_failures if self.default_max_failures is not None
-            else DEFAULT_MAX_FAILURES)
-        again = self.backend.owns_cluster and r.failures <= budget
-        plan = Plan(epoch=r.epoch + 1, generation=self.next_generation(),
+        plans = self.membership.replan(members)
+        again = self.backend.owns_cluster and r.failures <= r.budget
+        plan = Plan(epoch=r.epoch + 1, generation=self.membership.invalidate(),
                     ranks={str(p.worker_id): p for p in plans}, failures=r.failures,
                     join_expected=again)
         self._write(r, plan)
         r.members = [p.worker_id for p in plans]
-        r.plans = {p.worker_id: p for p in plans}
         r.generation = plan.generation
         if again:
             self._replace(r, [w])
@@ -402,9 +451,9 @@ class Healer:
             if r.joiner is not None and not r.ended:
                 self._write(r, Plan(epoch=r.epoch + 1, generation=-1,
                                     abort="the run finished before the replacement joined"))
-                self.store.set(f"{r.key}/join", b"-1")
+                self.store.set(join_key(r.key), b"-1")
                 r.members = [m for m in r.members if m != r.joiner]
-                r.plans.pop(r.joiner, None)
+                self.membership.replan(r.members)  # the group the members still have
                 r.joiner = None
                 r.ended = True
 
@@ -446,42 +495,3 @@ def _pid_alive(pid: int) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except Exception:
         return False
-
-
-def _call(backend: Backend, calls: list[Call], timeout: float) -> list[Any]:
-    job = backend.submit(calls)
-    if not job.wait(timeout):
-        raise TimeoutError(f"worker did not answer within {timeout:g} s")
-    out = []
-    for o in job.outcomes():
-        if o.engine_error is not None:
-            raise RuntimeError(o.engine_error)
-        out.append(o.value)
-    return out
-
-
-class Jobs(Job):
-    """The cell's job plus the jobs of replacement workers that joined it, as one."""
-
-    def __init__(self, first: Job, healer: Healer) -> None:
-        self.first, self.healer = first, healer
-
-    def _all(self) -> list[Job]:
-        return [self.first] + [j for _, j in self.healer.joiner_jobs]
-
-    def wait(self, timeout: Optional[float]) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for j in self._all():
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not j.wait(left):
-                return False
-        return True
-
-    def pending(self) -> list[WorkerId]:
-        return [w for j in self._all() for w in j.pending()]
-
-    def outcomes(self) -> list[Any]:
-        return [o for j in self._all() for o in j.outcomes()]
-
-    def drain_events(self) -> list[Batch]:
-        return [b for j in self._all() for b in j.drain_events()]

@@ -7,10 +7,10 @@ the controller, instead of following them. The worker's first call waits for the
 (:func:`wait`) rather than importing the same modules beside it: two threads importing one
 package's modules in different orders can deadlock on Python's import locks.
 
-Used as ``python -m nbdist.runtime.preload MODULE [ARGS...]``: start the imports, run ``MODULE``
-as ``__main__`` (ipyparallel's engines, under :mod:`.lifeline`). Dask workers do without it: a
-worker that its nanny restarts after a crash takes calls at once, and a replacement's heal
-waits on them. Standard library only here; the imports are the thread's.
+Used as ``python -m nbdist.runtime.boot.preload MODULE [ARGS...]``: start the imports, run
+``MODULE`` as ``__main__`` (ipyparallel's engines, under :mod:`.lifeline`). Dask workers do
+without it: a worker that its nanny restarts after a crash takes calls at once, and a
+replacement's heal waits on them. Standard library only here; the imports are the thread's.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Optional
 
 #: what a worker imports before it can run a training cell, slowest first
 MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
-           "nbdist.runtime.worker", "nbdist.runtime.group", "nbdist.runtime.ddp_hooks",
-           "nbdist.runtime.tqdm_bars")
+           "nbdist.runtime.worker", "nbdist.runtime.group", "nbdist.runtime.measure.ddp_hooks",
+           "nbdist.runtime.measure.tqdm_bars")
 
 
 def _import_all() -> None:

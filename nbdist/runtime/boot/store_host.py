@@ -6,7 +6,7 @@ stdout (one JSON request per line, one reply per line), so the notebook itself n
 torch; workers reach it as a ``TCPStore`` bound to exactly the address given. When the notebook
 goes away — even killed with SIGKILL — stdin reaches end of file and this process exits.
 
-``python -m nbdist.runtime.store_host HOST TIMEOUT`` prints ``{"port": N}`` once the store
+``python -m nbdist.runtime.boot.store_host HOST TIMEOUT`` prints ``{"port": N}`` once the store
 listens, then answers ``{"op": ..., "key": ..., "value": ...}`` for the ops set, get, add,
 check, open and close.
 """
@@ -21,7 +21,7 @@ import sys
 def serve(host: str, timeout: float) -> None:
     import datetime
 
-    from . import group
+    from .. import group
 
     port = group.open_store(host, "cluster", timeout)
     import torch.distributed as dist

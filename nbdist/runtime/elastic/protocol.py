@@ -1,16 +1,19 @@
-"""Worker side of elastic training: leave a failed collective, re-form the group among the
-ranks that are left, roll back to the last commit, and heal a newcomer from a live peer.
+"""The protocol of elastic training between the workers and the notebook, spelled once.
 
-The notebook decides who is in the group (it sees which workers are alive) and writes each
-membership as a *plan* into the job's rendezvous store, which lives in a process of the
-notebook's own so that no rank's death takes it down. Workers report what happens to them as
-``elastic`` events through the ordinary event channel; the notebook answers through the store:
+The notebook (:mod:`nbdist.elastic_coordinator`) decides who is in the group (it sees which
+workers are alive) and writes each membership as a *plan* into the job's rendezvous store,
+which lives in a process of the notebook's own so that no rank's death takes it down. Workers
+report what happens to them as ``elastic`` events (:class:`~nbdist.telemetry.events.
+ElasticWhat`) through the ordinary event channel; the notebook answers through the store, at
+the keys the functions below name for one run (``run``: :func:`run_key`):
 
-- ``{prefix}/plan/{epoch}``: the membership for ``epoch`` (pickled :class:`Plan`);
-- ``{prefix}/join``: the epoch a replacement worker waits in, polled by rank 0 at commits;
-- ``{prefix}/arrive/{epoch}/{worker}``: a member is ready to form the group of ``epoch``.
+- :func:`plan_key` ``(run, epoch)``: the membership for ``epoch`` (a pickled :class:`Plan`);
+- :func:`join_key` ``(run)``: the epoch a replacement worker waits in, polled by rank 0 at
+  commits (``-1``: the notebook gave up on it);
+- :func:`arrive_key` ``(run, epoch, worker)``: a member is ready to form ``epoch``'s group.
 
-State moves between ranks over the process group itself (``broadcast``), never through files.
+:class:`Context` is one worker's end of it. State moves between ranks over the process group
+itself (:func:`broadcast_bytes`), never through files; a DDP model travels as :class:`Wrapped`.
 """
 
 from __future__ import annotations
@@ -23,11 +26,35 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..telemetry import events
-from . import results
+from ...telemetry import events
+from ...telemetry.events import ElasticWhat
+from .. import results
 
 #: how often a rank waiting for the notebook's plan looks at the store
 _POLL = 0.02
+
+
+# ---------------------------------------------------------------------- store keys
+def run_key(cell_id: str, index: int) -> str:
+    """The store prefix of the ``index``-th ``elastic.run`` call of cell ``cell_id``."""
+    return f"nbdist/elastic/{cell_id}/{index}"
+
+
+def cell_of(run: str) -> str:
+    """The cell id a :func:`run_key` was made from."""
+    return run.split("/")[-2]
+
+
+def plan_key(run: str, epoch: int) -> str:
+    return f"{run}/plan/{epoch}"
+
+
+def join_key(run: str) -> str:
+    return f"{run}/join"
+
+
+def arrive_key(run: str, epoch: int, worker: str) -> str:
+    return f"{run}/arrive/{epoch}/{worker}"
 
 
 class ElasticError(RuntimeError):
@@ -60,17 +87,21 @@ class Context:
     """What one worker knows about the elastic run it is in (one per ``elastic.run`` call)."""
 
     def __init__(self, st: Any, key: str, epoch: int = 0, slot: Optional[int] = None) -> None:
-        self.worker = st  # the worker's state (runtime.worker._state)
+        self.worker = st  # the worker's state (runtime.worker.current())
         self.key = key  # the store prefix of this run
         self.epoch = epoch
         self.slot = st.sink.rank if slot is None and st.sink is not None else (slot or 0)
         self.join_expected = False
-        self.coordinated = bool(getattr(st, "coordinated", False))
+        self.coordinated = bool(st.coordinated)
+        #: the elastic state this worker holds (a replacement receives it while healing)
+        self.state: Any = None
+        #: what a replacement received besides the commit (see the loop's ``join``)
+        self.extras: Optional[dict[str, Any]] = None
 
     # ------------------------------------------------------------------ store
     @property
     def store(self) -> Any:
-        from . import group
+        from .. import group
 
         st = self.worker
         assert st.plan is not None and st.port is not None
@@ -80,7 +111,7 @@ class Context:
         assert self.worker.plan is not None
         return str(self.worker.plan.worker_id)
 
-    def emit(self, what: str, **info: Any) -> None:
+    def emit(self, what: ElasticWhat, **info: Any) -> None:
         sink = self.worker.sink
         if sink is not None:
             sink.emit(events.elastic(what, time.time(), run=self.key, epoch=self.epoch,
@@ -89,7 +120,7 @@ class Context:
 
     def wait_plan(self, epoch: int, timeout: float) -> Plan:
         """The plan the notebook writes for ``epoch`` (blocks, bounded by ``timeout``)."""
-        store, key = self.store, f"{self.key}/plan/{epoch}"
+        store, key = self.store, plan_key(self.key, epoch)
         deadline = time.monotonic() + timeout
         while not store.check([key]):
             if time.monotonic() > deadline:
@@ -103,9 +134,9 @@ class Context:
         """Say this worker is ready for ``plan``'s group and wait for every member; returns a
         newer plan instead if the notebook replaced this one meanwhile (a member died)."""
         store = self.store
-        store.set(f"{self.key}/arrive/{plan.epoch}/{self.me()}", b"1")
-        wanted = [f"{self.key}/arrive/{plan.epoch}/{w}" for w in plan.ranks]
-        newer = f"{self.key}/plan/{plan.epoch + 1}"
+        store.set(arrive_key(self.key, plan.epoch, self.me()), b"1")
+        wanted = [arrive_key(self.key, plan.epoch, w) for w in plan.ranks]
+        newer = plan_key(self.key, plan.epoch + 1)
         deadline = time.monotonic() + timeout
         while not store.check(wanted):
             if store.check([newer]):
@@ -118,8 +149,8 @@ class Context:
 
     def form(self, plan: Plan) -> None:
         """Take this worker's rank in ``plan`` and form its group (every member calls it)."""
-        from . import env as envmod
-        from . import group
+        from .. import env as envmod
+        from .. import group
 
         st = self.worker
         mine = plan.ranks[self.me()]
@@ -143,8 +174,8 @@ class Context:
 
         flag = torch.zeros(1, dtype=torch.int64)
         if dist.get_rank() == 0:
-            raw = self.store.get(f"{self.key}/join") if self.store.check(
-                [f"{self.key}/join"]) else b""
+            key = join_key(self.key)
+            raw = self.store.get(key) if self.store.check([key]) else b""
             flag[0] = int(raw or 0)
         device = self.worker.device
         t = flag.to(device) if device is not None and device.type == "cuda" else flag
@@ -160,11 +191,15 @@ class Context:
 active: dict[int, Any] = {}
 
 
-def run_key(cell_id: str, index: int) -> str:
-    return f"nbdist/elastic/{cell_id}/{index}"
-
-
 # ---------------------------------------------------------------------- moving state
+class Wrapped:
+    """A DistributedDataParallel in transit to a replacement worker: its module and how it
+    was built (the loop builds it again on the new group)."""
+
+    def __init__(self, module: Any, kwargs: dict[str, Any]) -> None:
+        self.module, self.kwargs = module, kwargs
+
+
 def broadcast_bytes(blob: Optional[bytes], src: int, device: Any) -> bytes:
     """``blob`` from rank ``src`` to every rank of the default group."""
     import torch

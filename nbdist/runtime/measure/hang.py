@@ -6,11 +6,12 @@ While a cell runs, :data:`watch` knows the thread running it, when the cell last
 ``torch.distributed`` collective the cell is inside right now (the collective wrappers of
 :mod:`.ddp_hooks` record it on entry: a few attribute stores, nothing allocated). The event
 sink's thread, which wakes ten times a second anyway, calls :meth:`Watch.tick`: once the cell
-has made no progress for half the stall threshold (:func:`~nbdist.telemetry.stall.
-probe_after`), it samples the cell thread's Python stack (``sys._current_frames()``) at most
-once a second and sends it as a ``stack`` event when it changed. An interrupt (a timeout or the
-stop button) makes it sample once more *before* the interrupt unwinds or severs the cell
-(:func:`.interrupt.set_hook`), so the error the notebook raises says where each rank was.
+has made no progress for half the stall threshold
+(:func:`~nbdist.telemetry.stall_rules.probe_after`), it samples the cell thread's Python stack
+(``sys._current_frames()``) at most once a second and sends it as a ``stack`` event when it
+changed. An interrupt (a timeout or the stop button) makes it sample once more *before* the
+interrupt unwinds or severs the cell (:func:`.interrupt.set_hook`), so the error the notebook
+raises says where each rank was.
 
 Kept from a stack: the cell's own frames (their line numbers are the editor's, as tracebacks'
 are) and the innermost frame, with the call expression it is in (``time.sleep(0.05)``). Added:
@@ -37,9 +38,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Optional
 
-from ..telemetry import events as ev
-from ..telemetry.stall import STALL_WINDOW, probe_after, stall_threshold
-from . import interrupt
+from ...telemetry import events as ev
+from ...telemetry.stall_rules import STALL_WINDOW, probe_after, stall_threshold
+from .. import interrupt
 
 #: at most one stack sample per this many seconds while a cell is stalled
 SAMPLE_S = 1.0

@@ -58,10 +58,10 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from ..mesh import dim_of
 from . import memory
 from .hang import watch as hang_watch
-from .measure import DDPTimes, _Bucket, telemetry
-from .mesh import dim_of
+from .model import DDPTimes, _Bucket, telemetry
 
 # The collectives a cell, FSDP2 (all_gather_single, reduce_scatter_single) or ZeRO (broadcast)
 # calls through ``torch.distributed``; timed wherever they are looked up at call time.

@@ -2,6 +2,13 @@
 
 :func:`call` runs on the ranks that start the cell; :func:`join` runs on a replacement worker
 the notebook started, which heals from a live peer and then runs the rest of the cell.
+
+A rank's death, on a survivor: the function's collective raises; :meth:`Loop.run` sees a peer
+failure and calls :meth:`Loop.recover`, which cuts this rank's group loose (so every peer
+fails now, not at the timeout), reports ``failed`` and waits for the notebook's plan of the
+next epoch. :meth:`Loop._enter` follows newer plans while members drop out, forms the plan's
+group, and :func:`heal` brings every member to the newest commit one of them holds; the loop
+then calls the function again from the top.
 """
 
 from __future__ import annotations
@@ -14,13 +21,16 @@ from typing import Any, Optional
 
 import cloudpickle
 
-from . import results
-from .elastic import (
+from ...telemetry.events import ElasticWhat
+from .. import results
+from .protocol import (
     Context,
     ElasticError,
     Plan,
+    Wrapped,
     active,
     broadcast_bytes,
+    cell_of,
     describe_exc,
     gather_ints,
     is_peer_failure,
@@ -43,29 +53,35 @@ class Rejoined(Exception):
 
 
 class Loop(Context):
-    """One ``elastic.run`` call on one worker."""
+    """One ``elastic.run`` call on one worker: ``efn(state, *args, **kwargs)`` until it
+    returns, recovering from each peer failure in between (``st``: the worker's state)."""
 
     def __init__(self, st: Any, efn: Any, state: Any, args: tuple, kwargs: dict, key: str,
                  epoch: int = 0, slot: Optional[int] = None) -> None:
         super().__init__(st, key, epoch, slot)
         self.efn, self.state, self.args, self.kwargs = efn, state, args, kwargs
+        self.index = 0  # which elastic.run call of the cell this is
+        self.resume_line: Optional[int] = None  # the cell's line that made the call
         self.steps_since_commit = 0
         self._hook: Any = None
 
     # ------------------------------------------------------------------ running
     def run(self, announce: bool = True) -> Any:
+        """Call the function until it returns. A peer's failure (or a group lost while one
+        was let in) is recovered from and the function called again from the top; any other
+        error is the user's: it stops the run on every rank (see :meth:`_stopped`)."""
         state = self.state
-        if state._commit is None:
+        if state.committed() is None:
             state.commit()  # the starting point is the first thing to come back to
-        elif getattr(state, "_dirty", False):
+        elif state.unfinished:
             # The last call ended mid-step (an interrupt, an error): what it did after its
             # last commit must not be applied twice.
             number = state.restore()
             print(f"nbdist.elastic: rolled back to commit {number}, where the last call's "
                   "work was last committed")
-        object.__setattr__(state, "_dirty", True)
+        state.unfinished = True
         if announce:
-            self.emit("begin", commit=state.commits, world=_world(),
+            self.emit(ElasticWhat.BEGIN, commit=state.commits, world=_world(),
                       max_failures=self.efn.max_failures, coordinated=self.coordinated)
         active[id(state)] = self
         self._count_steps()
@@ -73,7 +89,7 @@ class Loop(Context):
             while True:
                 try:
                     value = self.efn.fn(state, *self.args, **self.kwargs)
-                    object.__setattr__(state, "_dirty", False)
+                    state.unfinished = False
                     return value
                 except Rejoined:
                     continue
@@ -97,9 +113,9 @@ class Loop(Context):
     def _stopped(self, exc: BaseException) -> None:
         """This rank's own error ends the run: say so, and cut the peers loose now rather than
         after the end-of-cell grace, so that the notebook can stop them too."""
-        from . import group
+        from .. import group
 
-        self.emit("stopped", error=describe_exc(exc))
+        self.emit(ElasticWhat.STOPPED, error=describe_exc(exc))
         group.teardown(sever=True)
 
     def _count_steps(self) -> None:
@@ -114,7 +130,10 @@ class Loop(Context):
         self._hook = register_optimizer_step_post_hook(count)
 
     def on_commit(self) -> None:
-        """Called by ``State.commit()``: a consistent point; let a waiting worker in."""
+        """Called by ``State.commit()``: a consistent point, where a replacement waiting to
+        join is let in. Rank 0 reads the join key and every rank learns its answer through a
+        broadcast, so all of them enter the new group at the same commit; the function then
+        starts again from the top on every member, from that commit (:class:`Rejoined`)."""
         self.steps_since_commit = 0
         if not self.join_expected:
             return
@@ -133,14 +152,17 @@ class Loop(Context):
             raise
         except Exception as exc:  # a member went away while the newcomer was let in
             raise GroupLost(f"the group failed while a replacement joined: {exc}") from exc
-        self.emit("healed", commit=self.state.commits, rolled_back=0, discarded=0,
+        self.emit(ElasticWhat.HEALED, commit=self.state.commits, rolled_back=0, discarded=0,
                   seconds=time.time() - t0, world=_world(), world_before=world_before,
                   failures=plan.failures, joined=plan.joiner)
         raise Rejoined()
 
     # ------------------------------------------------------------------ recovery
     def recover(self, exc: BaseException) -> None:
-        from . import group
+        """After a peer failure: leave the group, report, and take this rank's place in the
+        notebook's next plan, healed. A member lost while the new group forms is one more
+        failure to report, in the same loop."""
+        from .. import group
 
         t0 = time.time()
         world_before = _world(default=None) or self._last_world
@@ -148,8 +170,8 @@ class Loop(Context):
         failure: BaseException = exc
         while True:
             group.teardown(sever=True)  # peers blocked on this rank fail now, not at timeout
-            self.emit("failed", commit=self.state.commits, error=describe_exc(failure),
-                      world=world_before)
+            self.emit(ElasticWhat.FAILED, commit=self.state.commits,
+                      error=describe_exc(failure), world=world_before)
             plan = self.wait_plan(self.epoch + 1, self.worker.timeout)
             try:
                 restored = self._enter(plan)
@@ -159,9 +181,10 @@ class Loop(Context):
             except BaseException as again:  # a member went away while the group re-formed
                 failure = again
         self.steps_since_commit = 0
-        self.emit("healed", commit=restored, rolled_back=max(0, self.state.commits - restored),
-                  discarded=discarded, seconds=time.time() - t0, world=_world(),
-                  world_before=world_before, failures=plan.failures, joined=plan.joiner)
+        self.emit(ElasticWhat.HEALED, commit=restored,
+                  rolled_back=max(0, self.state.commits - restored), discarded=discarded,
+                  seconds=time.time() - t0, world=_world(), world_before=world_before,
+                  failures=plan.failures, joined=plan.joiner)
 
     @property
     def _last_world(self) -> int:
@@ -192,9 +215,10 @@ def heal(ctx: Context, plan: Plan, *, joining: bool = False) -> int:
     group; rebuild DDP wrappers on the new group. Returns the commit number restored."""
     import torch.distributed as dist
 
-    state = getattr(ctx, "state", None)
+    state = ctx.state
     device = ctx.worker.device
-    mine = state._commit[0] if state is not None and state._commit is not None else -1
+    held = state.committed() if state is not None else None
+    mine = held[0] if held is not None else -1
     numbers = gather_ints(mine, device)
     best = max(numbers)
     if best < 0:
@@ -203,7 +227,7 @@ def heal(ctx: Context, plan: Plan, *, joining: bool = False) -> int:
     rank = dist.get_rank()
     commit = None
     if any(n != best for n in numbers):
-        blob = _dumps(state._commit) if rank == src else None
+        blob = _dumps(held) if rank == src else None
         blob = broadcast_bytes(blob, src, device)
         if mine != best:  # only ranks behind read it: the others hold the same commit
             commit = pickle.loads(blob)
@@ -222,8 +246,7 @@ def heal(ctx: Context, plan: Plan, *, joining: bool = False) -> int:
         assert commit is not None and extras is not None
         return _adopt(ctx, commit, extras)
     if commit is not None:
-        object.__setattr__(state, "_commit", commit)
-        object.__setattr__(state, "_commits", best)
+        state.adopt(commit)
     restored = state.restore()
     rewrap(ctx.worker.namespace, state)
     return restored
@@ -243,9 +266,8 @@ def _extras(ctx: Any) -> dict[str, Any]:
 
 def _adopt(ctx: Any, commit: tuple, extras: dict[str, Any]) -> int:
     state = extras["state"]
-    number, snap = commit
-    object.__setattr__(state, "_commit", (number, snap))
-    object.__setattr__(state, "_commits", number)
+    number = commit[0]
+    state.adopt(commit)
     ctx.worker.namespace.update(extras["namespace"])
     ctx.extras = extras
     ctx.state = state
@@ -255,13 +277,6 @@ def _adopt(ctx: Any, commit: tuple, extras: dict[str, Any]) -> int:
 
 
 # ---------------------------------------------------------------------- DDP on a new group
-class Wrapped:
-    """A DistributedDataParallel in transit: its module and how it was built."""
-
-    def __init__(self, module: Any, kwargs: dict[str, Any]) -> None:
-        self.module, self.kwargs = module, kwargs
-
-
 def _ddp_kwargs(ddp: Any) -> dict[str, Any]:
     kwargs = {"device_ids": ddp.device_ids, "output_device": ddp.output_device,
               "bucket_cap_mb": ddp.bucket_bytes_cap / (1024 * 1024),
@@ -290,10 +305,10 @@ def rewrap(namespace: dict[str, Any], state: Any) -> int:
         done[id(obj)] = DDP(module, **kwargs)
         return done[id(obj)]
 
-    for name in state._names:
+    for name in state.names:
         value = getattr(state, name)
         if isinstance(value, (DDP, Wrapped)):
-            object.__setattr__(state, name, new(value))
+            setattr(state, name, new(value))
     for name in sorted(namespace):
         value = namespace[name]
         if isinstance(value, (DDP, Wrapped)):
@@ -330,7 +345,7 @@ def call(st: Any, efn: Any, state: Any, args: tuple, kwargs: dict) -> Any:
 
     if st.plan is None or st.cell is None or not dist.is_initialized():
         # Not in a %%distributed cell (e.g. the same code under torchrun): no recovery.
-        if state._commit is None:
+        if state.committed() is None:
             state.commit()
         return efn.fn(state, *args, **kwargs)
     index = st.cell["elastic_calls"]
@@ -346,7 +361,6 @@ def join(st: Any, plan: Plan, key: str, slot: int, seq_base: int) -> dict[str, A
     commit boundary, form the group with them, heal from a live peer. Returns what the cell
     must run here (source, filename) or ``{"joined": False, "why": ...}``."""
     ctx = Context(st, key, plan.epoch - 1, slot)
-    ctx.state = None
     while True:
         if plan.abort:
             return {"joined": False, "why": plan.abort}
@@ -361,17 +375,18 @@ def join(st: Any, plan: Plan, key: str, slot: int, seq_base: int) -> dict[str, A
     t0 = time.time()
     number = heal(ctx, plan, joining=True)
     extras = ctx.extras
+    assert extras is not None
     loop = Loop(st, extras["efn"], ctx.state, extras["args"], extras["kwargs"], key, plan.epoch,
                 slot)
     loop.join_expected = plan.join_expected
     loop.index = extras["index"]
     loop.resume_line = extras["line"]
     ctx.epoch = plan.epoch
-    loop.emit("healed", commit=number, rolled_back=0, discarded=0, seconds=time.time() - t0,
-              world=_world(), world_before=_world() - 1, failures=plan.failures,
-              joined=plan.joiner)
+    loop.emit(ElasticWhat.HEALED, commit=number, rolled_back=0, discarded=0,
+              seconds=time.time() - t0, world=_world(), world_before=_world() - 1,
+              failures=plan.failures, joined=plan.joiner)
     st.namespace[RESUME] = lambda: loop.run(announce=False)
-    st.cell = {"cell_id": key.split("/")[-2], "filename": extras["filename"],
+    st.cell = {"cell_id": cell_of(key), "filename": extras["filename"],
                "source": extras["source"], "elastic_calls": extras["index"] + 1}
     if extras["dropped"]:
         print("nbdist.elastic: this replacement worker did not receive "

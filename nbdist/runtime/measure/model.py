@@ -66,12 +66,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any, Callable, NamedTuple, Optional, Protocol
 
-from ..telemetry import events as ev
-from ..telemetry.intervals import exposed_seconds
+from ...telemetry import events as ev
+from ...telemetry.intervals import exposed_seconds
 from .hang import watch as hang_watch
+from .spec import DEFAULT, Measure
+from .tensors import batch_size
 
 # Collectives held for an optimizer step to claim; past this many, the cell is not training.
 _MAX_HELD = 512
@@ -174,15 +175,14 @@ class Telemetry:
         self._memory_at = 0.0
 
     # ------------------------------------------------------------- cell lifecycle
-    def begin_cell(self, sink: Any, enabled: bool = True, collectives: bool = True,
-                   buckets: bool = False) -> None:
-        """Start recording a cell's events into ``sink`` (``enabled=False``: record nothing);
-        ``buckets``: DDP models built in the cell time each gradient bucket."""
+    def begin_cell(self, sink: Any, measure: Measure = DEFAULT) -> None:
+        """Start recording a cell's events into ``sink``, as ``measure`` says (with
+        ``measure.telemetry`` off, record nothing)."""
         self.sink = sink
         self.cells += 1
-        self.enabled = enabled and sink is not None
-        self.collectives = collectives
-        self.buckets = buckets
+        self.enabled = measure.telemetry and sink is not None
+        self.collectives = measure.collectives
+        self.buckets = measure.buckets
         self.step, self.steps, self.ddp_seen = None, 0, False
         self.closing = None
         self.optim_depth, self.optim_seen, self.pending_samples = 0, False, 0
@@ -338,7 +338,7 @@ class Telemetry:
         self.ddp_seen = True
         if timer is not None and syncs:
             st.timer, st.iteration = timer, timer.iterations
-        st.samples += _batch_size(args)
+        st.samples += batch_size(args)
         if st.fwd0 is None:
             st.fwd0 = now
 
@@ -441,11 +441,11 @@ class Telemetry:
             return
         if self.optim_seen or self.model_samples:
             if not self.model_samples:
-                self.pending_samples += _batch_size((item,)) or 1
+                self.pending_samples += batch_size((item,)) or 1
             return
         if self.step is not None:
             self.close_step(t0)
-        self.open_step(t0, "progress").samples = _batch_size((item,)) or 1
+        self.open_step(t0, "progress").samples = batch_size((item,)) or 1
 
     # called from the comm hook and collective wrappers (any thread)
     def on_collective(self, name: str, t0: float, t1: float, nbytes: int, dtype: str,
@@ -485,29 +485,6 @@ telemetry = Telemetry()
 
 
 # ----------------------------------------------------------------- helpers
-def _batch_size(args: Iterable[Any]) -> int:
-    """The leading dimension of the first tensor found in ``args`` (0 when there is none)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return 0  # torch was never imported, so there is no tensor to find
-    return _leading_dim(args, torch.Tensor)
-
-
-def _leading_dim(args: Iterable[Any], tensor: type) -> int:
-    for a in args:
-        if isinstance(a, tensor):
-            return int(a.shape[0]) if a.dim() else 1
-        if isinstance(a, (list, tuple)) and a and not hasattr(a, "_fields"):
-            n = _leading_dim(a[:1], tensor)
-            if n:
-                return n
-        if isinstance(a, dict) and a:
-            n = _leading_dim(list(a.values())[:1], tensor)
-            if n:
-                return n
-    return 0
-
-
 def _resolve_cuda(b: _Bucket) -> None:
     """Fill in ``b.done`` from its CUDA events once both have completed."""
     if b.cuda is None or b.done is not None:

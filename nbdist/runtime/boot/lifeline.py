@@ -5,7 +5,7 @@ Dask's nannies and workers, would run on without it. Each of them watches the ke
 (by PID and start time, so a reused PID is not mistaken for it) and, once it is gone, stops
 itself with SIGTERM (then, if that does not end it, exits).
 
-Used three ways: ``python -m nbdist.runtime.lifeline PID START MODULE [ARGS...]`` runs
+Used three ways: ``python -m nbdist.runtime.boot.lifeline PID START MODULE [ARGS...]`` runs
 ``MODULE`` as ``__main__`` under the watch (ipyparallel's controller and engines); as a Dask
 preload (``dask_setup``), reading the kernel from ``NBDIST_KERNEL``; or :func:`watch` directly.
 Standard library and psutil only.
@@ -71,7 +71,7 @@ def watch(kernel: str, on_gone: Optional[Callable[[], None]] = None,
 def command(module: str, kernel: Optional[str] = None) -> list[str]:
     """The command line that runs ``python -m module`` under the watch of ``kernel``."""
     pid, start = (kernel or this_process()).split()
-    return [sys.executable, "-m", "nbdist.runtime.lifeline", pid, start, module]
+    return [sys.executable, "-m", "nbdist.runtime.boot.lifeline", pid, start, module]
 
 
 def dask_setup(server: object) -> None:

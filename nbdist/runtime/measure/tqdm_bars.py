@@ -20,8 +20,8 @@ import time
 import warnings
 from typing import Any, Optional
 
-from ..telemetry import events as ev
-from .measure import telemetry
+from ...telemetry import events as ev
+from .model import telemetry
 
 # How often a bar reports its position (seconds); its end is always reported.
 _EVERY = 0.1

@@ -1,0 +1,180 @@
+"""Tables laid out as text or HTML, and nbdist's colours: a leaf that knows no record type.
+
+A :class:`Table` is a header and rows of cells already written as strings; the records
+(:mod:`nbdist.records`) and the views (:mod:`nbdist.display`) build tables, and this module
+only lays them out: as text lines in aligned columns, or as an HTML table with inline styles,
+so it looks the same in an output, inside a widget and in a saved notebook. The records draw
+themselves through here (as dask's cluster repr fills a template with plain values), so they
+never import the views. Remote text (host names, run names, error messages) is always escaped.
+Imports nothing from nbdist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+from typing import NamedTuple, Optional
+
+#: step time split: compute, waiting for the last rank (idle grey), transfer (on the wire)
+COMPUTE, WAITING, TRANSFER = "#4c78a8", "#a0a0a0", "#f58518"
+#: bandwidth line; the axes
+BANDWIDTH, AXIS = "#54a24b", "#888"
+#: the rank everyone waits for: a colour no chart series uses
+STRAGGLER = "#a4168f"
+#: a failed rank, a dead worker, an action that did not work
+FAIL = "#c00"
+#: progress bars by rank state
+BAR = {"waiting": "#d0d0d0", "running": "#4a90d9", "done": "#59a14f", "failed": FAIL,
+       "stopped": FAIL}
+#: one colour per rank in the scalar charts
+RANK_COLOURS = ("#4c78a8", "#e45756", "#72b7b2", "#b8860b", "#9d755d", "#ff9da6", "#17becf",
+                "#7f7f7f")
+#: warnings from the ranks: amber on cream, apart from the failure red
+WARNED, WARNED_BACKGROUND = "#8a5a00", "#fff8e6"
+
+
+class Row(NamedTuple):
+    cells: tuple[str, ...]
+    #: a dead worker, or a rank that failed or stopped: views draw it in the failure colour
+    broken: bool = False
+    #: the rank the others wait for: views mark it in the straggler colour
+    straggler: bool = False
+    #: the progress bar's filled share (run tables; None: no bar with a total)
+    fraction: Optional[float] = None
+    #: the rank's state (run tables; "" for aggregate rows), for the bar's colour
+    state: str = ""
+    #: the rank this row shows (None: an aggregate over ranks)
+    rank: Optional[int] = None
+
+
+class Table(NamedTuple):
+    """A header and its rows, every cell already formatted. Unpacks as ``header, rows``."""
+
+    header: tuple[str, ...]
+    rows: tuple[Row, ...]
+
+
+# ----------------------------------------------------------------- text
+def text_table(table: Table) -> list[str]:
+    """The header and rows in left-aligned columns two spaces apart, one string per line."""
+    header, rows = table
+    cells = [row.cells for row in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h)
+              for i, h in enumerate(header)]
+    return ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip()
+            for line in (header, *cells)]
+
+
+# ----------------------------------------------------------------- HTML
+_TABLE = ("border-collapse:collapse;font-size:12px;line-height:18px;"
+          "font-variant-numeric:tabular-nums")
+_CELL = "padding:1px 6px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+_NUMERIC = {"count", "rate", "ETA", "compute", "waiting", "transfer", "bandwidth", "pid",
+            "mem MiB"}
+
+
+def _bar(fraction: Optional[float], colour: str, label: str) -> str:
+    fill = f"{100 * max(0.0, min(1.0, fraction or 0.0)):.1f}%"
+    return (f"<div style='display:flex;align-items:center;gap:4px'>"
+            f"<div class='nbdist-bar' style='width:56px;height:10px;background:#e8e8e8;"
+            f"border-radius:2px;overflow:hidden;flex:none'><div class='nbdist-bar-fill' "
+            f"style='width:{fill};height:100%;background:{colour}'></div></div>"
+            f"{escape(label)}</div>")
+
+
+def _row_html(header: Sequence[str], row: Row, bars: bool) -> str:
+    classes = ["nbdist-rank-row", f"nbdist-rank-{row.rank}"] if row.rank is not None \
+        else ["nbdist-aggregate-row"]
+    style = ""
+    if row.broken:
+        classes.append("nbdist-broken")
+        style = f" style='color:{FAIL}'"
+    if row.straggler:
+        classes.append("nbdist-straggler")
+    tds = []
+    for name, cell in zip(header, row.cells):
+        css = _CELL + (";text-align:right" if name in _NUMERIC else "")
+        body = escape(cell)
+        if name == "rank" and row.straggler:
+            css += f";color:{STRAGGLER};font-weight:bold;box-shadow:inset 3px 0 {STRAGGLER}"
+        if bars and name == "progress" and row.fraction is not None:
+            colour = FAIL if row.broken else STRAGGLER if row.straggler else \
+                BAR.get(row.state, BAR["running"])
+            body = _bar(row.fraction, colour, cell)
+        title = f" title='{escape(cell)}'" if len(cell) > 14 else ""
+        tds.append(f"<td style='{css}'{title}>{body}</td>")
+    return f"<tr class='{' '.join(classes)}'{style}>{''.join(tds)}</tr>"
+
+
+def html_table(table: Table, widths: Optional[Sequence[int]] = None, bars: bool = False) -> str:
+    """A :class:`Table` as an HTML table; broken rows in red.
+
+    With ``widths`` (px per column) the layout is fixed and cells never wrap: a long value is
+    cut with an ellipsis and shown whole on hover. ``bars`` draws the ``progress`` column.
+    """
+    style = _TABLE
+    cols = ""
+    if widths:
+        style += f";table-layout:fixed;width:{sum(widths)}px"
+        cols = "<colgroup>" + "".join(f"<col style='width:{w}px'>" for w in widths) + \
+            "</colgroup>"
+    head = "".join(f"<th style='{_CELL};text-align:{'right' if c in _NUMERIC else 'left'};"
+                   f"border-bottom:1px solid {AXIS}'>{escape(c)}</th>" for c in table.header)
+    body = "".join(_row_html(table.header, row, bars) for row in table.rows)
+    return (f"<table class='nbdist-table' style='{style}'>{cols}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>")
+
+
+# ----------------------------------------------------------------- a cluster's status
+def status_text(engine: str, alive: int, wanted: int, table: Table, *,
+                dist_backend: Optional[str] = None, master: Optional[str] = None) -> str:
+    """A cluster's status as text: a line, then one row per worker."""
+    head = (f"nbdist cluster: {engine}, {alive}/{wanted} workers alive"
+            + (f", backend {dist_backend}" if dist_backend else "")
+            + (f", MASTER_ADDR {master}" if master else ""))
+    return "\n".join([head, *text_table(table)])
+
+
+def status_html(engine: str, alive: int, wanted: int, table: Table, *,
+                dist_backend: Optional[str] = None, master: Optional[str] = None) -> str:
+    """A cluster's status as HTML: a line, then one row per worker."""
+    head = (f"<b>nbdist</b> {escape(engine)}: {alive}/{wanted} workers alive"
+            + (f", backend <code>{escape(dist_backend)}</code>" if dist_backend else "")
+            + (f", MASTER_ADDR <code>{escape(master)}</code>" if master else ""))
+    return (f"<div class='nbdist-status'><div style='margin-bottom:4px'>{head}</div>"
+            f"{html_table(table)}</div>")
+
+
+# ----------------------------------------------------------------- runs side by side
+#: ``(run name, value, the value as written)``: one bar of a comparison chart
+BarItem = tuple[str, float, str]
+
+
+def _bars_svg(title: str, items: Sequence[BarItem], colour: str, width: int = 420) -> str:
+    """Horizontal bars, one per run, labelled with the run's name and its value."""
+    if not items or max(v for _, v, _ in items) <= 0:
+        return ""
+    top = max(v for _, v, _ in items)
+    pad_l, bar_h = 110, 16
+    height = 18 + bar_h * len(items)
+    w = width - pad_l - 70
+    rows = []
+    for i, (name, v, label) in enumerate(items):
+        y = 16 + i * bar_h
+        rows.append(f"<text x='{pad_l - 4}' y='{y + 11}' text-anchor='end'>{escape(name)}</text>"
+                    f"<rect x='{pad_l}' y='{y + 2}' width='{w * v / top:.1f}' height='{bar_h - 4}'"
+                    f" fill='{colour}'/><text x='{pad_l + w * v / top + 4:.1f}' y='{y + 11}'>"
+                    f"{escape(label)}</text>")
+    return (f"<svg class='nbdist-compare-chart' xmlns='http://www.w3.org/2000/svg' "
+            f"width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+            f"font-family='sans-serif' font-size='10'><text x='{pad_l}' y='10'>{escape(title)}"
+            f"</text>{''.join(rows)}</svg>")
+
+
+def comparison_html(table: Table, throughput: Sequence[BarItem], held: Sequence[BarItem]
+                    ) -> str:
+    """Named runs side by side: the table, then bars of each run's throughput (samples/s
+    over all ranks) and of what one rank holds (params + grads + optimizer state)."""
+    chart = (_bars_svg("samples/s (all ranks)", throughput, COMPUTE)
+             + _bars_svg("params + grads + optimizer state per rank", held, TRANSFER))
+    return f"<div class='nbdist-compare'>{html_table(table)}<div>{chart}</div></div>"
