@@ -13,6 +13,7 @@ how clusters are launched is :mod:`.launchers`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import json
@@ -35,7 +36,7 @@ from distributed.comm.addressing import get_address_host_port
 from ..errors import ClusterError
 from ..runtime.interrupt import interrupt_calls
 from ..telemetry.events import Batch
-from .base import Backend, Call, Job, Outcome, WorkerId, poll_until, signal_text
+from .base import Backend, Call, Job, Outcome, T, WorkerId, poll_until, signal_text
 from .dask_runner import Runner, publish
 from .launchers import cluster_spec, import_cluster_class, worker_process_config
 
@@ -43,6 +44,7 @@ from .launchers import cluster_spec, import_cluster_class, worker_process_config
 _PROBE_TIMEOUT = 5.0
 # How often a running job asks the scheduler which workers are still alive.
 _LIVENESS_INTERVAL = 1.0
+_BESIDE_TIMEOUT = 10.0  # how long a call beside a worker's busy task may take
 _LEFT = "the worker left the cluster (its process died, or it lost the scheduler)"
 
 
@@ -305,10 +307,39 @@ class DaskBackend(Backend[distributed.Client]):
                 runner.release()
 
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
-        if workers:
-            # Client.run executes on each worker's event loop, not behind the busy task.
-            self._require().run(interrupt_calls, self._tag, workers=list(workers),
-                                on_error="return")
+        self.run_beside(workers, interrupt_calls, self._tag)
+
+    can_restart_workers = True
+
+    def run_beside(self, workers: Sequence[WorkerId], fn: Callable[..., T], *args: Any
+                   ) -> dict[WorkerId, T]:
+        """``Client.run``, on each worker's event loop (not behind the busy task), bounded: a
+        loop that cannot run (a thread holding the GIL in native code) must not hold us."""
+        if not workers:
+            return {}
+        client = self._require()
+        try:  # Client.run has no time limit of its own; Client.sync gives its coroutine one
+            out = client.sync(client._run, fn, *args, workers=list(workers), on_error="return",
+                              callback_timeout=_BESIDE_TIMEOUT)
+        except Exception:
+            return {}
+        return {w: v for w, v in out.items() if not isinstance(v, BaseException)}
+
+    def restart_workers(self, ids: Sequence[WorkerId], timeout: float) -> list[WorkerId]:
+        """Dask's nanny restart: each nanny kills its worker's process if it does not close in
+        4 s, then starts one under the same name (the same rank). No nanny: stopped only."""
+        client = self._require()
+        self._forget_runners(ids)
+        local = self.cluster is not None and self.launch.local  # its nannies run here
+        nanny_log = logging.getLogger("distributed.nanny")
+        nanny_log.addFilter(_not_restart_lines)  # the cell's error says it, by rank
+        try:
+            with worker_process_config() if local else contextlib.nullcontext():
+                status = client.restart_workers(list(ids), timeout=timeout,
+                                                raise_for_error=False)
+        finally:
+            nanny_log.removeFilter(_not_restart_lines)
+        return [w for w in ids if status.get(w) == "OK"]
 
     def _grow(self, k: int, timeout: float) -> None:
         client, cluster = self._require(), self.cluster
@@ -393,6 +424,12 @@ class _RelayErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
         return not (msg.startswith("broadcast to ") and "CommClosedError" in msg)
+
+
+def _not_restart_lines(record: logging.LogRecord) -> bool:
+    """A log filter: False for a nanny's warnings about a restart nbdist asked for."""
+    return not record.getMessage().startswith(("Worker process still alive after",
+                                               "Restarting worker"))
 
 
 def _quiet_relay_errors() -> None:
