@@ -11,7 +11,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Protocol, TypeVar
 
-from ..errors import ClusterError, MissingPackageError, WorkersDidNotStart
+from ..errors import ClusterError, MissingPackageError, UnguardedScriptError, WorkersDidNotStart
 from ..options import LaunchOptions
 from ..telemetry.events import Batch
 
@@ -216,8 +216,8 @@ class Backend(abc.ABC, Generic[ClientT]):
         self.owns_cluster = True
         try:
             self._start(n, timeout)
-        except MissingPackageError:
-            self.stop()  # the launcher's package is missing: nothing to report but that
+        except (MissingPackageError, UnguardedScriptError):
+            self.stop()  # nothing was started: nothing to report but why
             raise
         except Exception as exc:
             ready = self._count_started()

@@ -13,7 +13,7 @@ import ipyparallel as ipp
 import pytest
 
 from nbdist.backends.dask import DaskBackend
-from nbdist.backends.launchers import cluster_spec, launcher_settings
+from nbdist.backends.launchers import _is_main_guard, cluster_spec, launcher_settings
 from nbdist.errors import MissingPackageError
 from nbdist.options import LaunchOptions
 from nbdist.session import Session
@@ -189,3 +189,23 @@ def test_importing_dask_jobqueue_keeps_the_kernels_interrupt():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("source, guard", [
+    ('if __name__ == "__main__":\n    main()', True),
+    ("if '__main__' == __name__:\n    main()", True),
+    ('if __name__ == "__main__" and not quiet:\n    main()', True),
+    ("main()", False),
+    ('if __name__ != "x":\n    main()', False),
+    ("if debug:\n    main()", False),
+])
+def test_a_main_guard_is_told_from_other_top_level_statements(source, guard):
+    import ast
+
+    assert _is_main_guard(ast.parse(source).body[0]) is guard
+
+
+def test_a_call_under_pytest_s_guarded_main_is_not_refused():
+    from nbdist.backends.launchers import unguarded_main_call
+
+    assert unguarded_main_call() is None  # pytest's __main__ runs its tests under a guard
