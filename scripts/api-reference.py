@@ -98,8 +98,10 @@ def signature(obj: Any, name: str) -> str:
 
 def entry(obj: Any, qualname: str, shown: str, level: str = "###") -> list[str]:
     """Heading, signature and docstring of one function or class."""
-    out = [anchor(qualname), f"{level} `{shown}`", "", "```python", signature(obj, shown),
-           "```", ""]
+    out = [anchor(qualname), f"{level} `{shown}`", ""]
+    if not (isinstance(obj, type) and issubclass(obj, BaseException)
+            and "__init__" not in vars(obj)):  # an error made from its message alone
+        out += ["```text", signature(obj, shown), "```", ""]  # a signature, not code to run
     doc = md(obj.__doc__)
     return out + ([doc, ""] if doc else [])
 
