@@ -115,7 +115,8 @@ class Session:
                 threads: Optional[int] = None, **target: Any) -> Session:
         """Attach to a running cluster.
 
-        ``target`` names it: ipyparallel ``cluster_id``, ``profile``, ``url_file``; Dask
+        ``target`` names it: ipyparallel ``cluster_id``, ``ipp_profile`` (the ipcluster
+        profile's name; ``profile`` is its old spelling), ``url_file``; Dask
         ``address`` or ``scheduler_file``, and ``security`` for TLS.
         """
         options = ClusterOptions().override(engine=engine, device=device,

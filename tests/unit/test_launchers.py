@@ -209,3 +209,20 @@ def test_a_call_under_pytest_s_guarded_main_is_not_refused():
     from nbdist.backends.launchers import unguarded_main_call
 
     assert unguarded_main_call() is None  # pytest's __main__ runs its tests under a guard
+
+
+@pytest.mark.parametrize("given", [{"ipp_profile": "train"}, {"profile": "train"}])
+def test_connect_reaches_the_ipcluster_profile_by_its_name(monkeypatch, given):
+    from nbdist.backends.ipyparallel import IpyparallelBackend
+    from nbdist.errors import ClusterError
+
+    seen = {}
+
+    def client(*args, **kwargs):
+        seen.update(kwargs)
+        raise OSError("no controller here")
+
+    monkeypatch.setattr(ipp, "Client", client)
+    with pytest.raises(ClusterError, match="no controller here"):
+        IpyparallelBackend().connect(1.0, **given)
+    assert seen["profile"] == "train" and "ipp_profile" not in seen
