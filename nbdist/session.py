@@ -396,12 +396,12 @@ class Session:
         """Write the cells that ran successfully since the group formed as a torchrun script.
 
         Pushed values the cells read go in as code (literals) or in ``<stem>.data.pkl`` next
-        to the script. Returns an :class:`~nbdist.export.Export` (its ``command`` is the
+        to the script. Returns an :class:`~nbdist.torchrun_export.Export` (its ``command`` is the
         launch line). A file nbdist did not write is not overwritten unless ``force``.
         See ``docs/export.md``.
         """
         from ._version import __version__
-        from .export import write
+        from .torchrun_export import write
 
         m = self.membership
         m.require()

@@ -243,17 +243,17 @@ def python_api() -> list[str]:
 
 
 def records() -> list[str]:
-    from nbdist.export import Export
     from nbdist.profiles import Profile
     from nbdist.records import ClusterStatus, Comparison, RemoteValue, WorkerRow
     from nbdist.telemetry.compare import RunFigures
     from nbdist.telemetry.snapshot import RunSnapshot
+    from nbdist.torchrun_export import Export
 
     out = ["## Records", "", "What the functions above return; plain values to read.", ""]
     for cls, module in ((ClusterStatus, "records"), (WorkerRow, "records"),
                         (RemoteValue, "records"), (Comparison, "records"),
                         (RunFigures, "telemetry.compare"), (RunSnapshot, "telemetry.snapshot"),
-                        (Export, "export"), (Profile, "profiles")):
+                        (Export, "torchrun_export"), (Profile, "profiles")):
         qual = f"nbdist.{module}.{cls.__name__}"
         out += [anchor(qual), f"### `{qual}`", "", md(cls.__doc__), ""]
         out += fields(cls) + methods(cls, qual)
