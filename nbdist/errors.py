@@ -117,6 +117,20 @@ class LaunchFailed(ClusterError):
     started is stopped."""
 
 
+class UnguardedScriptError(ClusterError):
+    """Dask workers would be started from a script's top level, outside a main guard: they
+    import the script again, so none would start. Nothing was started."""
+
+    def __init__(self, script: str, line: int) -> None:
+        self.script, self.line = script, line
+        super().__init__(
+            f"{script}, line {line}, starts Dask workers at the top level of the script, "
+            "outside an `if __name__ == \"__main__\":` block. Dask's workers are new Python "
+            "processes that import the script again, so each would run this line again and "
+            "none would start. Put the script's top-level code under "
+            "`if __name__ == \"__main__\":` (a notebook needs no guard). Nothing was started.")
+
+
 class MissingPackageError(NbdistError, ImportError):
     """A launcher needs a package that is not installed here; nothing was started.
 

@@ -2,7 +2,8 @@
 
 The session records each ``%%distributed`` cell that succeeded and each push, in order, and
 starts a new record when the group is formed again (start, restart, scale). ``%nbdist export``
-turns the record into a torchrun script (:mod:`nbdist.export`). Pure: no torch, no processes.
+turns the record into a torchrun script (:mod:`nbdist.torchrun_export`). Pure: no torch, no
+processes.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ class NbdistMagics(Magics):
                   file=sys.stderr, flush=True)
             args.ipp_profile = args.old_profile
         target = {k: v for k, v in dict(
-            cluster_id=args.cluster_id, profile=args.ipp_profile, url_file=args.url_file,
+            cluster_id=args.cluster_id, ipp_profile=args.ipp_profile, url_file=args.url_file,
             address=args.address, scheduler_file=args.scheduler_file).items() if v is not None}
         security = dask_security(args)
         if security is not None:

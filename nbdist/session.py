@@ -126,7 +126,8 @@ class Session:
                 threads: Optional[int] = None, **target: Any) -> Session:
         """Attach to a running cluster.
 
-        ``target`` names it: ipyparallel ``cluster_id``, ``profile``, ``url_file``; Dask
+        ``target`` names it: ipyparallel ``cluster_id``, ``ipp_profile`` (the ipcluster
+        profile's name; ``profile`` is its old spelling), ``url_file``; Dask
         ``address`` or ``scheduler_file``, and ``security`` for TLS.
         """
         options = ClusterOptions().override(engine=engine, device=device,
@@ -415,12 +416,12 @@ class Session:
         """Write the cells that ran successfully since the group formed as a torchrun script.
 
         Pushed values the cells read go in as code (literals) or in ``<stem>.data.pkl`` next
-        to the script. Returns an :class:`~nbdist.export.Export` (its ``command`` is the
+        to the script. Returns an :class:`~nbdist.torchrun_export.Export` (its ``command`` is the
         launch line). A file nbdist did not write is not overwritten unless ``force``.
         See ``docs/export.md``.
         """
         from ._version import __version__
-        from .export import write
+        from .torchrun_export import write
 
         m = self.membership
         m.require()

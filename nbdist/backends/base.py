@@ -16,6 +16,7 @@ from ..errors import (
     LaunchFailed,
     MissingPackageError,
     OptionError,
+    UnguardedScriptError,
     WorkersDidNotStart,
 )
 from ..options import LaunchOptions
@@ -246,7 +247,7 @@ class Backend(abc.ABC, Generic[ClientT]):
         self.owns_cluster = True
         try:
             self._start(n, timeout)
-        except (MissingPackageError, LaunchFailed, OptionError):
+        except (MissingPackageError, LaunchFailed, OptionError, UnguardedScriptError):
             self.stop()  # the reason is the news (a package, a host, an option), not a count
             raise
         except Exception as exc:

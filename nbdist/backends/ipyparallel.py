@@ -257,6 +257,8 @@ class IpyparallelBackend(Backend[ipp.Client]):
     def connect(self, timeout: float, **target: Any) -> None:
         self._timeout = timeout
         kwargs = {k: v for k, v in target.items() if v is not None}
+        if "ipp_profile" in kwargs:  # nbdist's name: `profile` is start's profile file
+            kwargs["profile"] = kwargs.pop("ipp_profile")
         # ipyparallel 9 takes the connection file positionally; its url_file= is ignored.
         connection_info = kwargs.pop("url_file", None)
         try:
