@@ -14,6 +14,7 @@ Where root or a package is missing, the fixtures skip and say which.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -602,9 +603,11 @@ def write_profile(tmp: Path, site: Site, engine: str, **options) -> Path:
 def needs_engine(engine: str, launcher: str) -> None:
     if engine == "dask":
         pytest.importorskip("distributed")
-        pytest.importorskip(DASK_PACKAGES[launcher],
-                            reason=f"the dask engine's {launcher} launcher needs it "
-                                   f"(pip install 'nbdist[{launcher}]')")
+        # Found, not imported: importing dask_jobqueue here would set this process's SIGINT
+        # handler to sys.exit (its runner module does), which nbdist itself avoids.
+        if importlib.util.find_spec(DASK_PACKAGES[launcher]) is None:
+            pytest.skip(f"the dask engine's {launcher} launcher needs "
+                        f"{DASK_PACKAGES[launcher]} (pip install 'nbdist[{launcher}]')")
 
 
 def open_listeners(procs: list) -> list:
