@@ -24,9 +24,11 @@ import cloudpickle
 from .backends import get_backend
 from .backends.base import Backend, Call
 from .cell_run import CellRun, cell_name
+from .debugging import for_call, post_mortem
 from .display import make_run_view
 from .elastic_coordinator import Healer
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
+from .faults import Faults
 from .history import History
 from .membership import Membership
 from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
@@ -75,6 +77,8 @@ class Session:
         self.history = History()
         #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
         self.named: dict[str, Run] = {}
+        #: faults asked for on purpose (``%nbdist kill --after``), due in the next cell
+        self.faults = Faults()
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, n: Optional[int] = None, *, profile: Any = None,
@@ -272,10 +276,11 @@ class Session:
         ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
         cell_id = uuid.uuid4().hex
         elastic = m.store is not None and len(selected) == self.world_size
+        link, console = for_call(m, cell_id)  # breakpoint() and input() on a rank
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
                       (shipped, cell.filename, cell_id, self.generation, list(selected),
                        r == selected[0]),
-                      {"measure": measure, "coordinated": elastic})
+                      {"measure": measure, "coordinated": elastic, "link": link})
                  for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
                   name=opts.name, stall_after=measure.stall_after)
@@ -286,7 +291,8 @@ class Session:
             hint = PARTIAL_RANKS.format(ranks=", ".join(map(str, selected)))
         healer = (Healer(m, measure, default_max_failures=self.defaults.elastic_max_failures)
                   if elastic else None)
-        cell_run = CellRun(m, calls, run, view, healer=healer, hint=hint)
+        cell_run = CellRun(m, calls, run, view, healer=healer, hint=hint,
+                           companions=[console, *self.faults.for_call(m)])
         try:
             outcomes = cell_run.wait(opts.timeout)
         finally:
@@ -374,6 +380,26 @@ class Session:
         if not res["ok"]:
             raise NameError(f"rank {rank}: {res['evalue']}")
         return cloudpickle.loads(res["blob"])
+
+    # ----------------------------------------------------------------- debugging
+    def debug(self, rank: Optional[int] = None) -> int:
+        """Post-mortem pdb on the frame where the last cell failed on ``rank`` (default: the
+        first rank that failed), answered in the notebook (``%nbdist debug``); returns the
+        rank. See ``docs/debugging.md``."""
+        self.membership.require()
+        if rank is not None:
+            parse_ranks(str(rank), self.world_size)
+        return post_mortem(self.membership, rank)
+
+    def kill(self, rank: int, signal: str = "SIGKILL", *, after: Optional[float] = None) -> str:
+        """Send ``signal`` to ``rank``'s worker process from outside it, now or ``after``
+        seconds into the next cell (``%nbdist kill``); returns what it did, in words."""
+        return self.faults.kill(self.membership, rank, signal, after)
+
+    def hang(self, rank: int, seconds: float = 60.0) -> str:
+        """Make ``rank`` hold for ``seconds`` at its next collective (``%nbdist hang``);
+        returns what it did, in words."""
+        return self.faults.hang(self.membership, rank, seconds)
 
     # ----------------------------------------------------------------- notebook to job
     def export(self, path: str, *, force: bool = False) -> Any:

@@ -165,6 +165,11 @@ class Backend(abc.ABC, Generic[ClientT]):
         :meth:`add_worker`."""
         raise ClusterError(f"the {self.name} engine cannot add workers")
 
+    def signal(self, worker: WorkerId, signum: int, pid: Optional[int] = None) -> None:
+        """Send ``signum`` to ``worker``'s process from outside it (``%nbdist kill``), even
+        while it runs a cell; ``pid`` is the process's id as the worker reported it."""
+        raise ClusterError(f"the {self.name} engine cannot signal a worker")
+
     def exit_cause(self, worker: WorkerId, pid: Optional[int]) -> Optional[str]:
         """How a worker process ended (``"SIGKILL"``, ``"exit status 1"``), where the engine
         knows; None otherwise."""

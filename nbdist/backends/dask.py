@@ -36,7 +36,7 @@ from ..errors import ClusterError
 from ..runtime.interrupt import interrupt_calls
 from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, WorkerId, poll_until, signal_text
-from .dask_runner import Runner, publish
+from .dask_runner import Runner, publish, signal_process, signal_soon
 from .launchers import cluster_spec, import_cluster_class, worker_process_config
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
@@ -309,6 +309,18 @@ class DaskBackend(Backend[distributed.Client]):
             # Client.run executes on each worker's event loop, not behind the busy task.
             self._require().run(interrupt_calls, self._tag, workers=list(workers),
                                 on_error="return")
+
+    def signal(self, worker: WorkerId, signum: int, pid: Optional[int] = None) -> None:
+        client = self._require()
+        nanny = (self._workers_info().get(worker) or {}).get("nanny")
+        try:
+            if nanny and pid is not None:  # the worker's nanny, a process beside it, sends it
+                client.run(signal_process, pid, signum, workers=[worker], nanny=True)
+            else:  # the worker's event loop, beside the busy thread, signals its own process
+                client.run(signal_soon, signum, workers=[worker])
+        except Exception as exc:
+            raise ClusterError(f"could not signal Dask worker {worker}: "
+                               f"{type(exc).__name__}: {exc}") from exc
 
     def _grow(self, k: int, timeout: float) -> None:
         client, cluster = self._require(), self.cluster

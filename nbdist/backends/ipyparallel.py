@@ -26,6 +26,8 @@ from .base import (
 from .launchers import launcher_settings
 
 _KEY = "nbdist:"
+# How long the nanny of an engine may take to say it sent a signal.
+_SIGNAL_REPLY_S = 10.0
 # The controller confirms new engines at its next heart beat; ipyparallel's default period
 # (3 s) makes a local start wait for it. Checking more often, with more misses allowed,
 # keeps the same 10 s tolerance for an engine that stops answering.
@@ -197,6 +199,17 @@ class IpyparallelBackend(Backend[ipp.Client]):
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
         if workers:
             self._require().send_signal(signal.SIGINT, targets=list(workers), block=False)
+
+    def signal(self, worker: WorkerId, signum: int, pid: Optional[int] = None) -> None:
+        # The engine's nanny, a process beside it, sends the signal: it arrives while a cell
+        # runs in the engine, and needs no access to its host from here.
+        reply = self._require().send_signal(signum, targets=[worker], block=False)
+        try:
+            reply.get(_SIGNAL_REPLY_S)
+        except Exception as exc:
+            raise ClusterError(f"could not signal engine {worker} ({type(exc).__name__}: "
+                               f"{exc}); engines started with --IPEngine.enable_nanny=False "
+                               "cannot be signalled from outside") from exc
 
     def _grow(self, k: int, timeout: float) -> None:
         client, cluster = self._require(), self.cluster

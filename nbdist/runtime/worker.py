@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional
 import cloudpickle
 
 from ..telemetry.units import fmt_bytes
+from . import debug, results
 from . import env as envmod
-from . import results
 from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
 from .execute import mimebundle, run_code
@@ -239,13 +239,14 @@ def leave() -> None:
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
              want_result: bool, grace: float = 3.0, measure: Measure = DEFAULT,
              coordinated: bool = False, slot: Optional[int] = None,
-             keep_cell: bool = False) -> results.CellResult:
+             keep_cell: bool = False, link: Optional[debug.Link] = None
+             ) -> results.CellResult:
     """Run one cell on this rank. ``peers`` are the ranks running the same cell.
 
     ``measure``: what the cell measures (telemetry switches, the hang doctor's threshold);
     ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
     fails; ``slot``: the rank this worker's events report as (a replacement worker takes the
-    slot of the rank it replaces)."""
+    slot of the rank it replaces); ``link``: how the cell's debugger reaches the notebook."""
     from ..telemetry import events
     from . import group
     from .measure.model import telemetry as tel
@@ -281,7 +282,8 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         with interruptible(group.sever) as watch, captured_output(_state.sink), \
                 watching(_state.sink, filename, measure.telemetry, measure.stall_after):
             try:
-                value = run_code(source, filename, _state.namespace)
+                with debug.debugging(link, _state.sink, filename, _debug_store):
+                    value = run_code(source, filename, _state.namespace)
                 if want_result:
                     out["value"] = mimebundle(value)
             except BaseException as exc:  # the user's error is data for the notebook
@@ -310,17 +312,37 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                     group.teardown(sever=True)
         # The last batch (the end event, the last steps) rides in the result: the notebook
         # then waits for no event message after the results.
-        tail = _state.sink.take()
-        seq = tail["seq"] - 1 if tail is not None else _state.sink.seq
+        seq, tail = _state.sink.end_call(seq0)
         _state.cell = None
         alive = group.generation() is not None and (group.generation() == gen
                                                     or _state.elastic_gen is not None)
         out["elastic_gen"] = _state.elastic_gen
         out["rank"] = plan.rank if _state.plan is None else _state.plan.rank
         _state.elastic_gen = None
-        return results.finish(out, seconds=seconds, group_alive=alive,
-                              seq=seq if seq > seq0 else 0,  # 0: nothing sent to wait for
-                              tail=tail)
+        return results.finish(out, seconds=seconds, group_alive=alive, seq=seq, tail=tail)
+
+
+def _debug_store() -> Any:
+    """The job's store, where the notebook writes the debugger's answers."""
+    assert _state.plan is not None and _state.port is not None
+    return debug.store_client(_state.plan.master_addr, _state.port, _state.timeout)
+
+
+def post_mortem(link: debug.Link) -> results.CellResult:
+    """``%nbdist debug`` on this worker: pdb on its last failed cell (:mod:`.debug`)."""
+    sink = _state.sink
+    assert sink is not None
+    with _state.lock:
+        t0 = time.perf_counter()
+        seq0 = sink.flush()
+        try:
+            found = debug.post_mortem(link, sink, _debug_store)
+            out = results.cell_ok({"text/plain": repr(found)})
+        except BaseException as exc:  # an interrupt, or a failure of the debugger's line
+            out = results.cell_failed(results.error_info(exc, "<nbdist debug>"))
+        seq, tail = sink.end_call(seq0)
+        return results.finish(out, seconds=time.perf_counter() - t0, group_alive=True,
+                              seq=seq, tail=tail)
 
 
 def push(blob: bytes) -> None:

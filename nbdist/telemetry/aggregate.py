@@ -25,6 +25,7 @@ from typing import Any, Optional
 from .columns import column, columns, row, rows, summary, summary_column, table_rows
 from .events import (
     COMM,
+    DEBUGGER,
     END,
     MEMORY,
     PIPELINE,
@@ -141,6 +142,9 @@ class RunState:
             self.stall.stack(rank, e)
             if st.state == RankState.WAITING:
                 st.state = RankState.RUNNING
+            return
+        if kind == DEBUGGER:  # stopped for the notebook, or went on: the hang doctor's too
+            self.stall.debugger(rank, e)
             return
         if kind != END:
             self._record(rank, e, 1)
@@ -413,7 +417,7 @@ class RunState:
     def verdict(self, at: float) -> Optional[Verdict]:
         """The hang doctor's verdict at ``at`` (None: no stall past the threshold)."""
         threshold = self.stall.threshold
-        if threshold is None or self.stall.idle(at) < threshold:
+        if not self.stall.debugging and (threshold is None or self.stall.idle(at) < threshold):
             return None  # the usual answer, asked ten times a second: no states to gather
         return self.stall.verdict(self._ranks, self._states(), at)
 

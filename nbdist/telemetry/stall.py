@@ -12,18 +12,23 @@ written here, once.
 (:data:`~nbdist.telemetry.events.PROGRESS_KINDS`). The threshold is
 :func:`~.stall_rules.stall_threshold`: five times the median step, at least 10 s, or the
 user's ``--stall-after``.
+
+A rank in the debugger (or waiting in ``input()``) is not stalled: while one is, the verdict
+says so at once ("rank 1 is in the debugger (line 5)") instead of judging a hang, whatever the
+threshold, and the time it spent there is not counted as time without progress.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from .events import Event
 from .stall_rules import STALL_WINDOW, stall_threshold
 from .states import RankState
+from .stopped import DEBUGGING, Stopped, Stops
 from .units import fmt_bytes, fmt_ranks, fmt_seconds
 
 #: above this many ranks, ranks whose places read the same share one line
@@ -92,7 +97,7 @@ class Collective:
 @dataclass(frozen=True)
 class RankWhere:
     """Where one rank is: :data:`WAITING` in ``collective``, :data:`ELSEWHERE`,
-    :data:`FINISHED`, :data:`FAILED` or :data:`UNKNOWN`."""
+    :data:`FINISHED`, :data:`FAILED`, :data:`UNKNOWN` or :data:`DEBUGGING`."""
 
     rank: int
     status: str
@@ -128,6 +133,8 @@ class Verdict:
     missing: tuple[int, ...] = ()
     #: collectives of one group and number that ranks called as different ops
     clashes: tuple[tuple[Collective, Collective], ...] = ()
+    #: ranks stopped in the debugger or input(): the run waits for the user, not a hang
+    stopped: tuple[Stopped, ...] = ()
 
     @property
     def hang(self) -> bool:
@@ -141,7 +148,7 @@ class Verdict:
     def key(self) -> tuple:
         """What the verdict says, without the clock: it changes when a rank moves."""
         return tuple((w.rank, w.status, w.collective.key if w.collective else None, w.doing,
-                      w.line) for w in self.ranks)
+                      w.line) for w in self.ranks) + self.stopped
 
 
 # ----------------------------------------------------------------- the judgement
@@ -229,7 +236,7 @@ def judge(ranks: Sequence[RankWhere], idle_s: float,
     missing: set[int] = set()
     for c, waiting in waits:
         for w in ranks:
-            if w.rank in waiting or w.status == UNKNOWN or _passed(w, c):
+            if w.rank in waiting or w.status in (UNKNOWN, DEBUGGING) or _passed(w, c):
                 continue
             if w.collective is not None and w.collective.clashes(c):
                 continue  # it got there, but called another collective: a clash, not absence
@@ -255,6 +262,8 @@ class StallWatch:
         self.step_s: deque[float] = deque(maxlen=STALL_WINDOW)
         self.stacks: dict[int, Event] = {}
         self.ended: dict[int, tuple[float, bool, Optional[str]]] = {}
+        #: ranks stopped in the debugger (or input()) now
+        self.debugging = Stops()
 
     def progress(self, t: float, rank: Optional[int] = None) -> None:
         """``rank`` made progress at ``t`` (a step or collective completed, a bar moved).
@@ -303,6 +312,14 @@ class StallWatch:
 
     def end(self, rank: int, t: float, ok: bool, error: Optional[str]) -> None:
         self.ended[rank] = (t, ok, error)
+        self.debugging.end(rank)
+
+    def debugger(self, rank: int, event: Event) -> None:
+        """``rank`` stopped for the notebook, or went on (a ``debugger`` event). Going on
+        counts as progress: the time it waited for the user is not time without progress."""
+        went_on = self.debugging.feed(rank, event)
+        if went_on is not None:
+            self.progress_t = max(self.progress_t or 0.0, went_on)
 
     @property
     def threshold(self) -> Optional[float]:
@@ -332,7 +349,11 @@ class StallWatch:
         for r in sorted(ranks):
             e = self._fresh(r)
             end = self.ended.get(r)
-            if e is not None:
+            s = self.debugging.of(r)
+            if s is not None:
+                out.append(RankWhere(r, DEBUGGING, line=s.line, reason=s.mode, doing=s.doing))
+                reported = True
+            elif e is not None:
                 out.append(_where(r, e))
                 reported = True
             elif end is not None:
@@ -343,7 +364,8 @@ class StallWatch:
                 out.append(RankWhere(r, UNKNOWN))
         if not reported:
             return None
-        return judge(out, self.idle(at), threshold)
+        v = judge(out, self.idle(at), threshold)
+        return replace(v, stopped=self.debugging.now()) if self.debugging else v
 
     def verdict(self, ranks: Iterable[int], states: Mapping[int, RankState],
                 at: float) -> Optional[Verdict]:
@@ -354,6 +376,8 @@ class StallWatch:
         the run had made progress before: a cell that never steps or communicates is
         not hung by being slow.
         """
+        if self.debugging:  # the run waits for the user: say so, whatever the threshold
+            return self.where(ranks, states, at)
         threshold = self.threshold
         if threshold is None or self.idle(at) < threshold:
             return None
@@ -377,15 +401,18 @@ def _at(line: Optional[int], label: Optional[str]) -> str:
 
 
 def headline(v: Verdict) -> str:
-    """One line: how long nothing moved, who waits in what, who never reached it."""
-    head = f"no step or collective completed for {fmt_seconds(v.idle_s)}"
-    if v.threshold_s is not None:
-        head += f" (stall threshold {fmt_seconds(v.threshold_s)})"
+    """One line: how long nothing moved, who waits in what, who never reached it; or, while
+    ranks are in the debugger, that they are."""
     parts = []
     for c, ranks in v.waits:
         word = "ranks" if len(ranks) > 1 else "rank"
         parts.append(f"{word} {fmt_ranks(ranks)} wait{'' if len(ranks) > 1 else 's'} in "
                      f"{c.describe()}")
+    if v.stopped:  # the run waits for the user, not a hang
+        return "; ".join([s.describe() for s in v.stopped] + parts)
+    head = f"no step or collective completed for {fmt_seconds(v.idle_s)}"
+    if v.threshold_s is not None:
+        head += f" (stall threshold {fmt_seconds(v.threshold_s)})"
     if v.missing:
         word = "ranks" if len(v.missing) > 1 else "rank"
         parts.append(f"{word} {fmt_ranks(v.missing)} never reached it")
@@ -412,6 +439,10 @@ def rank_line(w: RankWhere, label: Optional[str] = None,
             text += f" at {at}"
             if w.code and not (inner_is_cell and w.code == w.doing):
                 text += f": {w.code}"
+    elif w.status == DEBUGGING:
+        text = f"rank {w.rank}: {'in' if w.reason == 'pdb' else 'waiting for'} {w.doing}"
+        if at:
+            text += f" at {at}"
     elif w.status == FINISHED:
         text = f"rank {w.rank}: finished the cell"
     elif w.status == FAILED:

@@ -58,6 +58,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from .. import faults
 from ..mesh import dim_of
 from . import memory
 from .hang import watch as hang_watch
@@ -271,6 +272,8 @@ class _DDPTimer:
 
 
 def _forward_pre(module: Any, args: tuple) -> None:
+    if faults.armed is not None:  # %nbdist hang: held before the step's all-reduce
+        faults.hang()
     # Evaluation under no_grad is not a training step.
     grad = torch.is_grad_enabled()
     timer = module._nbdist_timer
@@ -368,6 +371,8 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if faults.armed is not None:  # %nbdist hang: held before it takes part
+            faults.hang()
         tel = telemetry
         if not tel.enabled:
             return fn(*args, **kwargs)
