@@ -203,13 +203,16 @@ class IpyparallelBackend(Backend[ipp.Client]):
     def signal(self, worker: WorkerId, signum: int, pid: Optional[int] = None) -> None:
         # The engine's nanny, a process beside it, sends the signal: it arrives while a cell
         # runs in the engine, and needs no access to its host from here.
-        reply = self._require().send_signal(signum, targets=[worker], block=False)
+        future = self._require().send_signal(signum, targets=[worker], block=False)
         try:
-            reply.get(_SIGNAL_REPLY_S)
-        except Exception as exc:
-            raise ClusterError(f"could not signal engine {worker} ({type(exc).__name__}: "
-                               f"{exc}); engines started with --IPEngine.enable_nanny=False "
-                               "cannot be signalled from outside") from exc
+            [reply] = future.result(timeout=_SIGNAL_REPLY_S)
+            why = None if reply["content"].get("status") == "ok" else reply["content"]
+        except Exception as exc:  # no answer: no nanny relays signals for this engine
+            why = f"{type(exc).__name__}: {exc}"
+        if why is not None:
+            raise ClusterError(f"could not signal engine {worker} ({why}); an engine started "
+                               "with --IPEngine.enable_nanny=False cannot be signalled from "
+                               "outside")
 
     def _grow(self, k: int, timeout: float) -> None:
         client, cluster = self._require(), self.cluster

@@ -5,8 +5,8 @@ A worker has no terminal. While a cell runs, :func:`debugging` puts a :class:`Ch
 place: a prompt goes up as an ``input`` event (:func:`~nbdist.telemetry.events.input_request`)
 on the ordinary event channel, sent at once, and the rank waits for the answer at a key of the
 job's rendezvous store, which the notebook hosts and writes to (:mod:`nbdist.debugging` is the
-notebook's half). The wait is a loop of short waits, so an interrupt lands within a fraction
-of a second and the store's own timeout never ends a long look around.
+notebook's half). The rank looks for it 20 times a second, so an interrupt lands within a
+fraction of a second and the store's own timeout never ends a long look around.
 
 :class:`RankPdb` is pdb with that channel for a terminal: its prompt names the rank
 (``(Pdb rank 1)``), what it prints goes up with its next prompt, it never stops in the frames
@@ -46,8 +46,8 @@ from ..telemetry import events as ev
 from . import results
 from .measure.hang import watch
 
-#: seconds of each wait for the notebook's answer: an interrupt lands between two of them
-ANSWER_WAIT = 0.2
+#: seconds between two looks for the notebook's answer: an interrupt lands between them
+ANSWER_POLL = 0.05
 #: modules whose frames are never where a user stands (pdb's ``skip``)
 SKIP = ("nbdist.*",)
 # The debugger's own files: a DebuggerQuit's traceback ends before them.
@@ -141,13 +141,10 @@ class Channel:
 
     def _wait(self, key: str) -> dict[str, Any]:
         store = self._store()
-        while True:  # short waits: the store's own timeout must not end a long look around
-            try:
-                store.wait([key], datetime.timedelta(seconds=ANSWER_WAIT))
-                break
-            except RuntimeError as exc:  # torch's DistStoreError: the short wait ran out
-                if "timeout" not in str(exc).lower():
-                    raise
+        # Looks, not the store's blocking wait: its own timeout must not end a long look
+        # around, an interrupt lands between two, and torch logs every wait that times out.
+        while not store.check([key]):
+            time.sleep(ANSWER_POLL)  # a person is typing: 20 looks a second are plenty
         raw = store.get(key)
         store.delete_key(key)
         return json.loads(raw)
@@ -214,15 +211,42 @@ class RankPdb(pdb.Pdb):
                 f = f.f_back
 
     def stop_here(self, frame: FrameType) -> bool:
-        if self._outer.get(id(frame)) is frame:
-            return False  # stepping out of the cell: nbdist's and the engine's frames
-        return super().stop_here(frame)
+        return self._in_cell(frame) and super().stop_here(frame)
+
+    def _in_cell(self, frame: FrameType) -> bool:
+        """``frame`` runs the cell's code: it is the cell's, or called from it (never one of
+        the frames below the cell, nbdist's and the engine's, or one they call)."""
+        if not self._outer:
+            return True
+        f: Optional[FrameType] = frame
+        while f is not None and f is not self.botframe:
+            if self._outer.get(id(f)) is f:
+                if f is frame.f_back and frame.f_code.co_filename == self.channel.filename:
+                    self.botframe = frame  # the cell's last expression, in a frame of its own
+                    return True
+                return False
+            f = f.f_back
+        return True
+
+    def user_call(self, frame: FrameType, argument_list: Any) -> None:
+        if frame is not self.botframe:  # the last expression starts: stop at its line instead
+            super().user_call(frame, argument_list)
+
+    def user_return(self, frame: FrameType, return_value: Any) -> None:
+        if frame is self.botframe:  # the cell's body ends: its last expression (if any) next
+            self.set_step()
+            return
+        super().user_return(frame, return_value)
 
     def user_exception(self, frame: FrameType, exc_info: Any) -> None:
         if issubclass(exc_info[0], KeyboardInterrupt):
             self.set_continue()  # an interrupt stops the cell, as it would without pdb
             return
-        super().user_exception(frame, exc_info)
+        try:
+            super().user_exception(frame, exc_info)
+        finally:
+            if frame.f_locals is frame.f_globals:  # the cell's namespace keeps no pdb names
+                frame.f_globals.pop("__exception__", None)
 
     def interaction(self, frame: Optional[FrameType], tb: Any) -> None:
         at = frame if frame is not None else _innermost(tb)
