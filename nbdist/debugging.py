@@ -109,7 +109,7 @@ class Prompt:
     before: str  # what the debugger printed since its last prompt
     mode: str  # "pdb" or "input"
     place: str  # where the rank stands, in words
-    since: float
+    order: int  # prompts of the call that arrived before it
 
 
 class Console:
@@ -134,6 +134,7 @@ class Console:
         self.stdin = True  # False once asking failed: every later prompt gets no answer
         self._paused = 0.0
         self._open_since: Optional[float] = None
+        self._arrived = 0
         self._told: tuple[int, ...] = ()  # the waiting ranks the console named last
         self._warned = False  # the group's timeout was mentioned
 
@@ -153,11 +154,11 @@ class Console:
                     self.say(e["text"], end="")  # what the debugger printed as it left
 
     def _opened(self, rank: int, e: dict[str, Any]) -> None:
-        now = self.clock()
         if not self.open:
-            self._open_since = now
+            self._open_since = self.clock()
+        self._arrived += 1
         self.open[rank] = Prompt(rank, e["n"], e["prompt"], e.get("text", ""), e["mode"],
-                                 where(e["file"], e["line"], e["func"]), now)
+                                 where(e["file"], e["line"], e["func"]), self._arrived)
 
     def _closed(self, rank: int) -> None:
         if self.open.pop(rank, None) is not None and not self.open \
@@ -191,9 +192,10 @@ class Console:
             return None
         if self.current in self.open:
             return self.open[self.current]
-        if self.current is not None and self.clock() - self.answered_at < STICKY_S:
+        if self.stdin and self.current is not None and \
+                self.clock() - self.answered_at < STICKY_S:
             return None
-        return min(self.open.values(), key=lambda p: (p.since, p.rank))
+        return min(self.open.values(), key=lambda p: p.order)
 
     def _announce(self, p: Prompt) -> None:
         if p.mode == "pdb" and p.rank != self.current:
