@@ -7,7 +7,8 @@ itself with SIGTERM (then, if that does not end it, exits).
 
 Used three ways: ``python -m nbdist.runtime.boot.lifeline PID START MODULE [ARGS...]`` runs
 ``MODULE`` as ``__main__`` under the watch (ipyparallel's controller and engines); as a Dask
-preload (``dask_setup``), reading the kernel from ``NBDIST_KERNEL``; or :func:`watch` directly.
+preload (``dask_setup``), reading the kernel from ``NBDIST_KERNEL``, which also keeps Dask's
+processes through an interrupt of the kernel; or :func:`watch` directly.
 Standard library and psutil only.
 """
 
@@ -75,7 +76,15 @@ def command(module: str, kernel: Optional[str] = None) -> list[str]:
 
 
 def dask_setup(server: object) -> None:
-    """Dask preload hook (nannies and workers): watch the kernel named in ``NBDIST_KERNEL``."""
+    """Dask preload hook (nannies and workers): watch the kernel named in ``NBDIST_KERNEL``,
+    and ignore SIGINT.
+
+    Jupyter's stop button sends SIGINT to the kernel's whole process group, which the Dask
+    processes nbdist spawns belong to: it would end them. nbdist interrupts a Dask worker's
+    cell by thread (:func:`nbdist.runtime.interrupt.interrupt_calls`), never by signal.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     kernel = os.environ.get(ENV)
     if kernel:
         watch(kernel)
