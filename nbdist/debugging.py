@@ -92,7 +92,10 @@ def link(m: Membership, key: str) -> rt_debug.Link:
 
 
 def where(file: str, line: Optional[int], func: str = "") -> str:
-    """``In [5], line 3``, ``cell line 3``, with ``, in train`` inside a function."""
+    """``In [5], line 3``, ``cell line 3``, with ``, in train`` inside a function ("" when
+    the rank did not say)."""
+    if not file:
+        return ""
     label = cell_label(file)
     text = (f"{label}, line {line}" if label else
             f"cell line {line}" if file.startswith("<") else f"{file}, line {line}")
@@ -199,7 +202,8 @@ class Console:
 
     def _announce(self, p: Prompt) -> None:
         if p.mode == "pdb" and p.rank != self.current:
-            line = f"nbdist: rank {p.rank} is in the debugger at {p.place}"
+            line = f"nbdist: rank {p.rank} is in the debugger" + (f" at {p.place}" if p.place
+                                                                  else "")
             if not self._warned and self.group_timeout:
                 self._warned = True
                 line += (f". Ranks that wait for it in a collective give up after the process "

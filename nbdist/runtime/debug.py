@@ -8,11 +8,9 @@ job's rendezvous store, which the notebook hosts and writes to (:mod:`nbdist.deb
 notebook's half). The rank looks for it 20 times a second, so an interrupt lands within a
 fraction of a second and the store's own timeout never ends a long look around.
 
-:class:`RankPdb` is pdb with that channel for a terminal: its prompt names the rank
-(``(Pdb rank 1)``), what it prints goes up with its next prompt, it never stops in the frames
-below the cell (nbdist's, the engine's), ``q`` ends the cell with :class:`DebuggerQuit`, and an
-interrupt leaves it as a ``KeyboardInterrupt`` in the cell (pdb itself would catch it and
-prompt again). While it waits, the hang doctor holds its clock
+:class:`~.rank_pdb.RankPdb` is pdb with that channel for a terminal: its prompt names the
+rank (``(Pdb rank 1)``), what it prints goes up with its next prompt, and ``q`` ends the cell
+with :class:`DebuggerQuit`. While it waits, the hang doctor holds its clock
 (:meth:`~.measure.hang.Watch.hold`) and the notebook is told (``debugger`` events).
 
 ``PYTHONBREAKPOINT`` is honoured as Python honours it: the worker's own, else the notebook's.
@@ -43,16 +41,15 @@ from types import FrameType, TracebackType
 from typing import Any, Callable, NamedTuple, Optional
 
 from ..telemetry import events as ev
-from . import results
+from . import rank_pdb, results
 from .measure.hang import watch
+from .rank_pdb import RankPdb, innermost
 
 #: seconds between two looks for the notebook's answer: an interrupt lands between them
 ANSWER_POLL = 0.05
-#: modules whose frames are never where a user stands (pdb's ``skip``)
-SKIP = ("nbdist.*",)
 # The debugger's own files: a DebuggerQuit's traceback ends before them.
 _OWN = {os.path.splitext(os.path.abspath(m.__file__ or ""))[0]
-        for m in (bdb, pdb, cmd, sys.modules[__name__])}
+        for m in (bdb, pdb, cmd, rank_pdb, sys.modules[__name__])}
 
 Store = Callable[[], Any]  # the job's store, connected on first use
 
@@ -107,7 +104,7 @@ class Channel:
         """What the debugger prints: it goes up with its next prompt, or when it leaves."""
         self._text.append(text)
 
-    def _take_text(self) -> str:
+    def take_text(self) -> str:
         text, self._text = "".join(self._text), []
         return text
 
@@ -123,14 +120,14 @@ class Channel:
         finally:
             watch.release(before)
             self.sink.emit(ev.debugger("leave", time.time(), mode=mode,
-                                       text=self._take_text(), **place))
+                                       text=self.take_text(), **place))
 
     def ask(self, prompt: str, mode: str, frame: Optional[FrameType]) -> Optional[str]:
         """The line typed in the notebook for ``prompt``; None when no one can answer."""
         if not self.stdin:
             return None
         self.n += 1
-        self.sink.emit(ev.input_request(self.n, prompt, text=self._take_text(), mode=mode,
+        self.sink.emit(ev.input_request(self.n, prompt, text=self.take_text(), mode=mode,
                                         **_place(frame)))
         self.sink.flush()  # now: the user waits for it
         reply = self._wait(ev.answer_key(self.link.key, self.rank, self.n))
@@ -157,134 +154,6 @@ class Channel:
             return
         self._passed.add((place["file"], place["line"]))
         self.sink.emit(ev.debugger("skip", time.time(), text=what, **place))
-
-
-class _Out:
-    """pdb's stdout: into the channel, up with the next prompt."""
-
-    encoding = "utf-8"
-
-    def __init__(self, channel: Channel) -> None:
-        self.channel = channel
-
-    def write(self, text: str) -> int:
-        self.channel.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
-class _Interrupted(BaseException):
-    """An interrupt on its way out of pdb, which would catch a KeyboardInterrupt."""
-
-
-class RankPdb(pdb.Pdb):
-    """pdb whose terminal is the notebook, through ``channel``; see the module docstring."""
-
-    def __init__(self, channel: Channel) -> None:
-        # nosigint: an interrupt must stop the cell, not stop in pdb again
-        super().__init__(stdout=_Out(channel), skip=list(SKIP), nosigint=True)
-        self.channel = channel
-        self.prompt = f"(Pdb rank {channel.rank}) "
-        self.use_rawinput = False
-        self._outer: dict[int, FrameType] = {}  # frames below the cell: never stopped in
-
-    def set_trace(self, frame: Optional[FrameType] = None) -> None:
-        """Stop at ``frame``'s next line; the stack pdb shows and walks begins at the cell."""
-        frame = frame if frame is not None else sys._getframe().f_back
-        bottom = None
-        f = frame
-        while f is not None:  # the outermost frame of the running cell
-            if f.f_code.co_filename == self.channel.filename:
-                bottom = f
-            f = f.f_back
-        super().set_trace(frame)
-        if bottom is not None:
-            self.botframe = bottom
-            f = bottom.f_back
-            while f is not None:
-                self._outer[id(f)] = f
-                f = f.f_back
-
-    def stop_here(self, frame: FrameType) -> bool:
-        return self._in_cell(frame) and super().stop_here(frame)
-
-    def _in_cell(self, frame: FrameType) -> bool:
-        """``frame`` runs the cell's code: it is the cell's, or called from it (never one of
-        the frames below the cell, nbdist's and the engine's, or one they call)."""
-        if not self._outer:
-            return True
-        f: Optional[FrameType] = frame
-        while f is not None and f is not self.botframe:
-            if self._outer.get(id(f)) is f:
-                if f is frame.f_back and frame.f_code.co_filename == self.channel.filename:
-                    self.botframe = frame  # the cell's last expression, in a frame of its own
-                    return True
-                return False
-            f = f.f_back
-        return True
-
-    def user_call(self, frame: FrameType, argument_list: Any) -> None:
-        if frame is not self.botframe:  # the last expression starts: stop at its line instead
-            super().user_call(frame, argument_list)
-
-    def user_return(self, frame: FrameType, return_value: Any) -> None:
-        if frame is self.botframe:  # the cell's body ends: its last expression (if any) next
-            self.set_step()
-            return
-        super().user_return(frame, return_value)
-
-    def user_exception(self, frame: FrameType, exc_info: Any) -> None:
-        if issubclass(exc_info[0], KeyboardInterrupt):
-            self.set_continue()  # an interrupt stops the cell, as it would without pdb
-            return
-        try:
-            super().user_exception(frame, exc_info)
-        finally:
-            if frame.f_locals is frame.f_globals:  # the cell's namespace keeps no pdb names
-                frame.f_globals.pop("__exception__", None)
-
-    def interaction(self, frame: Optional[FrameType], tb: Any) -> None:
-        at = frame if frame is not None else _innermost(tb)
-        with self.channel.stopped("pdb", at):
-            try:
-                super().interaction(frame, tb)
-            except _Interrupted:
-                sys.settrace(None)
-                raise KeyboardInterrupt from None
-
-    def cmdloop(self, intro: Any = None) -> None:
-        """``cmd.Cmd.cmdloop`` with the notebook for its terminal."""
-        try:
-            self.preloop()
-            stop = None
-            while not stop:
-                if self.cmdqueue:
-                    line = self.cmdqueue.pop(0)
-                else:
-                    answer = self.channel.ask(self.prompt, "pdb", self.curframe)
-                    if answer is None:  # no one to answer after all: carry on
-                        self.message("nbdist: the notebook cannot answer; continuing")
-                        bdb.Bdb.clear_all_breaks(self)
-                        answer = "continue"
-                    line = answer
-                line = self.precmd(line)
-                stop = self.onecmd(line)
-                stop = self.postcmd(stop, line)
-            self.postloop()
-        except KeyboardInterrupt:
-            raise _Interrupted from None
-
-
-def _innermost(tb: Optional[TracebackType]) -> Optional[FrameType]:
-    frame = None
-    while tb is not None:
-        frame, tb = tb.tb_frame, tb.tb_next
-    return frame
 
 
 # ----------------------------------------------------------------- the cell's hooks
@@ -345,7 +214,7 @@ def _post_mortem(t: Any = None) -> None:
     if t is None:
         raise ValueError("A valid traceback must be passed if no exception is being handled")
     if not ch.stdin:
-        ch.passed(_innermost(t), "pdb.post_mortem()")
+        ch.passed(innermost(t), "pdb.post_mortem()")
         return None
     p = RankPdb(ch)
     p.reset()

@@ -259,3 +259,13 @@ def test_a_hang_on_purpose_holds_once_for_its_time():
     t0 = time.monotonic()
     faults.hang()  # disarmed: no hold
     assert time.monotonic() - t0 < 0.1
+
+
+def test_the_recursive_debugger_works_and_what_cannot_work_here_says_so():
+    nb, _, ns, err = run("x = 1\nbreakpoint()\ny = 2\n",
+                         ["debug x + 1", "s", "c", "interact", "restart", "c"])
+    assert err is None and ns["y"] == 2
+    assert "ENTERING RECURSIVE DEBUGGER" in nb.text and "((Pdb rank 1)) s\n--Return--" in nb.text
+    assert "*** interact does not work on a rank" in nb.text
+    assert "*** there is no script to restart on a rank" in nb.text
+    assert "__return__" not in ns  # the recursive pdb's name does not stay in the namespace
