@@ -142,16 +142,21 @@ class RankPdb(pdb.Pdb):
 
     def interaction(self, frame: Optional[FrameType], tb: Any) -> None:
         at = frame if frame is not None else innermost(tb)
-        if frame is not None and frame.f_locals is frame.f_globals:
-            # what a pdb of the `debug` command left in the cell's namespace, which outlives it
-            for name in ("__return__", "__exception__"):
-                frame.f_globals.pop(name, None)
         with self.channel.stopped("pdb", at):
             try:
                 super().interaction(frame, tb)
             except _Interrupted:
                 sys.settrace(None)
                 raise KeyboardInterrupt from None
+
+    def do_debug(self, arg: str) -> Any:
+        try:
+            return super().do_debug(arg)
+        finally:  # its pdb's names, left in the namespace it ran in (the cell's outlives it)
+            for name in ("__return__", "__exception__"):
+                self.curframe_locals.pop(name, None)
+
+    do_debug.__doc__ = pdb.Pdb.do_debug.__doc__
 
     def do_interact(self, arg: str) -> None:
         """interact
