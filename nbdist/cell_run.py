@@ -22,10 +22,11 @@ from .errors import (
     REBUILD_DDP,
     CellInterrupted,
     CellTimeoutError,
-    InterruptTimeoutError,
     RankFailure,
+    RanksRestarted,
     cell_error,
 )
+from .escalation import stop_ranks
 from .runtime import results
 from .telemetry.events import Batch
 from .telemetry.run import Run
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
     from .elastic_coordinator import Healer
     from .membership import Membership
 
-# After an interrupt, how long workers get to return before we call them unresponsive.
-_INTERRUPT_GRACE = 15.0
 # After a cell ends, how long we wait for its last output batches to arrive.
 _EVENT_GRACE = 3.0
 # How often the kernel looks at a running job: output and the dashboard move at this pace.
@@ -131,11 +130,15 @@ class CellRun:
         self.slots: dict[Any, int] = (healer.slots if healer is not None else
                                       {p.worker_id: p.rank for p in membership.plans})
         self.job: Optional[Job] = None
+        #: ranks an interrupt could not stop, whose processes the engine replaced
+        self.restarted: Optional[RanksRestarted] = None
 
     @property
     def reformed(self) -> bool:
-        """An elastic run formed a new group during the cell."""
-        return self.healer is not None and self.healer.final() is not None
+        """An elastic run, or the restart of ranks an interrupt could not stop, formed a new
+        group during the cell."""
+        return self.restarted is not None or (self.healer is not None
+                                              and self.healer.final() is not None)
 
     def wait(self, timeout: Optional[float]) -> list[results.CellResult]:
         """Run the calls to the end (or ``timeout`` seconds) and return each call's result,
@@ -160,16 +163,15 @@ class CellRun:
                 paused = sum(c.paused() for c in companions)
                 if timeout is not None and time.monotonic() - start - paused > timeout:
                     late = self._late()
-                    self._interrupt()
-                    self.membership.invalidate()
+                    restarted = self._interrupt()
                     self._finish()  # with where each rank said it was
-                    raise CellTimeoutError(timeout, late, self.hint, run.where(), run.label)
+                    raise CellTimeoutError(timeout, late, self.hint, run.where(), run.label,
+                                           restarted)
         except KeyboardInterrupt:
             late = self._late()
-            self._interrupt()
-            self.membership.invalidate()
+            restarted = self._interrupt()
             self._finish()
-            raise CellInterrupted(late, run.where(), run.label, run.what) from None
+            raise CellInterrupted(late, run.where(), run.label, run.what, restarted) from None
         finally:
             self._finish()
             for c in companions:
@@ -236,11 +238,13 @@ class CellRun:
         run.finish()
         view.close(run.snapshot())
 
-    def _interrupt(self) -> None:
+    def _interrupt(self) -> Optional[RanksRestarted]:
+        """Stop the ranks still running; the group is out of date from now on (formed again
+        at once where ranks that did not stop were restarted)."""
         assert self.job is not None
-        self.membership.require().interrupt(self.job.pending())
-        if not self.job.wait(_INTERRUPT_GRACE):
-            raise InterruptTimeoutError(self._late(), _INTERRUPT_GRACE)
+        self.membership.invalidate()
+        self.restarted = stop_ranks(self.membership, self.job, self.slots)
+        return self.restarted
 
 
 class CompositeJob(Job):

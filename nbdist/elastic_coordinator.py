@@ -401,7 +401,7 @@ class Healer:
         at ``plan``, heal, then run the rest of the cell with the cell's telemetry."""
         m, o = self.membership, self.membership.options
         return Call(mine.worker_id, rt.elastic_join,
-                    (mine, m.port, o.device, o.dist_backend, o.timeout, plan, key, slot,
+                    (mine, m.port, o.device, m.dist_backend, o.timeout, plan, key, slot,
                      self.seq_base, False), {"measure": self.measure})
 
     def _join_job(self, w: WorkerId) -> Job:

@@ -5,8 +5,8 @@ Each user-facing message is written once, here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from .telemetry.stall import clash_sentences, missing_sentence, where_lines
@@ -314,19 +314,91 @@ def where_section(where: Optional[Verdict], label: Optional[str] = None) -> str:
     return "\n".join(lines)
 
 
+#: names listed when a restart loses a namespace; the rest are counted
+MAX_NAMES = 12
+
+
+@dataclass(frozen=True)
+class RanksRestarted:
+    """Ranks an interrupt could not stop, whose worker processes the engine replaced (see
+    :mod:`nbdist.escalation`): their namespaces are gone."""
+
+    ranks: tuple[int, ...]
+    #: seconds the ranks had to stop after the interrupt
+    grace: float
+    #: ranks in the job
+    world_size: int
+    #: the host of each rank
+    hosts: Mapping[int, str] = field(default_factory=dict)
+    #: the names each rank's namespace held (a rank missing here: not known)
+    names: Mapping[int, Sequence[str]] = field(default_factory=dict)
+    #: ranks whose worker was stopped but not replaced (a worker without a nanny)
+    removed: tuple[int, ...] = ()
+    #: why the group could not be formed again with the new processes ("" when it was)
+    not_reformed: str = ""
+
+    def held(self, rank: int) -> str:
+        """`` (it held: model, opt)``: what a rank's namespace held, as far as known."""
+        if rank not in self.names:
+            return ""
+        names = self.names[rank]
+        return f" (it held: {fmt_names(names)})" if names else " (it held no names of its own)"
+
+
+def fmt_names(names: Sequence[str]) -> str:
+    """``model, opt and 3 more``: names a namespace held, at most :data:`MAX_NAMES` of them."""
+    more = len(names) - MAX_NAMES
+    return ", ".join(names[:MAX_NAMES]) + (f" and {more} more" if more > 0 else "")
+
+
+def restarted_section(r: Optional[RanksRestarted]) -> str:
+    """What an interrupt's escalation did to ranks that did not stop ("" when none)."""
+    if r is None:
+        return ""
+    replaced = [k for k in r.ranks if k not in r.removed]
+    lines = ["", ""]
+    if replaced:
+        where = ", ".join(f"rank {k} on {r.hosts.get(k, '?')}" for k in replaced)
+        lines.append(
+            f"{where} did not stop within {r.grace:g} s of the interrupt (blocked in a call no "
+            f"interrupt reaches: a long sleep, native code), so the engine restarted "
+            f"{'its worker process' if len(replaced) == 1 else 'their worker processes'}. "
+            + " ".join(f"Rank {k}'s namespace is lost{r.held(k)}." for k in replaced))
+        if r.not_reformed:
+            lines.append(f"The process group could not be formed again with the new "
+                         f"process{'es' if len(replaced) > 1 else ''} ({r.not_reformed}): run "
+                         "%nbdist restart for fresh workers.")
+        else:
+            others = ("The other ranks keep their namespaces; the"
+                      if len(replaced) < r.world_size else "The")
+            lines.append(
+                f"{others} process group is formed again, rank {fmt_ranks(replaced)} in a fresh "
+                f"process. Define what {'it' if len(replaced) == 1 else 'they'} lost again: run "
+                f"the cells that made it (`%%distributed --ranks {fmt_ranks(replaced)}` runs a "
+                "cell there only), or %nbdist restart for fresh workers everywhere.")
+    if r.removed:
+        lines.append(
+            f"Rank(s) {fmt_ranks(r.removed)} did not stop and their workers were stopped, not "
+            "replaced (they run without a Dask nanny): start workers in their place with the "
+            "tool that started the cluster, then %nbdist restart.")
+    return "\n".join(lines)
+
+
 class CellTimeoutError(NbdistError):
     """A cell ran past its ``--timeout``. ``where`` says where each rank was (the hang
     doctor's :class:`~nbdist.telemetry.stall.Verdict`, None without reports)."""
 
     def __init__(self, timeout: float, ranks: Sequence[int], hint: str = "",
-                 where: Optional[Verdict] = None, label: Optional[str] = None) -> None:
+                 where: Optional[Verdict] = None, label: Optional[str] = None,
+                 restarted: Optional[RanksRestarted] = None) -> None:
         self.ranks = list(ranks)
         self.timeout = timeout
         self.where = where
+        self.restarted = restarted
         super().__init__(
             f"cell ran past --timeout {timeout:g} s; rank(s) {self.ranks} were still running and "
             f"were interrupted. {REBUILD_DDP}" + (f" {hint}" if hint else "")
-            + where_section(where, label))
+            + restarted_section(restarted) + where_section(where, label))
 
 
 class CellInterrupted(KeyboardInterrupt):
@@ -337,12 +409,14 @@ class CellInterrupted(KeyboardInterrupt):
     """
 
     def __init__(self, ranks: Sequence[int], where: Optional[Verdict] = None,
-                 label: Optional[str] = None, what: str = "cell") -> None:
+                 label: Optional[str] = None, what: str = "cell",
+                 restarted: Optional[RanksRestarted] = None) -> None:
         self.ranks = list(ranks)
         self.where = where
+        self.restarted = restarted
         super().__init__(
             f"{what} interrupted; rank(s) {self.ranks} were still running and were interrupted. "
-            f"{REBUILD_DDP}" + where_section(where, label))
+            f"{REBUILD_DDP}" + restarted_section(restarted) + where_section(where, label))
 
     def _render_traceback_(self) -> list[str]:
         """IPython shows the message, not the kernel's frames it was raised in."""

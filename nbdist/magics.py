@@ -52,7 +52,9 @@ class NbdistMagics(Magics):
     def _start(self, session: Session, args: argparse.Namespace) -> Any:
         opts = cluster_kwargs(args)
         ClusterOptions().override(n=args.n)  # a bad -n is a usage error before anything starts
-        if args.profile:
+        if session.running:
+            pass  # the session says whether it keeps the running cluster or what it stops
+        elif args.profile:
             _say(f"starting the workers profile {args.profile} describes and forming the "
                  "process group ...")
         else:
@@ -77,8 +79,9 @@ class NbdistMagics(Magics):
         security = dask_security(args)
         if security is not None:
             target["security"] = security
-        _say(f"connecting to the {args.engine or 'ipyparallel'} cluster and forming the "
-             "process group ...")
+        if not session.running:  # else the session says whether it keeps the running one
+            _say(f"connecting to the {args.engine or 'ipyparallel'} cluster and forming the "
+                 "process group ...")
         return session.connect(**opts, **target).status()
 
     def _status(self, session: Session, args: argparse.Namespace) -> Any:

@@ -19,7 +19,7 @@ from .errors import ClusterError, NoClusterError, WorkerCallFailed, WorkersGone
 from .options import ClusterOptions
 from .rendezvous import StoreHost
 from .runtime import worker as rt
-from .runtime.env import LOOPBACK, RankPlan, plan_ranks, shared_gpus, store_addr
+from .runtime.env import LOOPBACK, RankPlan, choose_dist_backend, plan_ranks, store_addr
 from .runtime.results import Joined, WorkerInfo
 
 
@@ -50,6 +50,10 @@ class Membership:
         self.suspect: set[WorkerId] = set()
         #: what each rank said when it joined the group, by rank
         self.joined: dict[int, Joined] = {}
+        #: the group's backend as asked, or gloo where ``auto`` ranks share a GPU
+        self.dist_backend = "auto"
+        #: a line for the user about how the group was formed ("" when nothing to say)
+        self.note = ""
 
     @property
     def world_size(self) -> int:
@@ -136,17 +140,17 @@ class Membership:
         if options.device == "cuda" and any(p.gpu is None for p in self.plans):
             bad = sorted({p.hostname for p in self.plans if p.gpu is None})
             raise ClusterError(f"--device cuda, but no GPU is visible on {', '.join(bad)}")
-        shared = shared_gpus(self.plans) if options.dist_backend != "gloo" else {}
-        if shared:
-            (host, gpu), ranks = next(iter(shared.items()))
+        try:
+            self.dist_backend, self.note = choose_dist_backend(options.dist_backend, self.plans)
+        except ValueError as shared:
             raise ClusterError(
-                f"ranks {ranks} would share GPU {gpu} on {host}, and NCCL needs one GPU per rank. "
-                f"Start one worker per GPU (-n without a number picks that), or pass "
-                "--dist-backend gloo to share GPUs, or --device cpu.")
+                f"--dist-backend nccl, but {shared}, and NCCL needs one GPU per rank. Start "
+                "one worker per GPU (-n without a number picks that), or leave the dist "
+                "backend at auto (gloo, on the shared GPUs), or --device cpu.") from None
         self.port = self._job_store_port(timeout)
         gen = self.invalidate()
         joined: list[Joined] = self.call(
-            [Call(p.worker_id, rt.join, (p, self.port, options.device, options.dist_backend,
+            [Call(p.worker_id, rt.join, (p, self.port, options.device, self.dist_backend,
                                          timeout, gen),
                   {"working_dir": options.working_dir})
              for p in self.plans], timeout + 30, "form the process group")
@@ -172,8 +176,9 @@ class Membership:
         """Make ``workers`` (admitted already) the job, ranked by host in this order, with the
         profile's variables; returns the new plans."""
         o = self.options
+        held = {p.worker_id: p.gpu for p in self.plans if p.gpu is not None}  # kept by each
         plans = plan_ranks([self.infos[w] for w in workers], threads=o.threads,
-                           use_gpus=o.device != "cpu", master=self.master)
+                           use_gpus=o.device != "cpu", master=self.master, pinned=held)
         if o.env:  # the profile's variables, set and restored with torchrun's
             plans = [replace(p, extra={**o.env, **p.extra}) for p in plans]
         self.plans = plans

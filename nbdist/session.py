@@ -30,6 +30,7 @@ from .elastic_coordinator import Healer
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
 from .faults import Faults
 from .history import History
+from .lifecycle import relaunch
 from .membership import Membership
 from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
 from .records import ClusterStatus, Comparison, RemoteValue, WorkerRow
@@ -108,7 +109,8 @@ class Session:
                               key="workers")
         if options.n is None:
             options = replace(options, n=count_local_gpus() or 2)
-        self._launch(options, None)
+        if not self._keeps(options, None):
+            self._launch(options, None)
         self.defaults, self.profile_path = defaults, path
         return self
 
@@ -123,6 +125,8 @@ class Session:
         options = ClusterOptions().override(engine=engine, device=device,
                                             dist_backend=dist_backend, timeout=timeout,
                                             threads=threads)
+        if self._keeps(options, target):
+            return self
         self._launch(options, target)
         self.defaults, self.profile_path = CellDefaults(), None
         return self
@@ -133,6 +137,15 @@ class Session:
             raise NoClusterError()
         owned = self.backend.owns_cluster
         return self._launch(self.options, None if owned else dict(self._target))
+
+    def _keeps(self, options: ClusterOptions, target: Optional[dict[str, Any]]) -> bool:
+        """While a job runs: True when it is what ``options`` and ``target`` ask for (kept);
+        else what :meth:`_launch` will stop and lose is said first. See :mod:`.lifecycle`."""
+        if self.backend is None:
+            return False
+        decision = relaunch(self.membership, self._target, options, target)
+        print(f"nbdist: {decision.message}", flush=True)
+        return decision.keep
 
     def _launch(self, options: ClusterOptions, target: Optional[dict[str, Any]]) -> Session:
         """Start workers (``target`` None) or attach to ``target``; then form the job."""
@@ -158,6 +171,8 @@ class Session:
     def _form(self, options: ClusterOptions) -> None:
         self.membership.form(options)
         self.history.reset()  # a new group: what ran before is not this job's script
+        if self.membership.note:  # e.g. ranks that share a GPU get gloo
+            print(f"nbdist: {self.membership.note}", flush=True)
 
     def stop(self) -> Optional[str]:
         """Stop workers nbdist started (or disconnect from a cluster it attached to).
@@ -413,8 +428,10 @@ class Session:
         from ._version import __version__
         from .export import write
 
-        self.membership.require()
-        return write(path, self.history.entries, self.plans, self.options, self.profile_path,
+        m = self.membership
+        m.require()
+        options = replace(self.options, dist_backend=m.dist_backend)  # gloo on shared GPUs
+        return write(path, self.history.entries, self.plans, options, self.profile_path,
                      version=__version__, force=force)
 
     def save_profile(self, path: str) -> str:

@@ -89,7 +89,10 @@ class Backend(abc.ABC, Generic[ClientT]):
         be Dask workers;
     6.  optionally, only for engines that can scale, ``_grow(k, timeout)`` (add ``k``
         workers and wait for them), ``_retire(ids, timeout)`` (stop those workers) and
-        ``_add_worker(known)`` (start one more without waiting for it).
+        ``_add_worker(known)`` (start one more without waiting for it);
+    7.  optionally, where one worker's process can be replaced, ``restart_workers`` and
+        ``can_restart_workers = True`` (ranks an interrupt cannot stop are then restarted), and
+        ``run_beside`` where a busy worker still answers.
 
     In return you get
 
@@ -118,6 +121,9 @@ class Backend(abc.ABC, Generic[ClientT]):
     #: where :meth:`start` starts workers: this machine, or a launcher of the engine (set by
     #: the session before it calls :meth:`start`; adapters read it in ``_start``)
     launch: LaunchOptions = LaunchOptions()
+    #: :meth:`restart_workers` can replace one worker's process (for ranks an interrupt
+    #: cannot stop)
+    can_restart_workers: bool = False
 
     # ------------------------------------------------------------------ what adapters provide
     @abc.abstractmethod
@@ -169,6 +175,18 @@ class Backend(abc.ABC, Generic[ClientT]):
         """Send ``signum`` to ``worker``'s process from outside it (``%nbdist kill``), even
         while it runs a cell; ``pid`` is the process's id as the worker reported it."""
         raise ClusterError(f"the {self.name} engine cannot signal a worker")
+
+    def restart_workers(self, ids: Sequence[WorkerId], timeout: float) -> list[WorkerId]:
+        """Replace the processes of workers ``ids`` with fresh ones that take the same place
+        in :meth:`worker_ids` (engines with :attr:`can_restart_workers`); returns the workers
+        replaced (the others were stopped only)."""
+        raise ClusterError(f"the {self.name} engine cannot restart one worker")
+
+    def run_beside(self, workers: Sequence[WorkerId], fn: Callable[..., T], *args: Any
+                   ) -> dict[WorkerId, T]:
+        """``fn(*args)`` on each of ``workers`` beside the call it is busy with, by worker;
+        ``{}`` where the engine cannot reach a busy worker (or it does not answer soon)."""
+        return {}
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int]) -> Optional[str]:
         """How a worker process ended (``"SIGKILL"``, ``"exit status 1"``), where the engine

@@ -13,6 +13,7 @@ how clusters are launched is :mod:`.launchers`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import json
@@ -35,14 +36,16 @@ from distributed.comm.addressing import get_address_host_port
 from ..errors import ClusterError
 from ..runtime.interrupt import interrupt_calls
 from ..telemetry.events import Batch
-from .base import Backend, Call, Job, Outcome, WorkerId, poll_until, signal_text
-from .dask_runner import Runner, publish, signal_process, signal_soon
+from .base import Backend, Call, Job, Outcome, T, WorkerId, poll_until, signal_text
+from .dask_nanny import not_restart_lines, signal_worker
+from .dask_runner import Runner, publish
 from .launchers import cluster_spec, import_cluster_class, worker_process_config
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
 # How often a running job asks the scheduler which workers are still alive.
 _LIVENESS_INTERVAL = 1.0
+_BESIDE_TIMEOUT = 10.0  # how long a call beside a worker's busy task may take
 _LEFT = "the worker left the cluster (its process died, or it lost the scheduler)"
 
 
@@ -305,22 +308,43 @@ class DaskBackend(Backend[distributed.Client]):
                 runner.release()
 
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
-        if workers:
-            # Client.run executes on each worker's event loop, not behind the busy task.
-            self._require().run(interrupt_calls, self._tag, workers=list(workers),
-                                on_error="return")
+        self.run_beside(workers, interrupt_calls, self._tag)
+
+    can_restart_workers = True
+
+    def run_beside(self, workers: Sequence[WorkerId], fn: Callable[..., T], *args: Any
+                   ) -> dict[WorkerId, T]:
+        """``Client.run``, on each worker's event loop (not behind the busy task), bounded: a
+        loop that cannot run (a thread holding the GIL in native code) must not hold us."""
+        if not workers:
+            return {}
+        client = self._require()
+        try:  # Client.run has no time limit of its own; Client.sync gives its coroutine one
+            out = client.sync(client._run, fn, *args, workers=list(workers), on_error="return",
+                              callback_timeout=_BESIDE_TIMEOUT)
+        except Exception:
+            return {}
+        return {w: v for w, v in out.items() if not isinstance(v, BaseException)}
+
+    def restart_workers(self, ids: Sequence[WorkerId], timeout: float) -> list[WorkerId]:
+        """Dask's nanny restart: each nanny kills its worker's process if it does not close in
+        4 s, then starts one under the same name (the same rank). No nanny: stopped only."""
+        client = self._require()
+        self._forget_runners(ids)
+        local = self.cluster is not None and self.launch.local  # its nannies run here
+        nanny_log = logging.getLogger("distributed.nanny")
+        nanny_log.addFilter(not_restart_lines)  # the cell's error says it, by rank
+        try:
+            with worker_process_config() if local else contextlib.nullcontext():
+                status = client.restart_workers(list(ids), timeout=timeout,
+                                                raise_for_error=False)
+        finally:
+            nanny_log.removeFilter(not_restart_lines)
+        return [w for w in ids if status.get(w) == "OK"]
 
     def signal(self, worker: WorkerId, signum: int, pid: Optional[int] = None) -> None:
-        client = self._require()
-        nanny = (self._workers_info().get(worker) or {}).get("nanny")
-        try:
-            if nanny and pid is not None:  # the worker's nanny, a process beside it, sends it
-                client.run(signal_process, pid, signum, workers=[worker], nanny=True)
-            else:  # the worker's event loop, beside the busy thread, signals its own process
-                client.run(signal_soon, signum, workers=[worker])
-        except Exception as exc:
-            raise ClusterError(f"could not signal Dask worker {worker}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+        info = self._workers_info().get(worker) or {}
+        signal_worker(self._require(), worker, bool(info.get("nanny")), signum, pid)
 
     def _grow(self, k: int, timeout: float) -> None:
         client, cluster = self._require(), self.cluster

@@ -7,9 +7,7 @@ Each worker holds one :class:`Runner`, a Dask actor, through which nbdist's call
 from __future__ import annotations
 
 import asyncio
-import os
 import pickle
-import threading
 import traceback
 from typing import Any, Optional
 
@@ -74,13 +72,3 @@ def publish(topic: str, batch: Batch) -> None:
     # Pickled, because Dask events must be msgpack-serializable and events may hold any value.
     worker.log_event(topic, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
 
-
-def signal_process(pid: int, signum: int) -> None:
-    """On a worker's nanny: send ``signum`` to the worker process ``pid``."""
-    os.kill(pid, signum)
-
-
-def signal_soon(signum: int) -> None:
-    """On a worker without a nanny, on its event loop: send ``signum`` to this process once
-    the call has returned (a SIGKILL sent at once would leave the caller without an answer)."""
-    threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import signal
+import threading
 from typing import TYPE_CHECKING, Any
 
 from traitlets.config import Config
@@ -144,10 +146,23 @@ def import_cluster_class(module: str, name: str, package: str, launcher: str) ->
     needed = "asyncssh" if package == "asyncssh" else module.split(".")[0]
     if importlib.util.find_spec(needed) is None:
         raise MissingPackageError(what, package)
+    # dask_jobqueue.runner replaces SIGINT's handler with sys.exit when imported: in a
+    # kernel, Jupyter's stop button would then raise SystemExit instead of interrupting.
+    sigint = _sigint_handler()
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:
         raise MissingPackageError(what, package) from exc
+    finally:
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
+
+
+def _sigint_handler() -> Any:
+    """SIGINT's handler now, when this thread may set it again; else None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.getsignal(signal.SIGINT)
 
 
 #: glibc's setting that Dask's nannies give their workers (see worker_process_config)

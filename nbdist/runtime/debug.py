@@ -326,6 +326,21 @@ def post_mortem(link: Link, sink: Any, store: Store) -> bool:
     return True
 
 
+def post_mortem_call(link: Link, sink: Any, store: Store) -> results.CellResult:
+    """:func:`post_mortem` as a call of its own on this worker, with the output it printed;
+    its value says whether there was a failure to inspect."""
+    t0 = time.perf_counter()
+    seq0 = sink.flush()
+    try:
+        found = post_mortem(link, sink, store)
+        out = results.cell_ok({"text/plain": repr(found)})
+    except BaseException as exc:  # an interrupt, or a failure of the debugger's line
+        out = results.cell_failed(results.error_info(exc, "<nbdist debug>"))
+    seq, tail = sink.end_call(seq0)
+    return results.finish(out, seconds=time.perf_counter() - t0, group_alive=True,
+                          seq=seq, tail=tail)
+
+
 _clients: dict[tuple[str, int], Any] = {}
 
 

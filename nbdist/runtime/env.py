@@ -134,7 +134,8 @@ def store_addr(kernel: Mapping[str, Any], workers: Sequence[Mapping[str, Any]]) 
 
 
 def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] = None,
-               use_gpus: bool = True, master: Optional[str] = None) -> list[RankPlan]:
+               use_gpus: bool = True, master: Optional[str] = None,
+               pinned: Optional[Mapping[Any, int]] = None) -> list[RankPlan]:
     """Assign ranks to workers, grouped by host, in the order the workers are given.
 
     Parameters
@@ -145,7 +146,11 @@ def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] =
     threads : int, optional
         torch intra-op threads per worker; default: the host's cores divided among its workers.
     use_gpus : bool
-        Pin each worker to GPU ``local_rank % gpu_count`` where its host has GPUs.
+        Pin each worker to a GPU where its host has GPUs: the next one no worker holds, else
+        ``local_rank % gpu_count`` (more workers than GPUs share them).
+    pinned : mapping, optional
+        The GPU a worker already uses, by worker id: it keeps it (a process keeps its CUDA
+        device when the group is formed again around it, e.g. after an elastic failure).
     master : str, optional
         ``MASTER_ADDR`` when the store is hosted elsewhere than rank 0's host (see
         :func:`store_addr`); default: an address of rank 0's host.
@@ -162,13 +167,19 @@ def plan_ranks(workers: Sequence[Mapping[str, Any]], *, threads: Optional[int] =
                   else choose_master_addr(host_list[0], host_list[1:]))
     plans = []
     rank = 0
+    pinned = pinned or {}
     for node_rank, members in enumerate(host_list):
         local_n = len(members)
+        held = {pinned[w["worker_id"]] for w in members if w["worker_id"] in pinned}
+        free = [g for g in range(int(members[0].get("gpu_count") or 0)) if g not in held]
         for local_rank, w in enumerate(members):
             cores = int(w.get("cpu_count") or 1)
             n_threads = threads or max(1, cores // local_n)
             gpus = int(w.get("gpu_count") or 0)
-            gpu = local_rank % gpus if (use_gpus and gpus) else None
+            gpu = None
+            if use_gpus and gpus:
+                gpu = (pinned[w["worker_id"]] if w["worker_id"] in pinned
+                       else free.pop(0) if free else local_rank % gpus)
             ifname = "lo" if master == LOOPBACK else _iface_for(w, master)
             plans.append(RankPlan(
                 worker_id=w["worker_id"], hostname=w["hostname"], rank=rank,
@@ -199,13 +210,37 @@ def count_local_gpus() -> int:
 def shared_gpus(plans: Sequence[RankPlan]) -> dict[tuple[str, int], list[int]]:
     """GPUs that more than one rank is pinned to, as ``{(host, gpu): [ranks]}``.
 
-    NCCL needs one GPU per rank, so the session refuses such a plan for NCCL.
+    NCCL needs one GPU per rank: see :func:`choose_dist_backend`.
     """
     users: dict[tuple[str, int], list[int]] = {}
     for p in plans:
         if p.gpu is not None:
             users.setdefault((p.hostname, p.gpu), []).append(p.rank)
     return {k: v for k, v in users.items() if len(v) > 1}
+
+
+def choose_dist_backend(asked: str, plans: Sequence[RankPlan]) -> tuple[str, str]:
+    """The process group's backend for ``plans`` (``auto``: each rank picks NCCL on a GPU,
+    gloo on the CPU), and a line for the user ("" when there is nothing to say).
+
+    NCCL needs one GPU per rank, so where ranks would share one, ``auto`` becomes gloo: the
+    ranks still compute on their GPU, and gloo carries the CUDA tensors of ``all_reduce`` and
+    ``broadcast`` (what DDP calls) through host memory. ``nccl`` on shared GPUs is refused
+    (:class:`ValueError`, naming the GPU and its ranks).
+    """
+    shared = shared_gpus(plans) if asked != "gloo" else {}
+    if not shared:
+        return asked, ""
+    (host, gpu), ranks = next(iter(shared.items()))
+    where = f"ranks {', '.join(map(str, ranks))} share GPU {gpu} on {host}"
+    if len(shared) > 1:
+        more = len(shared) - 1
+        where += f" (and {more} more GPU{'s are' if more > 1 else ' is'} shared)"
+    if asked == "nccl":
+        raise ValueError(where)
+    return "gloo", (f"{where}, and NCCL needs one GPU per rank: the process group uses gloo, "
+                    "which carries the ranks' CUDA tensors through host memory (one worker per "
+                    "GPU gets NCCL: -n without a number)")
 
 
 def apply_env(target: MutableMapping[str, str],

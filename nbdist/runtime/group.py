@@ -20,6 +20,7 @@ _servers: dict[str, tuple[Any, socket.socket]] = {}
 _client: Optional[Any] = None
 _client_addr: Optional[tuple[str, int]] = None
 _generation: Optional[int] = None
+_device_type = "cpu"  # of the tensors the ranks compute on: "cuda" or "cpu"
 _group_fds: set[int] = set()  # sockets the group opened to its peers (gloo)
 _original_init = dist.init_process_group
 
@@ -56,6 +57,14 @@ def client(addr: str, port: int, timeout: float) -> Any:
     return _client
 
 
+def device_type() -> str:
+    """``"cuda"`` when the ranks compute on GPUs (NCCL, or gloo on shared GPUs), else
+    ``"cpu"``: the device type of the job's meshes."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return "cuda"
+    return _device_type if dist.is_initialized() else "cpu"
+
+
 def generation() -> Optional[int]:
     """The generation of the live group, or None when there is none."""
     return _generation if dist.is_initialized() else None
@@ -64,11 +73,14 @@ def generation() -> Optional[int]:
 def form(gen: int, rank: int, world_size: int, backend: str, addr: str, port: int,
          timeout: float, device: Optional[torch.device]) -> None:
     """(Re)form the default process group as generation ``gen``; all ranks must call it."""
-    global _generation, _group_fds
+    global _generation, _group_fds, _device_type
     teardown()
+    _device_type = device.type if device is not None else "cpu"
     store = dist.PrefixStore(f"nbdist/pg/{gen}", client(addr, port, timeout))
     kwargs: dict[str, Any] = {}
-    if device is not None and device.type == "cuda":
+    if device is not None and device.type == "cuda" and backend == "nccl":
+        # NCCL binds its communicator to the rank's GPU at once; gloo (ranks sharing a GPU)
+        # takes CUDA tensors as they come, and binding it would move barriers to the GPU.
         kwargs["device_id"] = device
     before = _socket_fds()
     _original_init(backend, store=store, rank=rank, world_size=world_size,

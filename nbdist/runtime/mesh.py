@@ -52,7 +52,7 @@ def mesh(*shape: int, names: Optional[tuple[str, ...]] = None, **named: int) -> 
     if math.prod(shape) != world:
         raise ValueError(f"a mesh of shape {tuple(shape)} needs {math.prod(shape)} ranks; this "
                          f"job has {world}")
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    device = group.device_type()  # the ranks' device: CUDA also where ranks share a GPU (gloo)
     key = (group.generation(), device, tuple(shape), names)
     if key not in _cache:
         _cache.clear()  # meshes of an earlier group are unusable

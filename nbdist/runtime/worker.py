@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from typing import Any, Callable, Optional
 
 import cloudpickle
@@ -53,6 +54,8 @@ class WorkerState:
 
 
 _state = WorkerState()
+#: how torch's NCCL groups handle a collective that failed or timed out
+NCCL_ERRORS = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
 def current() -> WorkerState:
@@ -145,7 +148,12 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     _state.plan = plan
     _state.port = port
     _state.timeout = timeout
-    _state.env_before = envmod.apply_env(os.environ, plan.env(port))
+    cell_env = plan.env(port)
+    # Cells run in this long-lived process: on an NCCL error or timeout, abort the
+    # communicator and raise in the cell (2) rather than end the process and its namespace
+    # (torch's default, 3). A value set here or in the profile stands.
+    cell_env.setdefault(NCCL_ERRORS, os.environ.get(NCCL_ERRORS, "2"))
+    _state.env_before = envmod.apply_env(os.environ, cell_env)
     _adaptive_malloc()
     torch.set_num_threads(plan.threads)
     if device == "cuda" or (device == "auto" and plan.gpu is not None):
@@ -330,19 +338,9 @@ def _debug_store() -> Any:
 
 def post_mortem(link: debug.Link) -> results.CellResult:
     """``%nbdist debug`` on this worker: pdb on its last failed cell (:mod:`.debug`)."""
-    sink = _state.sink
-    assert sink is not None
+    assert _state.sink is not None
     with _state.lock:
-        t0 = time.perf_counter()
-        seq0 = sink.flush()
-        try:
-            found = debug.post_mortem(link, sink, _debug_store)
-            out = results.cell_ok({"text/plain": repr(found)})
-        except BaseException as exc:  # an interrupt, or a failure of the debugger's line
-            out = results.cell_failed(results.error_info(exc, "<nbdist debug>"))
-        seq, tail = sink.end_call(seq0)
-        return results.finish(out, seconds=time.perf_counter() - t0, group_alive=True,
-                              seq=seq, tail=tail)
+        return debug.post_mortem_call(link, _state.sink, _debug_store)
 
 
 def push(blob: bytes) -> None:
@@ -428,8 +426,8 @@ def run_script(script: str, source: str, argv: list[str], port: int, cwd: str,
     assert _state.plan is not None and _state.sink is not None
     env = _state.plan.env(port, run_id=run_id)
     env["TORCHELASTIC_ERROR_FILE"] = error_file(run_id, _state.plan.rank)
-    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                                                            "1")
+    if NCCL_ERRORS not in _state.plan.extra:  # a script's own process: torchrun's default
+        env[NCCL_ERRORS] = _state.env_before.get(NCCL_ERRORS) or "1"
     _state.sink.prompt_output = _state.plan.rank == 0  # a script's view shows rank 0
     return run(script, source, argv, env, cwd, _state.sink)
 
@@ -478,6 +476,18 @@ def elastic_join(plan: envmod.RankPlan, port: int, device: str, dist_backend: st
     return run_cell(step["source"], step["filename"], _state.cell["cell_id"], gen,
                     list(range(world)), want_result, measure=measure, coordinated=True,
                     slot=slot, keep_cell=True)
+
+
+#: the names nbdist puts in every rank's namespace
+PREDEFINED = ("rank", "local_rank", "world_size", "device")
+
+
+def defined_names() -> list[str]:
+    """The names cells defined on this worker (modules, private names and nbdist's own left
+    out): what a restart of its process loses. Safe to call beside a running cell."""
+    return sorted(k for k, v in list(_state.namespace.items())
+                  if not k.startswith("_") and k not in PREDEFINED
+                  and not isinstance(v, types.ModuleType))
 
 
 def call_in_namespace(fn: Callable[..., Any], *args: Any) -> Any:

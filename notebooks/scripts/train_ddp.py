@@ -38,7 +38,8 @@ def main() -> None:
     args = parser.parse_args()
 
     # env:// rendezvous: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the launcher.
-    cuda = torch.cuda.is_available()
+    # NCCL needs a GPU per process: with fewer GPUs than processes on this host, gloo on CPU.
+    cuda = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])

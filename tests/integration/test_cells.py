@@ -24,7 +24,8 @@ def test_all_reduce_and_torchrun_env(cluster):
         t = torch.tensor([float(rank + 1)])
         dist.all_reduce(t)
         info = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
-                "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")}
+                "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING")}
         info.update(sum=t.item(), rank=rank, local_rank=local_rank, world_size=world_size,
                     device=str(device), threads=torch.get_num_threads(),
                     backend=dist.get_backend(), pg_rank=dist.get_rank())
@@ -39,6 +40,8 @@ def test_all_reduce_and_torchrun_env(cluster):
         assert info["MASTER_ADDR"] == "127.0.0.1"
         assert info["MASTER_PORT"] == str(cluster.port)
         assert info["device"] == "cpu" and info["backend"] == "gloo"
+        # an NCCL error aborts the communicator and fails the cell; the worker lives on
+        assert info["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
         # 2 workers on this host share its cores instead of oversubscribing them.
         assert info["threads"] == max(1, cluster.plans[r].threads)
 

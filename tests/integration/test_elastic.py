@@ -26,10 +26,10 @@ SETUP = '''
 import os, time, torch, torch.distributed as dist, nbdist
 from torch.nn.parallel import DistributedDataParallel as DDP
 torch.manual_seed(0)
-net = torch.nn.Linear(8, 1)
+net = torch.nn.Linear(8, 1).to(device)
 model = DDP(net) if USE_DDP else net
 opt = torch.optim.SGD(net.parameters(), lr=0.05)
-X = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+X = torch.randn(64, 8, generator=torch.Generator().manual_seed(1)).to(device)
 Y = X.sum(1, keepdim=True)
 state = nbdist.elastic.State(model=model, optimizer=opt, step=0)
 
@@ -40,7 +40,7 @@ def wait_for_full_width(state):
     while dist.get_world_size() < 2 and time.time() < deadline:
         time.sleep(0.1)
         state.commit()
-    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1, device=device))
 
 @nbdist.elastic.run
 def train(state, steps, kill=(), pause=0.05):

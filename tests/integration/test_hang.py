@@ -20,7 +20,7 @@ from nbdist.errors import CellInterrupted, CellTimeoutError
 pytestmark = pytest.mark.timeout(180)
 
 # Short sleeps: on Dask the interrupt is raised in the cell's thread, where it lands between
-# two bytecodes (one long sleep would take it only when the sleep ends).
+# two bytecodes (a rank in one long sleep is restarted instead: the last test).
 CELL = """\
 import time, torch, torch.distributed as dist
 t = torch.ones(4)
@@ -123,3 +123,33 @@ def _listening(pids: list[int]) -> list[tuple[int, str]]:
     return [(pid, c.laddr.ip) for pid in pids
             for c in psutil.Process(pid).net_connections(kind="inet")
             if c.status == psutil.CONN_LISTEN]
+
+
+def test_a_rank_blocked_in_one_long_call_is_stopped_and_the_next_cell_does_not_wait(session):
+    """``time.sleep(600)``: ipyparallel's SIGINT ends the sleep; in a Dask worker's thread no
+    interrupt reaches it, so its process is restarted and the error says what was lost."""
+    session.run_cell("kept = rank * 10\nimport numpy", output="quiet")
+    engine = session.backend.name
+    t0 = time.monotonic()
+    with pytest.raises(CellTimeoutError) as info:
+        session.run_cell("import time\nif rank == 1:\n    time.sleep(600)\n", timeout=3)
+    stopped = time.monotonic() - t0
+    text = str(info.value)
+    assert "rank 1: in time.sleep(600) at cell line 3" in text  # taken before it was stopped
+    if engine == "dask":
+        r = info.value.restarted
+        assert r is not None and r.ranks == (1,) and not r.removed and not r.not_reformed
+        assert "Rank 1's namespace is lost (it held: " in text
+        assert "kept" in r.names[1] and "numpy" not in r.names[1]  # names, not modules
+        assert "The other ranks keep their namespaces" in text
+    else:
+        assert info.value.restarted is None
+    assert stopped < 60, stopped
+    t0 = time.monotonic()
+    value = session.run_cell("import torch, torch.distributed as dist\n"
+                             "t = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\n"
+                             "(t.item(), 'kept' in globals())")
+    assert time.monotonic() - t0 < 20  # not the group's timeout waiting for an old cell
+    assert repr(value) == "(3.0, True)"  # rank 0 kept its namespace on both engines
+    kept_on_1 = session.run_cell("'kept' in globals()", ranks="1")
+    assert repr(kept_on_1) == ("False" if engine == "dask" else "True")

@@ -134,6 +134,19 @@ def test_status_magic(shell, with_cluster):
     assert "2/2 workers alive" in repr(status) and "<table " in status._repr_html_()
 
 
+def test_rerunning_the_start_cell_keeps_the_warm_workers(shell, with_cluster, capsys):
+    before = [r.pid for r in with_cluster.status().rows]
+    shell.run_cell("%%distributed --quiet\nwarm = rank + 1\n")
+    capsys.readouterr()
+    engine = with_cluster.backend.name
+    status = shell.run_line_magic("nbdist", f"start -n 2 --engine {engine} --timeout 60")
+    out = capsys.readouterr().out
+    assert out.startswith("nbdist: already running with these options: kept its 2 workers")
+    assert out.count("\n") == 1 and "%nbdist restart" in out
+    assert [r.pid for r in status.rows] == before  # the same processes
+    assert repr(with_cluster.run_cell("warm", ranks="1")) == "2"  # their namespaces too
+
+
 @pytest.mark.parametrize("text,message", [
     (None, r"p\.yaml: no such file"),
     ("cluster:\n  engine: dask\n  wrokers: 2\n",

@@ -58,8 +58,9 @@ class ScriptedJob(Job):
     def _hung(self) -> list[WorkerId]:
         b = self._backend
         return [w for w, _, s in self._plan
-                if (s.hang and (w not in b.interrupted or s.ignores_interrupt))
-                or (s.until is not None and not s.until() and w not in b.interrupted)]
+                if ((s.hang and (w not in b.interrupted or s.ignores_interrupt))
+                    or (s.until is not None and not s.until() and w not in b.interrupted))
+                and w not in b.restarted]
 
     def wait(self, timeout: Optional[float]) -> bool:
         if not self._hung():
@@ -73,7 +74,9 @@ class ScriptedJob(Job):
     def outcomes(self) -> list[Outcome]:
         out = []
         for w, value, s in self._plan:
-            if s.engine_error is not None:
+            if w in self._backend.restarted:
+                out.append(Outcome(w, engine_error=f"worker {w}: the worker left the cluster"))
+            elif s.engine_error is not None:
                 out.append(Outcome(w, engine_error=s.engine_error))
             elif s.hang:
                 out.append(Outcome(w, value=failed("KeyboardInterrupt", "", line=None)))
@@ -105,6 +108,11 @@ class ScriptedBackend(Backend):
         self.calls: list[str] = []
         self.submitted: list[Call] = []
         self.jobs: list[ScriptedJob] = []
+        self.gpus = 0  # GPUs each worker's describe() reports
+        self.can_restart_workers = False  # True: restart_workers replaces a worker's process
+        self.restarted: list[WorkerId] = []  # old ids, in the order restarted
+        self.no_nanny: set[WorkerId] = set()  # restart_workers only stops these
+        self.names: dict[WorkerId, list[str]] = {}  # what run_beside(defined_names) answers
 
     def script(self, **by_rank: Scripted) -> None:
         """Script the next cell: ``script(r0=Scripted(...), r1=...)`` (worker of rank i is
@@ -147,8 +155,10 @@ class ScriptedBackend(Backend):
     def _answer(self, name: str, c: Call) -> Any:
         answers: dict[str, Callable[[], Any]] = {
             "describe": lambda: {"hostname": self.hostname, "pid": c.worker, "cpu_count": 2,
-                                 "gpu_count": 0, "addresses": [], "route_ip": "127.0.0.1"},
+                                 "gpu_count": self.gpus, "addresses": [],
+                                 "route_ip": "127.0.0.1"},
             "open_store": lambda: 29500,
+            "defined_names": lambda: self.names.get(c.worker, []),
             "join": lambda: {"rank": c.args[0].rank, "device": "cpu", "backend": "gloo",
                              "threads": 1},
             "status": lambda: {"rank": None, "hostname": self.hostname, "pid": c.worker,
@@ -162,6 +172,24 @@ class ScriptedBackend(Backend):
 
     def signal(self, worker: WorkerId, signum: int, pid: Any = None) -> None:
         self.signals.append((worker, signum, pid))
+
+    def restart_workers(self, ids: Sequence[WorkerId], timeout: float) -> list[WorkerId]:
+        """A fresh worker (id + 1000) in each one's place; without a nanny, none."""
+        self.calls.append("restart_workers")
+        replaced = []
+        for w in ids:
+            self.restarted.append(w)
+            i = self.ids.index(w)
+            if w in self.no_nanny:
+                self.ids.pop(i)
+            else:
+                self.ids[i] = w + 1000
+                replaced.append(w)
+        return replaced
+
+    def run_beside(self, workers: Sequence[WorkerId], fn: Callable[..., Any], *args: Any
+                   ) -> dict[WorkerId, Any]:
+        return {w: self.names[w] for w in workers if w in self.names}
 
     def transport(self) -> Callable[[Batch], None]:
         return print

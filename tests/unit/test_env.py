@@ -4,7 +4,13 @@ import os
 
 import pytest
 
-from nbdist.runtime.env import apply_env, plan_ranks, restore_env, shared_gpus
+from nbdist.runtime.env import (
+    apply_env,
+    choose_dist_backend,
+    plan_ranks,
+    restore_env,
+    shared_gpus,
+)
 
 
 def worker(wid, host, ips=(), cpus=2, gpus=0, route=None):
@@ -92,3 +98,45 @@ def test_shared_gpus_are_found_per_host():
     one_each = plan_ranks([worker(1, "a", gpus=2), worker(2, "a", gpus=2)])
     assert shared_gpus(one_each) == {}
     assert shared_gpus(plan_ranks([worker(1, "a"), worker(2, "a")])) == {}
+
+
+@pytest.mark.parametrize("gpus,n,asked,chosen", [
+    (1, 2, "auto", "gloo"),  # a one-GPU machine: the ranks share GPU 0
+    (2, 2, "auto", "auto"),  # one GPU each: every rank picks NCCL on its GPU
+    (2, 3, "auto", "gloo"),  # rank 2 shares GPU 0 with rank 0
+    (0, 2, "auto", "auto"),  # CPU: gloo, as the ranks pick
+    (1, 2, "gloo", "gloo"),
+    (2, 2, "nccl", "nccl"),
+])
+def test_the_dist_backend_for_ranks_that_do_or_do_not_share_a_gpu(gpus, n, asked, chosen):
+    plans = plan_ranks([worker(i, "a", gpus=gpus) for i in range(n)])
+    backend, note = choose_dist_backend(asked, plans)
+    assert backend == chosen
+    if chosen == "gloo" and asked == "auto":
+        assert note.startswith("ranks 0, 1 share GPU 0 on a" if n == 2 else
+                               "ranks 0, 2 share GPU 0 on a")
+        assert "NCCL needs one GPU per rank: the process group uses gloo" in note
+    else:
+        assert note == ""
+
+
+def test_nccl_on_a_shared_gpu_is_refused_naming_it():
+    plans = plan_ranks([worker(i, h, [f"10.0.0.{i + 5}"], gpus=1) for i, h in enumerate("aabb")])
+    with pytest.raises(ValueError, match=r"ranks 0, 1 share GPU 0 on a \(and 1 more GPU is "
+                                         r"shared\)"):
+        choose_dist_backend("nccl", plans)
+    assert choose_dist_backend("nccl", plan_ranks([worker(1, "a", gpus=1)])) == ("nccl", "")
+    cpu = plan_ranks([worker(i, "a", gpus=1) for i in range(2)], use_gpus=False)
+    assert choose_dist_backend("auto", cpu) == ("auto", "")  # --device cpu: nothing shared
+
+
+def test_workers_keep_their_gpu_and_a_newcomer_takes_the_free_one():
+    """Rank 0 (GPU 0) died: the survivor, now rank 0, stays on GPU 1, where its tensors are,
+    and the replacement takes GPU 0, not GPU 1 by its local rank."""
+    survivor, newcomer = worker("w1", "a", gpus=2), worker("w9", "a", gpus=2)
+    plans = plan_ranks([survivor, newcomer], pinned={"w1": 1})
+    assert [(p.rank, p.worker_id, p.gpu) for p in plans] == [(0, "w1", 1), (1, "w9", 0)]
+    assert shared_gpus(plans) == {}
+    fresh = plan_ranks([worker(i, "a", gpus=2) for i in range(3)])
+    assert [p.gpu for p in fresh] == [0, 1, 0]  # more workers than GPUs: by local rank
+    assert [p.gpu for p in plan_ranks([survivor], pinned={"w1": 1}, use_gpus=False)] == [None]

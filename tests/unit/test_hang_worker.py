@@ -143,6 +143,8 @@ def test_sigint_tells_the_hook_where_the_cell_was_before_it_unwinds():
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")
     seen: list = []
+    # An engine's own handler raises KeyboardInterrupt, whatever an earlier test installed.
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
     before = signal.getsignal(signal.SIGINT)
     interrupt.set_hook(lambda frame: seen.append(frame))
     try:
@@ -152,7 +154,8 @@ def test_sigint_tells_the_hook_where_the_cell_was_before_it_unwinds():
                 time.sleep(5)  # not reached: the interrupt lands first
     finally:
         interrupt.set_hook(None)
-    assert signal.getsignal(signal.SIGINT) is before  # the engine's handler is back
+        after = signal.signal(signal.SIGINT, outer)
+    assert after is before  # the engine's handler is back
     here = sys._getframe().f_code
     assert any(f is not None and f.f_code is here for f in seen)  # the frame that was running
 
@@ -209,6 +212,30 @@ def test_flight_recorder_entries_of_this_cell_the_open_ones_and_the_last_done(mo
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
     assert flight_recorder() is None  # recording nothing: nbdist's own count is used instead
     monkeypatch.delitem(sys.modules, "torch._C._distributed_c10d")
+    assert flight_recorder() is None
+
+
+def test_nccl_groups_are_read_from_nccls_own_recorder_and_no_entry_counts_twice(monkeypatch):
+    """A CUDA build keeps NCCL's entries apart (``_dump_nccl_trace``): a GPU job's hang is
+    read there, beside gloo's recorder; an entry both dumps hold is one entry."""
+    gloo = [_fr_entry(1, True, 1001)]
+    nccl = [_fr_entry(1, True, 1001), _fr_entry(2, False, 1002, op="nccl:all_reduce")]
+    nccl[1]["process_group"] = ("1", "default_pg")
+    fake = types.ModuleType("torch._C._distributed_c10d")
+    fake._dump_fr_trace = lambda **kw: pickle.dumps({"entries": gloo})
+    fake._dump_nccl_trace = lambda **kw: pickle.dumps({"entries": nccl})
+    monkeypatch.setitem(sys.modules, "torch._C._distributed_c10d", fake)
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    out = flight_recorder()
+    assert [(e["op"], e["seq"], e["done"]) for e in out] == [("all_reduce", 1, True),
+                                                             ("all_reduce", 2, False)]
+
+    def broken(**kw):
+        raise RuntimeError("no NCCL group")
+
+    fake._dump_nccl_trace = broken  # one dump failing leaves the other's entries
+    assert [e["seq"] for e in flight_recorder()] == [1]
+    fake._dump_fr_trace = broken
     assert flight_recorder() is None
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import subprocess
+import sys
 
 import ipyparallel as ipp
 import pytest
@@ -175,3 +177,15 @@ def test_scaling_an_ipyparallel_cluster_nbdist_did_not_start_names_its_tools():
     with pytest.raises(ClusterError) as info:
         backend.scale(3, 1)
     assert "(ipcluster, Slurm, ...), then run %nbdist restart" in str(info.value)
+
+
+def test_importing_dask_jobqueue_keeps_the_kernels_interrupt():
+    # dask_jobqueue.runner sets SIGINT to sys.exit at import; a fresh interpreter shows it.
+    code = ("import signal\n"
+            "from nbdist.backends.launchers import import_cluster_class\n"
+            "import_cluster_class('dask_jobqueue', 'SLURMCluster', 'dask-jobqueue', 'slurm')\n"
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
+            "import dask_jobqueue.runner\n")  # already imported: the handler stays
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "True"

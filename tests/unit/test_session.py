@@ -8,7 +8,7 @@ import time
 import pytest
 from fakes import Scripted, ScriptedBackend, failed, ok
 
-from nbdist import cell_run
+from nbdist import cell_run, escalation
 from nbdist.backends.base import Outcome
 from nbdist.errors import (
     REBUILD_DDP,
@@ -104,7 +104,7 @@ def test_timeout_interrupts_the_late_ranks_and_bumps_the_generation(session, bac
 
 
 def test_a_rank_that_ignores_the_interrupt_is_named(session, backend, monkeypatch):
-    monkeypatch.setattr(cell_run, "_INTERRUPT_GRACE", 0.05)
+    monkeypatch.setattr(escalation, "STOP_GRACE", 0.05)
     backend.script(r0=Scripted(hang=True, ignores_interrupt=True))
     with pytest.raises(InterruptTimeoutError, match=r"rank\(s\) \[0\] did not stop.*restart"):
         session.run_cell("stuck()", timeout=0.1)
@@ -271,3 +271,26 @@ def test_nbdists_own_calls_fail_naming_the_workers_and_what_they_were_for(
     monkeypatch.setattr(backend, "submit", never_answers)
     with pytest.raises(WorkerCallFailed, match=r"workers \[100\] did not pull 'x' within 5 s"):
         session.pull("x")
+
+
+def test_two_ranks_on_one_gpu_form_a_gloo_group_and_say_so_nccl_is_refused(capsys):
+    """`%nbdist start -n 2` on a one-GPU machine: the ranks share GPU 0, so `auto` forms gloo
+    (one line says so), and replacements and exports follow it; nccl is refused."""
+    backend = ScriptedBackend(2)
+    backend.gpus = 1
+    s = Session(backends=lambda engine: backend, stores=None).start(2, timeout=5)
+    joins = [c for c in backend.submitted if c.fn.__name__ == "join"]
+    assert [c.args[3] for c in joins] == ["gloo", "gloo"]  # the dist backend each rank gets
+    assert [p.gpu for p in s.plans] == [0, 0]
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith(
+        "nbdist: ranks 0, 1 share GPU 0 on hostA, and NCCL needs one GPU per rank: the "
+        "process group uses gloo")
+    assert s.membership.dist_backend == "gloo" and s.options.dist_backend == "auto"
+    with pytest.raises(ClusterError, match=r"--dist-backend nccl, but ranks 0, 1 share GPU 0 "
+                                           r"on hostA.*leave the dist backend at auto"):
+        Session(backends=lambda engine: backend, stores=None).start(
+            2, timeout=5, dist_backend="nccl")
+    backend.gpus = 2  # one GPU each: the ranks pick NCCL themselves
+    s = Session(backends=lambda engine: backend, stores=None).start(2, timeout=5)
+    assert s.membership.dist_backend == "auto" and "share" not in capsys.readouterr().out

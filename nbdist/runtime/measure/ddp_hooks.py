@@ -448,7 +448,7 @@ def install() -> None:
     # Without DDP, optimizer steps are the training steps (FSDP2, ZeRO, plain optimizers).
     _handles.append(register_optimizer_step_pre_hook(_optimizer_pre))
     _handles.append(register_optimizer_step_post_hook(_optimizer_post))
-    telemetry.memory_probe = memory.probe
+    telemetry.memory_probe, telemetry.memory_reset = memory.probe, memory.reset_device_peak
     for name in _COLLECTIVES:
         fn = getattr(dist, name, None)
         if fn is not None:
@@ -460,7 +460,7 @@ def uninstall() -> None:
     """Undo :func:`install` (models already built keep their hooks, which then pass through)."""
     while _handles:
         _handles.pop().remove()
-    telemetry.memory_probe = None
+    telemetry.memory_probe = telemetry.memory_reset = None
     for key, fn in _original.items():
         if key.startswith("dist."):
             setattr(dist, key[5:], fn)

@@ -48,6 +48,8 @@ SAMPLE_S = 1.0
 FLIGHT_RECORDER_ENTRIES = 2000
 #: finished Flight Recorder entries sent with a stack (the unfinished ones always are)
 FLIGHT_TAIL = 3
+#: torch's Flight Recorder dumps: gloo's (and other CPU backends'), NCCL's
+_FR_DUMPS = ("_dump_fr_trace", "_dump_nccl_trace")
 #: characters of a call expression or a line kept
 _TEXT = 160
 # Frames of this module and of the interrupt watcher are the sampler's, never the cell's.
@@ -301,16 +303,27 @@ def flight_recorder(since_ns: int = 0) -> Optional[list[dict[str, Any]]]:
     unfinished ones and the last :data:`FLIGHT_TAIL` finished ones, oldest first. None where
     torch has no Flight Recorder or it records nothing."""
     c10d = sys.modules.get("torch._C._distributed_c10d")
-    dump = getattr(c10d, "_dump_fr_trace", None)
-    if dump is None or not _recording():
+    # Two recorders: the one gloo's groups write (_dump_fr_trace), and NCCL's, which keeps
+    # CUDA events (_dump_nccl_trace, in CUDA builds). An entry both returned counts once.
+    dumps = [d for d in (getattr(c10d, n, None) for n in _FR_DUMPS) if d is not None]
+    if not dumps or not _recording():
         return None
-    try:
-        raw = pickle.loads(dump(includeCollectives=True, includeStackTraces=False,
-                                onlyActive=False))
-    except Exception:  # a torch without it for this backend, or a dump that failed
+    entries: dict[tuple, dict[str, Any]] = {}
+    read = False
+    for dump in dumps:
+        try:
+            raw = pickle.loads(dump(includeCollectives=True, includeStackTraces=False,
+                                    onlyActive=False))
+        except Exception:  # a torch without it for this backend, or a dump that failed
+            continue
+        read = True
+        for e in raw.get("entries") or ():
+            entries.setdefault((str(e.get("process_group")), e.get("record_id"),
+                                e.get("time_created_ns")), e)
+    if not read:
         return None
     out = []
-    for e in raw.get("entries") or ():
+    for e in sorted(entries.values(), key=lambda e: e.get("time_created_ns") or 0):
         if (e.get("time_created_ns") or 0) < since_ns:
             continue  # an earlier cell's
         name = str(e.get("profiling_name", "?"))

@@ -82,5 +82,12 @@ def probe() -> Optional[dict[str, Any]]:
     out["peak"] = peak * (1 if sys.platform == "darwin" else 1024)  # Linux reports KiB
     out["device_peak"] = None
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["device_peak"] = torch.cuda.max_memory_allocated()
+        out["device_peak"] = torch.cuda.max_memory_allocated()  # since the cell began
     return out
+
+
+def reset_device_peak() -> None:
+    """Start the rank's GPU peak afresh, so each cell reports its own (CUDA keeps the
+    process's peak otherwise: a later, smaller cell would show an earlier cell's)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()

@@ -54,7 +54,7 @@ How each number is measured
 * **Memory** is sampled after a step at most twice a second, and at the end of a cell: bytes of
   the parameters, gradients and state of every optimizer stepped in this process (a sharded
   tensor counts its local shard; a tensor shared by two optimizers counts once), the process's
-  resident memory and its peak, and on a GPU ``torch.cuda.max_memory_allocated``.
+  resident memory and its peak, and on a GPU the cell's ``torch.cuda.max_memory_allocated``.
 
 On CUDA, bucket completion comes from CUDA events recorded in the hook's future callback, read
 without synchronizing when the step closes; a bucket whose events have not completed yet is
@@ -170,8 +170,10 @@ class Telemetry:
         self.model_samples = False  # a model nbdist sees counts samples (not progress items)
         self.pipe_busy = 0.0  # pipeline stages' compute time in the running schedule step
         self.pipe_wait = 0.0  # ... and their time blocked on sends and receives
-        #: returns the bytes this rank holds (installed on workers, where torch is)
+        #: returns the bytes this rank holds; starts the GPU's peak afresh (installed on
+        #: workers, where torch is)
         self.memory_probe: Optional[Callable[[], Optional[dict[str, Any]]]] = None
+        self.memory_reset: Optional[Callable[[], None]] = None
         self._memory_at = 0.0
 
     # ------------------------------------------------------------- cell lifecycle
@@ -190,6 +192,8 @@ class Telemetry:
         self.pipe_busy = self.pipe_wait = 0.0
         self.holding = True  # collectives may open a step for an optimizer to confirm
         self._memory_at = 0.0
+        if self.enabled and self.memory_reset is not None:
+            self.memory_reset()  # the GPU's peak is this cell's
 
     def end_cell(self) -> None:
         """Report the cell's open step and memory, and stop recording."""
