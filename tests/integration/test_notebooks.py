@@ -149,7 +149,9 @@ def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_note
     [died] = [line for line in train.splitlines() if "died" in line]
     assert died.startswith("nbdist.elastic ") and "rank 1 on " in died, died
     assert "died: SIGKILL;" in died, died
-    assert "rolled back to commit 11 (0 optimizer steps repeated), healed in " in died, died
+    # %nbdist kill 1 --after 3: killed a few seconds in, at whichever step that is
+    assert re.search(r"rolled back to commit \d+ \(0 optimizer steps repeated\), healed in ",
+                     died), died
     assert died.endswith("world 2 -> 1"), died
     [joined] = [line for line in train.splitlines() if "a replacement worker joined" in line]
     assert "healed from a live peer" in joined and joined.endswith("world 1 -> 2"), joined
@@ -172,9 +174,11 @@ def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_note
     where = error["evalue"]
     assert "Where each rank was when it was interrupted:" in where
     assert re.search(r"rank 0: waiting in all_reduce \(seq \d+, float32 \[4\]\) at "
-                     r"In \[\d+\], line 7: dist\.all_reduce\(t\)", where), where
-    assert re.search(r"rank 1: in time\.sleep\(0\.05\) at In \[\d+\], line 6; it never "
-                     r"reached the all_reduce the others wait in", where), where
+                     r"In \[\d+\], line 3: dist\.all_reduce\(t\)", where), where
+    # %nbdist hang 1 held rank 1 just before the same line
+    assert re.search(r"rank 1: in nbdist\.runtime\.faults\.hang at In \[\d+\], line 3: "
+                     r"dist\.all_reduce\(t\); it never reached the all_reduce the others wait "
+                     r"in", where), where
     assert "Rank 1 never reached the all_reduce" in where
     # and the job runs the next cell at full width
     assert "all_reduce gives 3.0" in outputs_text(cell_with(nb, "all_reduce gives"))
