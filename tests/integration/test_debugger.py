@@ -220,3 +220,32 @@ def test_without_stdin_a_breakpoint_is_passed_and_debug_says_why(kernel):
     assert "rank 1 passed breakpoint() at In [" in reply.text and "line 5" in reply.text
     refused = kernel.run("%nbdist debug", allow_stdin=False)
     assert refused.ename == "DebuggerUnavailable" and "without a front end" in refused.evalue
+
+
+def test_hang_holds_rank_1_at_its_next_collective_and_the_hang_doctor_names_it(kernel):
+    said = kernel.run("%nbdist hang 1 --seconds 5")
+    assert said.ename is None and "holds at its next collective for 5 s" in said.text, said.text
+    reply = kernel.run("%%distributed --stall-after 2\n" + ALL_REDUCE.split("\n", 1)[1])
+    assert reply.ename is None and reply.result == "3.0", reply.text  # late, but right
+    assert reply.seconds > 5, reply.seconds
+    # the hang doctor's verdict: rank 1 held outside the all_reduce rank 0 waits in
+    assert "nbdist.runtime.faults.hang" in reply.text, reply.text
+    again = kernel.run(ALL_REDUCE)  # the hold was for one collective only
+    assert again.result == "3.0" and again.seconds < 5, again.text
+
+
+# Last in this module: it kills a worker (then starts fresh ones).
+def test_kill_fails_the_running_cell_as_a_real_failure(kernel):
+    said = kernel.run("%nbdist kill 1 --after 2")
+    assert said.ename is None and "2 s into the next" in said.text, said.text
+    reply = kernel.run("%%distributed\nimport time\nfor _ in range(100):\n"
+                       "    time.sleep(0.05)\nrank")
+    assert "nbdist: sent SIGKILL to rank 1 (pid " in reply.text, reply.text
+    assert reply.ename == "DistributedError", reply.text  # as for a worker that died by itself
+    assert "cell failed on rank 1: WorkerError" in reply.evalue, reply.evalue
+    refused = kernel.run(ALL_REDUCE)  # the worker is gone, and the next cell says so at once
+    assert refused.ename == "WorkersGone" and refused.seconds < 30, refused.text
+    restarted = kernel.run("%nbdist restart", timeout=300)
+    assert restarted.ename is None, restarted.text
+    kernel.run("%%distributed\nimport torch, torch.distributed as dist")
+    group_works(kernel)
