@@ -28,6 +28,7 @@ BENCHMARKS = [
      ["--worlds", "64", "256", "--seconds", "2", "--warmup", "1", "--repeats", "1"]),
     ("elastic", "bench_elastic.py", [],
      ["--steps", "50", "--warmup", "5", "--rounds", "1", "--recoveries", "1"]),
+    ("tune", "bench_tune.py", [], ["--steps", "20", "--rounds", "2", "--tune-steps", "8"]),
 ]
 
 

@@ -26,13 +26,15 @@ if TYPE_CHECKING:
     from .export import Export
     from .profiles import Profile
     from .records import ClusterStatus, RemoteValue
+    from .runtime.measure.spec import DDPSettings
     from .session import Session
 
 __all__ = [
     "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
     "progress", "log", "export", "save_profile", "load_profile", "dask_client", "mesh",
-    "compare", "auto", "ParameterServer", "elastic", "debug", "kill", "hang", "DebuggerQuit",
+    "compare", "auto", "ParameterServer", "elastic", "tune", "tune_settings", "tune_reset",
+    "debug", "kill", "hang", "DebuggerQuit",
 ]
 
 
@@ -179,6 +181,33 @@ def hang(rank: int, seconds: float = 60.0) -> str:
     """Make ``rank`` hold for ``seconds`` at its next collective, as a hung rank would
     (``%nbdist hang``). Returns what was done, in words."""
     return current_session().hang(rank, seconds)
+
+
+def tune(code: str, steps: int = 20, **options: Any) -> Any:
+    """Run ``code`` as tuning trials, ``steps`` optimizer steps each (``%%distributed --tune
+    STEPS``): one trial per DDP setting (bucket sizes, bucket views, static graph,
+    compression), successive halving, and the fastest exact setting becomes the default for
+    DDP models built later. Returns the trials as a pandas DataFrame, fastest first (without
+    pandas, a :class:`~nbdist.records.TuneResult`); see :meth:`Session.tune` for ``options``.
+
+    >>> nbdist.tune(open("train_cell.py").read(), steps=10)   # doctest: +SKIP
+    """
+    result = current_session().tune(code, steps, **options)
+    try:
+        return result.to_pandas()
+    except ImportError:
+        return result
+
+
+def tune_settings() -> DDPSettings:
+    """The DDP setting models built from now on get (``%nbdist tune show``): the one
+    ``tune`` chose, else the profile's ``training.ddp``; empty: torch's defaults."""
+    return current_session().tune_settings()
+
+
+def tune_reset() -> str:
+    """Drop the setting ``tune`` chose (``%nbdist tune reset``); says what applies again."""
+    return current_session().tune_reset()
 
 
 def auto(on: bool = True) -> None:

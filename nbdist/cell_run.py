@@ -153,7 +153,7 @@ class CellRun:
             while True:
                 done = job.wait(_POLL)
                 pump(job, run, self.view, healer, companions=companions)
-                if done:
+                if done and job.wait(0):  # not if the pump let a replacement in just now
                     break
                 if healer is not None and healer.wrap_up_needed(job.pending()):
                     healer.wrap_up()  # training ended before a replacement got in

@@ -37,6 +37,16 @@ PARTIAL_RANKS = ("This cell ran on rank(s) {ranks} only, but collectives need ev
                  "the group; a cell that runs on every rank re-forms the group if it was lost.")
 #: tracebacks drawn in full by a multi-rank error; the rest are listed by headline
 MAX_TRACEBACKS = 4
+#: %%distributed --tune: why a cell cannot be tuned
+TUNE_TOO_FEW = ("--tune needs at least {least} optimizer steps per trial (its first steps are "
+                "not timed), got {steps}")
+TUNE_NO_DDP = ("--tune: this cell built no DistributedDataParallel model, so there is no DDP "
+               "setting to try. Put the model's construction (DDP(...)) in the tuned cell: each "
+               "trial runs the whole cell again, with its own setting")
+TUNE_TOO_SHORT = ("--tune {steps}: the cell ended after {done} optimizer steps, before the "
+                  "{steps} a trial takes; use --tune {done} or fewer, or give it more batches")
+TUNE_FLAGS = ("--tune runs the cell on every rank, with telemetry, as trials named by their "
+              "setting: leave out {flags}")
 
 
 class NbdistError(Exception):
@@ -77,6 +87,10 @@ class ProfileError(OptionError):
         super().__init__(text + "\nNothing was started.")
 
 
+class TuneError(NbdistError):
+    """A cell ``%%distributed --tune`` cannot tune; no setting changed."""
+
+
 class ExportError(NbdistError):
     """``%nbdist export`` has nothing to write, or would overwrite a file it did not write."""
 
@@ -97,13 +111,23 @@ class WorkersDidNotStart(ClusterError):
             "Try a longer --timeout, or fewer workers with -n.")
 
 
-class MissingPackageError(NbdistError, ImportError):
-    """A launcher needs a package that is not installed here; nothing was started."""
+class LaunchFailed(ClusterError):
+    """A launcher could not start the workers, for a reason more time would not change (a
+    host out of reach, its Python without the packages, a batch job refused); whatever was
+    started is stopped."""
 
-    def __init__(self, what: str, package: str) -> None:
+
+class MissingPackageError(NbdistError, ImportError):
+    """A launcher needs a package that is not installed here; nothing was started.
+
+    ``extra`` names nbdist's extra that installs it (``pip install 'nbdist[slurm]'``)."""
+
+    def __init__(self, what: str, package: str, extra: Optional[str] = None) -> None:
         self.package = package
+        install = (f"pip install 'nbdist[{extra}]' (or pip install {package})" if extra
+                   else f"pip install {package}")
         super().__init__(f"{what} needs the `{package}` package, which is not installed: "
-                         f"pip install {package}")
+                         f"{install}")
 
 
 class WorkersGone(ClusterError):

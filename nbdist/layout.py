@@ -171,10 +171,13 @@ def _bars_svg(title: str, items: Sequence[BarItem], colour: str, width: int = 42
             f"</text>{''.join(rows)}</svg>")
 
 
-def comparison_html(table: Table, throughput: Sequence[BarItem], held: Sequence[BarItem]
-                    ) -> str:
-    """Named runs side by side: the table, then bars of each run's throughput (samples/s
-    over all ranks) and of what one rank holds (params + grads + optimizer state)."""
+def comparison_html(table: Table, throughput: Sequence[BarItem], held: Sequence[BarItem],
+                    notes: Sequence[str] = ()) -> str:
+    """Named runs side by side: the table, the ``notes`` (each run's verdicts in full), then
+    bars of each run's throughput (samples/s over all ranks) and of what one rank holds
+    (params + grads + optimizer state)."""
     chart = (_bars_svg("samples/s (all ranks)", throughput, COMPUTE)
              + _bars_svg("params + grads + optimizer state per rank", held, TRANSFER))
-    return f"<div class='nbdist-compare'>{html_table(table)}<div>{chart}</div></div>"
+    said = ("<ul class='nbdist-verdicts' style='font-size:12px;margin:4px 0;padding-left:18px'>"
+            + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>") if notes else ""
+    return f"<div class='nbdist-compare'>{html_table(table)}{said}<div>{chart}</div></div>"

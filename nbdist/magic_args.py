@@ -146,6 +146,12 @@ def build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPars
     p.add_argument("--force", action="store_true",
                    help="overwrite FILE even if it is not an earlier nbdist export")
 
+    p = verb("tune", "_tune", "the DDP setting %%%%distributed --tune chose: show it, or drop "
+                              "it (torch's defaults, or the profile's, again)")
+    p.add_argument("action", choices=("show", "reset"),
+                   help="show: the setting DDP models built from now on get; reset: drop the "
+                        "tuned one")
+
     p = verb("compare", "_compare", "named runs side by side: speed, traffic, memory per rank")
     p.add_argument("names", nargs="*", metavar="NAME", help="runs to show (default: all named)")
 

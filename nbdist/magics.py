@@ -12,7 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 import nbdist.automode as auto
 
-from .errors import AUTO_NO_CLUSTER, AUTO_ON, NO_CLUSTER, OptionError
+from .errors import AUTO_NO_CLUSTER, AUTO_ON, NO_CLUSTER, TUNE_FLAGS, OptionError
 from .magic_args import PARSER as _PARSER
 from .magic_args import VERBS as _VERBS
 from .magic_args import (
@@ -26,6 +26,7 @@ from .magic_args import (
 from .options import CellOptions, ClusterOptions, parse_ranks
 from .session import Session, default_session
 from .telemetry.units import fmt_ranks
+from .tuning import DEFAULT_STEPS
 
 
 @magics_class
@@ -159,6 +160,9 @@ class NbdistMagics(Magics):
     def _hang(self, session: Session, args: argparse.Namespace) -> None:
         _say(session.hang(args.rank, args.seconds))
 
+    def _tune(self, session: Session, args: argparse.Namespace) -> None:
+        print(session.tune_show() if args.action == "show" else session.tune_reset())
+
     def _run_script(self, session: Session, args: argparse.Namespace) -> None:
         session.run_script(args.script, args.args, timeout=args.timeout,
                            output="all" if args.all_output else "rank0")
@@ -184,6 +188,12 @@ class NbdistMagics(Magics):
     @argument("--stall-after", type=float, default=None, metavar="S",
               help="after S seconds without a completed step or collective, show where each "
                    "rank is (default: 5 median steps, at least 10 s; 0: never)")
+    @argument("--tune", type=int, nargs="?", const=DEFAULT_STEPS, default=None,
+              metavar="STEPS",
+              help="run the cell as short trials of STEPS optimizer steps (default "
+                   f"{DEFAULT_STEPS}), each with one DDP setting (bucket size, bucket view, "
+                   "static graph, compression); the fastest exact one becomes the default "
+                   "for DDP models built later (docs/tuning.md)")
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
         """Run this cell on every worker as one torch.distributed data-parallel job.
@@ -218,6 +228,8 @@ class NbdistMagics(Magics):
         auto_on = auto.is_on(self.shell)
         if not session.running:
             raise UsageError(NO_CLUSTER + (" " + AUTO_NO_CLUSTER if auto_on else ""))
+        if args.tune is not None:
+            return self._tune_cell(session, args, cell)
         # Flags not given are None: the session's defaults (a profile's training section) apply.
         output = "quiet" if args.quiet else ("all" if args.all_output else None)
         try:
@@ -240,6 +252,27 @@ class NbdistMagics(Magics):
                                 execution_count=prompt_number(self.shell),
                                 name=options.name, stall_after=options.stall_after,
                                 bucket_timing=True if args.bucket_timing else None)
+
+    def _tune_cell(self, session: Session, args: argparse.Namespace, cell: str) -> Any:
+        """``%%distributed --tune [STEPS]``: the trials' table (a DataFrame with pandas)."""
+        given = [flag for flag, on in (("--ranks", args.ranks), ("--name", args.name),
+                                       ("--no-telemetry", args.no_telemetry),
+                                       ("--all-output", args.all_output)) if on]
+        if given:
+            raise UsageError("%%distributed: " + TUNE_FLAGS.format(flags=", ".join(given)))
+        try:
+            CellOptions(timeout=args.timeout, stall_after=args.stall_after)
+            result = session.tune(cell, args.tune, timeout=args.timeout,
+                                  time_collectives=False if args.no_collective_timing else None,
+                                  bucket_timing=True if args.bucket_timing else None,
+                                  stall_after=args.stall_after, first_line=2,
+                                  execution_count=prompt_number(self.shell), quiet=args.quiet)
+        except OptionError as exc:
+            raise UsageError(f"%%distributed: {exc}") from None
+        try:
+            return result.to_pandas()
+        except ImportError:
+            return result
 
     @cell_magic
     def local(self, line: str, cell: str) -> None:
@@ -287,6 +320,7 @@ NbdistMagics.nbdist.__doc__ = (
     "    %nbdist debug 1                    # pdb on the frame where rank 1's last cell failed\n"
     "    %nbdist kill 1 --after 3           # SIGKILL rank 1's worker 3 s into the next cell\n"
     "    %nbdist hang 1 --seconds 30        # rank 1 holds at its next collective for 30 s\n"
+    "    %nbdist tune show                  # the DDP setting %%distributed --tune chose\n"
     "    %nbdist stop\n\n"
     + _PARSER.format_help()
     + "".join(f"\n%nbdist {name}:\n{sub.format_help()}" for name, sub in _VERBS.items())

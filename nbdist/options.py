@@ -196,8 +196,9 @@ class ClusterOptions:
             raise OptionError(f"`hosts` is for the ssh launcher; the {launcher!r} launcher "
                               "places workers itself (pass its own options in "
                               "resources.options)", key="hosts")
-        remote_listener = self.engine == "ipyparallel" or launcher in ("slurm", "pbs", "sge",
-                                                                        "lsf")
+        # The controller or scheduler runs here (Dask's SSH workers too); only
+        # dask-kubernetes runs its scheduler on the cluster's side.
+        remote_listener = self.engine == "ipyparallel" or launcher != "kubernetes"
         if not self.launch.local and remote_listener and not self.launch.listen:
             raise OptionError(
                 f"the {launcher!r} launcher starts workers on other machines, which must reach "
@@ -249,6 +250,8 @@ class CellDefaults:
     def __post_init__(self) -> None:
         check_choice(self.output, OUTPUT_MODES, "output mode", key="output")
         check_at_least(self.measure.stall_after, 0, "stall_after (0: off)", key="stall_after")
+        check_positive(self.measure.ddp.bucket_cap_mb, "training.ddp.bucket_cap_mb",
+                       key="bucket_cap_mb")
         check_positive(self.timeout, "cell timeout", key="cell_timeout")
         check_at_least(self.elastic_max_failures, 0, "elastic max_failures",
                        key="max_failures")

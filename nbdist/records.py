@@ -10,7 +10,15 @@ import html
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from .layout import Row, Table, comparison_html, status_html, status_text, text_table
+from .layout import (
+    Row,
+    Table,
+    comparison_html,
+    html_table,
+    status_html,
+    status_text,
+    text_table,
+)
 from .telemetry.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 if TYPE_CHECKING:
@@ -101,15 +109,17 @@ class Comparison:
         self.runs = list(runs)
 
     def to_pandas(self) -> Any:
-        """A DataFrame indexed by run name: numeric columns with units in their labels, then
-        the last logged values. Raises ImportError without pandas."""
+        """A DataFrame indexed by run name: numeric columns with units in their labels, the
+        last logged values, then the run's verdicts (sentences, one per line). Raises
+        ImportError without pandas."""
         import pandas as pd
 
         from .telemetry.compare import COLUMNS
 
         scalar_keys = sorted({k for r in self.runs for k in r.scalars})
-        rows = [[*r.values(), *(r.scalars.get(k) for k in scalar_keys)] for r in self.runs]
-        labels = [label for _attr, label, _scale in COLUMNS] + scalar_keys
+        rows = [[*r.values(), *(r.scalars.get(k) for k in scalar_keys),
+                 "\n".join(text for _, text in r.verdicts)] for r in self.runs]
+        labels = [label for _attr, label, _scale in COLUMNS] + scalar_keys + ["verdicts"]
         frame = pd.DataFrame(rows, columns=labels, index=[r.name for r in self.runs])
         frame.index.name = "run"
         return frame
@@ -122,7 +132,7 @@ class Comparison:
         piped = any(r.bubble is not None for r in runs)
         header = ("run", "ranks", "samples/s", "step time", "exposed comm",
                   *(("bubble",) if piped else ()), "comm/step", "params/rank", "grads/rank",
-                  "optimizer/rank", "peak RSS", *scalar_keys)
+                  "optimizer/rank", "peak RSS", *scalar_keys, "verdicts")
         rows = tuple(Row((r.name, str(r.ranks), fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
                           fmt_fraction(r.exposed_fraction),
                           *((fmt_fraction(r.bubble),) if piped else ()),
@@ -130,14 +140,20 @@ class Comparison:
                           fmt_bytes(r.params), fmt_bytes(r.grads), fmt_bytes(r.optimizer),
                           fmt_bytes(r.peak_rss),
                           *(f"{r.scalars[k]:.4g}" if k in r.scalars else "-"
-                            for k in scalar_keys)))
+                            for k in scalar_keys),
+                          ", ".join(rule for rule, _ in r.verdicts) or "-"))
                      for r in runs)
         return Table(header, rows)
+
+    def verdict_lines(self) -> list[str]:
+        """Each run's verdicts in full, ``run: sentence``; the table names their rules."""
+        return [f"{r.name}: {text}" for r in self.runs for _, text in r.verdicts]
 
     def __repr__(self) -> str:
         if not self.runs:
             return "no named runs"
-        return "\n".join(text_table(self.table()))
+        said = self.verdict_lines()
+        return "\n".join(text_table(self.table()) + ([""] + said if said else []))
 
     def _repr_html_(self) -> str:
         throughput = [(r.name, r.samples_per_s, fmt_rate(r.samples_per_s))
@@ -147,4 +163,90 @@ class Comparison:
             if r.params is not None:
                 nbytes = float(r.params + (r.grads or 0) + (r.optimizer or 0))
                 held.append((r.name, nbytes, fmt_bytes(nbytes)))
-        return comparison_html(self.table(), throughput, held)
+        return comparison_html(self.table(), throughput, held, self.verdict_lines())
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One setting in a :class:`TuneResult`: its figures pooled over its trials' timed steps
+    (``spread_s``: their interquartile range), or in ``note`` why it has none."""
+
+    setting: str
+    samples_per_s: Optional[float] = None
+    step_s: Optional[float] = None
+    spread_s: Optional[float] = None
+    exposed_fraction: Optional[float] = None
+    bytes_per_step: Optional[float] = None
+    peak_memory: Optional[int] = None
+    trials: int = 0
+    steps: int = 0
+    bucket_cap_mb: Optional[float] = None  # the bucket size its DDP model got
+    lossy: bool = False  # a compression hook: the gradients change
+    note: str = ""
+
+
+#: a tuning table's numeric columns: attribute -> (column label with its unit, scale)
+TRIAL_COLUMNS: dict[str, tuple[str, float]] = {
+    "samples_per_s": ("samples/s", 1), "step_s": ("step time (ms)", 1e3),
+    "spread_s": ("spread IQR (ms)", 1e3), "exposed_fraction": ("exposed comm (%)", 100),
+    "bytes_per_step": ("comm/step (MB)", 1e-6), "peak_memory": ("peak memory (MB)", 1e-6),
+    "bucket_cap_mb": ("bucket_cap_mb", 1), "trials": ("trials", 1),
+    "steps": ("steps timed", 1)}
+
+
+class TuneResult:
+    """What ``%%distributed --tune`` measured: one row per setting, fastest first (the
+    settings that failed or were skipped last), and the one it chose.
+
+    Shows itself as a table (text and HTML); :meth:`to_pandas` gives a DataFrame.
+    """
+
+    def __init__(self, rows: list[TrialRow], *, chosen: str, speedup: Optional[float],
+                 steps: int, trials: int) -> None:
+        self.rows = list(rows)
+        self.chosen = chosen  # the chosen setting's label ("torch's defaults": none beat them)
+        self.speedup = speedup  # its samples/s over torch's defaults' (None: not chosen)
+        self.steps = steps  # optimizer steps per trial
+        self.trials = trials  # cell runs
+
+    def _note(self, r: TrialRow) -> str:
+        return ", ".join(x for x in ("chosen" if r.setting == self.chosen else "",
+                                     "lossy" if r.lossy else "", r.note) if x)
+
+    def to_pandas(self) -> Any:
+        """A DataFrame indexed by setting: the numeric columns, then a note (chosen, lossy,
+        failed or skipped and why). Raises ImportError without pandas."""
+        import pandas as pd
+
+        rows = [[None if getattr(r, attr) is None else getattr(r, attr) * scale
+                 for attr, (_label, scale) in TRIAL_COLUMNS.items()] + [self._note(r)]
+                for r in self.rows]
+        labels = [label for label, _scale in TRIAL_COLUMNS.values()]
+        frame = pd.DataFrame(rows, columns=labels + ["note"],
+                             index=[r.setting for r in self.rows])
+        frame.index.name = "setting"
+        return frame
+
+    def headline(self) -> str:
+        gain = f", {self.speedup:.2f}x torch's defaults' samples/s" if self.speedup else ""
+        return (f"nbdist --tune: chose {self.chosen}{gain} ({self.trials} trials of "
+                f"{self.steps} optimizer steps, fastest first)")
+
+    def table(self) -> Table:
+        header = ("setting", "samples/s", "step time", "spread (IQR)", "exposed comm", "comm/step",
+                  "peak memory", "bucket", "trials", "note")
+        return Table(header, tuple(
+            Row((r.setting, fmt_rate(r.samples_per_s), fmt_seconds(r.step_s),
+                 fmt_seconds(r.spread_s),
+                 fmt_fraction(r.exposed_fraction), fmt_bytes(r.bytes_per_step),
+                 fmt_bytes(r.peak_memory),
+                 f"{r.bucket_cap_mb:g} MiB" if r.bucket_cap_mb is not None else "-",
+                 str(r.trials), self._note(r)), broken=r.note.startswith("failed"))
+            for r in self.rows))
+
+    def __repr__(self) -> str:
+        return "\n".join([self.headline(), *text_table(self.table())])
+
+    def _repr_html_(self) -> str:
+        return (f"<div class='nbdist-tune'><div style='margin-bottom:4px'>"
+                f"{html.escape(self.headline())}</div>{html_table(self.table())}</div>")

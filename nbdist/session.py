@@ -16,6 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from html import escape
 from typing import Any, Callable, Optional
 
@@ -24,23 +25,24 @@ import cloudpickle
 from .backends import get_backend
 from .backends.base import Backend, Call
 from .cell_run import CellRun, cell_name
-from .debugging import for_call, post_mortem
+from .debug_verbs import DebugVerbs
 from .display import make_run_view
 from .elastic_coordinator import Healer
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
-from .faults import Faults
 from .history import History
 from .lifecycle import relaunch
 from .membership import Membership
 from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
-from .records import ClusterStatus, Comparison, RemoteValue, WorkerRow
+from .records import ClusterStatus, Comparison, RemoteValue, TuneResult, WorkerRow
 from .rendezvous import StoreHost
 from .runtime import results
 from .runtime import worker as rt
 from .runtime.env import count_local_gpus
+from .runtime.measure.spec import DDPSettings, Measure
 from .telemetry.compare import compare
 from .telemetry.run import Run
 from .telemetry.snapshot import RunSnapshot
+from .tuning import DEFAULT_STEPS, Tuning
 
 
 def _membership(name: str, doc: str) -> Any:
@@ -48,7 +50,7 @@ def _membership(name: str, doc: str) -> Any:
     return property(lambda self: getattr(self.membership, name), doc=doc)
 
 
-class Session:
+class Session(DebugVerbs):
     """A data-parallel job on warm workers: start or connect, then run cells on every rank.
 
     Examples
@@ -78,8 +80,8 @@ class Session:
         self.history = History()
         #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
         self.named: dict[str, Run] = {}
-        #: faults asked for on purpose (``%nbdist kill --after``), due in the next cell
-        self.faults = Faults()
+        #: what ``%%distributed --tune`` chose, applied to DDP models built in later cells
+        self.tuning = Tuning()
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, n: Optional[int] = None, *, profile: Any = None,
@@ -271,13 +273,19 @@ class Session:
         Tracebacks number lines from ``first_line`` (``%%distributed`` passes 2: its own line
         is the editor's line 1) and name the cell ``In [execution_count]`` when given.
         """
-        d = self.defaults
+        d = self.tuning.defaults(self.defaults)  # the tuned DDP setting, if any, applies
         output = d.output if output is None else output
         timeout = d.timeout if timeout is None else timeout
         opts = CellOptions(ranks=ranks, timeout=timeout, output=output, name=name,
                            stall_after=stall_after)
         measure = d.measure.override(telemetry=telemetry, collectives=time_collectives,
                                      buckets=bucket_timing, stall_after=opts.stall_after)
+        return self._run(code, opts, measure, first_line, execution_count)[0]
+
+    def _run(self, code: str, opts: CellOptions, measure: Measure, first_line: int,
+             execution_count: Optional[int], trial: bool = False
+             ) -> tuple[Optional[RemoteValue], Run]:
+        """Run ``code`` as one cell: its value and its run (a ``trial`` is not history)."""
         m = self.membership
         m.require()
         selected = parse_ranks(opts.ranks, self.world_size)
@@ -289,9 +297,8 @@ class Session:
         # number Python reports, in tracebacks and syntax errors alike, is then the editor's.
         shipped = "\n" * max(0, first_line - 1) + code
         ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
-        cell_id = uuid.uuid4().hex
+        link, beside = self._beside(m, cell_id := uuid.uuid4().hex)  # debugger, faults
         elastic = m.store is not None and len(selected) == self.world_size
-        link, console = for_call(m, cell_id)  # breakpoint() and input() on a rank
         calls = [Call(self.plans[r].worker_id, rt.run_cell,
                       (shipped, cell.filename, cell_id, self.generation, list(selected),
                        r == selected[0]),
@@ -300,14 +307,15 @@ class Session:
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
                   name=opts.name, stall_after=measure.stall_after)
         run.label = cell.label
+        if not trial:  # what its verdicts may compare it with, once it is over
+            run.context = lambda: self.tuning.context(self.named, opts.name)
         view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
         hint = ""
         if len(selected) < self.world_size:
             hint = PARTIAL_RANKS.format(ranks=", ".join(map(str, selected)))
         healer = (Healer(m, measure, default_max_failures=self.defaults.elastic_max_failures)
                   if elastic else None)
-        cell_run = CellRun(m, calls, run, view, healer=healer, hint=hint,
-                           companions=[console, *self.faults.for_call(m)])
+        cell_run = CellRun(m, calls, run, view, healer=healer, hint=hint, companions=beside)
         try:
             outcomes = cell_run.wait(opts.timeout)
         finally:
@@ -318,11 +326,39 @@ class Session:
             if opts.name is not None:
                 self.named.pop(opts.name, None)  # a re-run goes to the end, in run order
                 self.named[opts.name] = run
-        self.history.cell(number, code, None if len(selected) == self.world_size else selected)
-        first = outcomes[0]
-        if first["value"]:
-            return RemoteValue(selected[0], first["value"])
-        return None
+        if not trial:  # a tuning's trials are one cell of the script: tune() adds it
+            self.history.cell(number, code, None if len(selected) == self.world_size else selected)
+        self.tuning.say_note(run.snapshot(), self.defaults, opts.output)  # under the cell
+        value = outcomes[0]["value"]
+        return (RemoteValue(selected[0], value) if value else None), run
+
+    def tune(self, code: str, steps: int = DEFAULT_STEPS, *, timeout: Optional[float] = None,
+             time_collectives: Optional[bool] = None, bucket_timing: Optional[bool] = None,
+             stall_after: Optional[float] = None, first_line: int = 1,
+             execution_count: Optional[int] = None, quiet: bool = False) -> TuneResult:
+        """``%%distributed --tune``: run ``code`` as trials of ``steps`` optimizer steps, each
+        with one DDP setting; the fastest exact one becomes the default of DDP models built
+        later. Returns the table, fastest first (``docs/tuning.md``); raises ``TuneError``."""
+        self.membership.require()
+        ast.parse(code)  # a syntax error before the first trial
+        trial, limit = self.tuning.trials(
+            partial(self._run, code, first_line=first_line, execution_count=execution_count,
+                    trial=True), self.named, self.defaults, steps,
+            timeout, time_collectives, bucket_timing, stall_after)
+        joined = next(iter(self.membership.joined.values()), {"backend": "gloo"})
+        result = self.tuning.tune(trial, steps, joined["backend"], timeout=limit,
+                                  say=(lambda line: None) if quiet else print)
+        self.history.cell(self._cells, code, None)
+        return result
+
+    def tune_settings(self) -> DDPSettings:  # of DDP models built from now on
+        return self.tuning.defaults(self.defaults).measure.ddp
+
+    def tune_show(self) -> str:  # %nbdist tune show
+        return self.tuning.show(self.defaults)
+
+    def tune_reset(self) -> str:  # %nbdist tune reset: drop the tuned setting
+        return self.tuning.reset(self.defaults)
 
     def run_script(self, path: str, argv: Sequence[str] = (), *,
                    timeout: Optional[float] = None, output: str = "rank0") -> None:
@@ -373,7 +409,7 @@ class Session:
             raise OptionError(f"no run named {', '.join(map(repr, unknown))}; named runs: "
                               f"{', '.join(self.named)}")
         chosen = {n: self.named[n].snapshot() for n in (names or self.named)}
-        return Comparison(compare(chosen))
+        return Comparison(compare(chosen, self.tuning.known()))
 
     # ----------------------------------------------------------------- data
     def push(self, values: dict[str, Any], *, ranks: Optional[str] = None) -> None:
@@ -395,26 +431,6 @@ class Session:
         if not res["ok"]:
             raise NameError(f"rank {rank}: {res['evalue']}")
         return cloudpickle.loads(res["blob"])
-
-    # ----------------------------------------------------------------- debugging
-    def debug(self, rank: Optional[int] = None) -> int:
-        """Post-mortem pdb on the frame where the last cell failed on ``rank`` (default: the
-        first rank that failed), answered in the notebook (``%nbdist debug``); returns the
-        rank. See ``docs/debugging.md``."""
-        self.membership.require()
-        if rank is not None:
-            parse_ranks(str(rank), self.world_size)
-        return post_mortem(self.membership, rank)
-
-    def kill(self, rank: int, signal: str = "SIGKILL", *, after: Optional[float] = None) -> str:
-        """Send ``signal`` to ``rank``'s worker process from outside it, now or ``after``
-        seconds into the next cell (``%nbdist kill``); returns what it did, in words."""
-        return self.faults.kill(self.membership, rank, signal, after)
-
-    def hang(self, rank: int, seconds: float = 60.0) -> str:
-        """Make ``rank`` hold for ``seconds`` at its next collective (``%nbdist hang``);
-        returns what it did, in words."""
-        return self.faults.hang(self.membership, rank, seconds)
 
     # ----------------------------------------------------------------- notebook to job
     def export(self, path: str, *, force: bool = False) -> Any:
@@ -443,7 +459,8 @@ class Session:
         if not backend.owns_cluster:
             header += "That session was connected to its cluster; this starts one like it.\n"
         header += f"Start it with: %nbdist start --profile {os.path.basename(path)}"
-        text = dump_profile(from_options(self.options, self.defaults), header)
+        text = dump_profile(from_options(self.options, self.tuning.defaults(self.defaults)),
+                            header)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         return path

@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 bash scripts/install-torch.sh
-"$PY" -m pip install -e ".[test]"
+"$PY" -m pip install -e ".[test,slurm,ssh]"
 # The browser tests drive Debian's chromium, the multi-host tests use network namespaces, the
 # launcher tests a real Slurm (slurm-wlm, munge) and a real sshd (openssh-server), all started
 # from temporary directories on loopback: install what they need where this user may (as

@@ -11,7 +11,13 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Protocol, TypeVar
 
-from ..errors import ClusterError, MissingPackageError, WorkersDidNotStart
+from ..errors import (
+    ClusterError,
+    LaunchFailed,
+    MissingPackageError,
+    OptionError,
+    WorkersDidNotStart,
+)
 from ..options import LaunchOptions
 from ..telemetry.events import Batch
 
@@ -98,7 +104,9 @@ class Backend(abc.ABC, Generic[ClientT]):
 
     1.  :meth:`start`: ownership recorded; on failure what was started is stopped and the
         error is :class:`~nbdist.errors.WorkersDidNotStart`, with the engine's own error
-        as its ``__cause__`` and the number of workers that did come up;
+        as its ``__cause__`` and the number of workers that did come up (a missing package,
+        a :class:`~nbdist.errors.LaunchFailed` or a bad option is raised as it is: its
+        reason is the news);
     2.  :meth:`scale`: refused with the remedy on a cluster nbdist did not start; retires the
         highest ranks, so the ranks that stay keep their numbers; waits until the retired
         workers are gone; engine errors become :class:`~nbdist.errors.ClusterError`;
@@ -221,8 +229,8 @@ class Backend(abc.ABC, Generic[ClientT]):
         self.owns_cluster = True
         try:
             self._start(n, timeout)
-        except MissingPackageError:
-            self.stop()  # the launcher's package is missing: nothing to report but that
+        except (MissingPackageError, LaunchFailed, OptionError):
+            self.stop()  # the reason is the news (a package, a host, an option), not a count
             raise
         except Exception as exc:
             ready = self._count_started()

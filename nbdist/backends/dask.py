@@ -8,7 +8,7 @@ Events travel as Dask events: the worker logs them under a topic private to this
 client is subscribed to that topic.
 
 This module is the notebook's side; what runs inside the workers is :mod:`.dask_runner`, and
-how clusters are launched is :mod:`.launchers`.
+how clusters are launched is :mod:`.launchers` (and :mod:`.dask_elsewhere`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ from ..errors import ClusterError
 from ..runtime.interrupt import interrupt_calls
 from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, T, WorkerId, poll_until, signal_text
+from .dask_elsewhere import Elsewhere, new_client
 from .dask_nanny import not_restart_lines, signal_worker
 from .dask_runner import Runner, publish
-from .launchers import cluster_spec, import_cluster_class, worker_process_config
+from .launchers import worker_process_config
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
@@ -47,19 +48,6 @@ _PROBE_TIMEOUT = 5.0
 _LIVENESS_INTERVAL = 1.0
 _BESIDE_TIMEOUT = 10.0  # how long a call beside a worker's busy task may take
 _LEFT = "the worker left the cluster (its process died, or it lost the scheduler)"
-
-
-def _new_client(*args: Any, **kwargs: Any) -> distributed.Client:
-    """``distributed.Client(...)``, tried twice.
-
-    Right after another client of this process failed or closed, Dask's IO-loop thread
-    sometimes does not come up within its own 10 s wait and the constructor fails with a bare
-    ``AssertionError`` (seen after a refused TLS connection); a second try starts a fresh one.
-    """
-    try:
-        return distributed.Client(*args, **kwargs)
-    except AssertionError:
-        return distributed.Client(*args, **kwargs)
 
 
 class _RunnerRef:
@@ -164,7 +152,7 @@ class _DaskJob(Job):
         return self._backend._drain()
 
 
-class DaskBackend(Backend[distributed.Client]):
+class DaskBackend(Elsewhere, Backend[distributed.Client]):
     """Workers are Dask workers; the channel is the scheduler's, with Dask's own security."""
 
     name = "dask"
@@ -182,13 +170,7 @@ class DaskBackend(Backend[distributed.Client]):
     def _start(self, n: int, timeout: float) -> None:
         self._size = n
         if not self.launch.local:
-            module, name, package, kwargs, scale = cluster_spec(self.launch, n, self._tag)
-            cls = import_cluster_class(module, name, package, self.launch.launcher)
-            self.cluster = cls(**kwargs)
-            if scale:
-                self.cluster.scale(n)
-            self.client = _new_client(self.cluster, timeout=timeout)
-            self.client.wait_for_workers(n, timeout=timeout)
+            self._start_elsewhere(n, timeout)
             return
         _quiet_relay_errors()
         with worker_process_config():
@@ -199,7 +181,7 @@ class DaskBackend(Backend[distributed.Client]):
                 n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                 dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
                 memory_limit=0)
-            self.client = _new_client(self.cluster, timeout=timeout)
+            self.client = new_client(self.cluster, timeout=timeout)
             self.client.wait_for_workers(n, timeout=timeout)
 
     def start(self, n: int, timeout: float) -> None:
@@ -222,9 +204,9 @@ class DaskBackend(Backend[distributed.Client]):
         _check_reachable(address, scheduler_file)
         try:
             if address is not None:
-                self.client = _new_client(address, **kwargs)
+                self.client = new_client(address, **kwargs)
             else:
-                self.client = _new_client(scheduler_file=scheduler_file, **kwargs)
+                self.client = new_client(scheduler_file=scheduler_file, **kwargs)
             self.client.wait_for_workers(1, timeout=timeout)
         except Exception as exc:
             self.stop()
@@ -351,7 +333,7 @@ class DaskBackend(Backend[distributed.Client]):
         assert cluster is not None  # scale() checked
         want = len(self.worker_ids()) + k
         self._size = want
-        with worker_process_config():
+        with worker_process_config(local=self.launch.local):
             cluster.scale(want)
             client.wait_for_workers(want, timeout=timeout)
 
@@ -368,8 +350,10 @@ class DaskBackend(Backend[distributed.Client]):
         restarting = [w for w in workers.values() if getattr(w, "status", None) is not None
                       and str(w.status).endswith(("running", "init", "starting"))]
         if len(restarting) >= size:
+            if not self.launch.local:
+                self._replace_when_dropped(size)
             return
-        with worker_process_config():
+        with worker_process_config(local=self.launch.local):
             cluster.scale(max(size, len(getattr(cluster, "worker_spec", ()) or ())))
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int],

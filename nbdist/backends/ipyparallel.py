@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
 import ipyparallel as ipp
 
-from ..errors import ClusterError, MissingPackageError
+from ..errors import ClusterError, LaunchFailed, MissingPackageError
 from ..telemetry.events import Batch
 from .base import (
     Backend,
@@ -24,6 +26,16 @@ from .base import (
     wait_all,
 )
 from .launchers import launcher_settings
+from .remote import (
+    Host,
+    check_ssh_hosts,
+    failure_text,
+    log_tails,
+    make_cluster_dir,
+    remove_cluster_dir,
+    remove_remotely,
+    ssh_command,
+)
 
 _KEY = "nbdist:"
 # How long the nanny of an engine may take to say it sent a signal.
@@ -138,6 +150,10 @@ class IpyparallelBackend(Backend[ipp.Client]):
     _timeout: float = 300.0
     _dask: Any = None  # the distributed.Client of become_dask, once asked for
     _dask_engines: frozenset = frozenset()
+    _dir: Optional[str] = None  # the cluster's own directory (launchers other than local)
+    _hosts: list[Host] = []  # the SSH hosts as the check before the start found them
+    _ssh: list[str] = []  # the ssh command with its arguments
+    _started = False  # True once every worker came up (a failed start keeps its files)
 
     def _start(self, n: int, timeout: float) -> None:
         self._timeout = timeout
@@ -145,9 +161,23 @@ class IpyparallelBackend(Backend[ipp.Client]):
         # the key); with a launcher that starts engines elsewhere, on the address the profile
         # names.
         ip = "127.0.0.1" if self.launch.local else self.launch.listen
-        cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch, timeout)
+        where: dict[str, Any] = {}
+        python = None
+        if not self.launch.local:
+            # Its own profile: connection files, job scripts and logs, out of the notebook's
+            # directory and the user's ~/.ipython.
+            self._dir = where["profile_dir"] = make_cluster_dir(self.name)
+            for name in ("ipython_config.py", "ipython_kernel_config.py"):
+                # Hosts sharing this filesystem find the profile complete: ipyparallel's
+                # `ipython profile create` there then prints nothing into the notebook.
+                open(os.path.join(self._dir, name), "a").close()
+            if self.launch.launcher == "ssh":  # before anything starts there
+                self._hosts, python = check_ssh_hosts(self.launch, self.name, self._dir)
+                self._ssh = ssh_command(self.launch)
+        cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch, timeout,
+                                                                self._dir, python)
         self.cluster = ipp.Cluster(n=n, controller_ip=ip, log_level=logging.WARNING,
-                                   controller_args=_HEARTBEAT_ARGS, **cluster_kwargs)
+                                   controller_args=_HEARTBEAT_ARGS, **where, **cluster_kwargs)
         self.cluster.log.addFilter(_KilledEngineLog(self.cluster))
         if self.launch.local:
             # Engines first: they start, and import torch, while the controller starts; each
@@ -156,14 +186,45 @@ class IpyparallelBackend(Backend[ipp.Client]):
             self.cluster.start_engines_sync(n, **self._engine_kwargs)
             self.cluster.start_controller_sync()
         else:  # engines elsewhere are handed the controller's connection info when they start
-            self.cluster.start_controller_sync()
-            self.cluster.start_engines_sync(n, **self._engine_kwargs)
+            try:
+                self.cluster.start_controller_sync()
+                self.cluster.start_engines_sync(n, **self._engine_kwargs)
+            except Exception as exc:  # a command failed: more time would not help
+                raise LaunchFailed(
+                    f"ipyparallel's {self.launch.launcher!r} launcher could not start the "
+                    f"engines: {failure_text(exc)}. What did start was stopped; the cluster's "
+                    f"files are in {self._dir}") from exc
         self._engine_launchers()
         self.client = self.cluster.connect_client_sync()
-        # No progress bar: the session shows its own status when the job is formed.
-        self.client.wait_for_engines(n, timeout=timeout, interactive=False)
+        if self.launch.local:
+            # No progress bar: the session shows its own status when the job is formed.
+            self.client.wait_for_engines(n, timeout=timeout, interactive=False)
+        else:
+            self._wait_elsewhere(n, timeout)
         self.controller_ip = "127.0.0.1" if self.launch.local else _registration_host(
             self.client)
+        self._started = True
+
+    def _wait_elsewhere(self, n: int, timeout: float) -> None:
+        """Wait for engines started elsewhere; fail as soon as too many have exited to make
+        ``n`` (SSH engines: their launchers watch each process), with their logs' ends."""
+        client = self._require()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                client.wait_for_engines(n, timeout=max(0.1, min(1.0, left)),
+                                        interactive=False)
+                return
+            except TimeoutError as exc:
+                running = self._engines_to_come()
+                if len(client.ids) + running < n:
+                    raise LaunchFailed(
+                        f"{n - len(client.ids) - running} of the {n} engines exited "
+                        f"before they registered with the controller; "
+                        f"{log_tails(self._dir or '')}") from exc
+                if left <= 1.0:
+                    raise ClusterError(f"{exc}; {log_tails(self._dir or '')}") from exc
 
     def connect(self, timeout: float, **target: Any) -> None:
         self._timeout = timeout
@@ -227,6 +288,17 @@ class IpyparallelBackend(Backend[ipp.Client]):
         self.cluster.start_engines_sync(1, **self._engine_kwargs)
         self._engine_launchers()
 
+    def _engines_to_come(self) -> int:
+        """Engines whose process still runs (SSH: each has a launcher that watches it), or may
+        still start (a batch job: nothing here watches it in the queue, so all its engines)."""
+        count = 0
+        for engine_set in list(getattr(self.cluster, "engines", {}).values()):
+            if not hasattr(engine_set, "launchers") and engine_set.state == "running":
+                count += engine_set.n
+        return count + len([la for la in self._engine_launchers()
+                            if getattr(la, "state", "running") == "running" and getattr(
+                                getattr(la, "_wait_thread", None), "is_alive", lambda: True)()])
+
     def _engine_launchers(self) -> list[Any]:
         """Every engine launcher this backend has seen, ended ones included: where the
         cluster's event loop runs (in a notebook kernel), an engine set drops a launcher as
@@ -255,7 +327,19 @@ class IpyparallelBackend(Backend[ipp.Client]):
     def _close_cluster(self, cluster: ipp.Cluster) -> None:
         # Engines stopped on purpose exit non-zero; ipyparallel would log that as a warning.
         cluster.log.setLevel(logging.ERROR)
-        cluster.stop_cluster_sync()
+        # nbdist stops it here, or says why it could not: ipyparallel's own try at exit
+        # would only repeat the failure later.
+        cluster.shutdown_atexit = False
+        if self.launch.local:
+            cluster.stop_cluster_sync()
+            return
+        try:
+            _stop_remote(cluster)
+        finally:
+            if self._hosts and self._dir:
+                remove_remotely(self._hosts, self._dir, self._ssh)
+            if self._started:
+                remove_cluster_dir(self._dir)
 
     def transport(self) -> Callable[[Batch], None]:
         return publish
@@ -302,6 +386,18 @@ class IpyparallelBackend(Backend[ipp.Client]):
             where = "local" if self.launch.local else self.launch.launcher
             return f"ipyparallel ({where} cluster {self.cluster.cluster_id})"
         return "ipyparallel (connected)"
+
+
+def _stop_remote(cluster: ipp.Cluster) -> None:
+    """Stop the controller and the engines that did start (an engine whose launch failed has
+    nothing to stop, and asking ipyparallel to stop it fails)."""
+    for engine_set in list(cluster.engines.values()):
+        launchers = getattr(engine_set, "launchers", None)
+        if isinstance(launchers, dict):
+            for key, launcher in list(launchers.items()):
+                if getattr(launcher, "state", "running") != "running":
+                    launchers.pop(key)
+    cluster.stop_cluster_sync()
 
 
 def _registration_host(client: ipp.Client) -> Optional[str]:

@@ -2,28 +2,79 @@
 
 For ipyparallel, :func:`launcher_settings` names its own engine launcher (local, ssh, mpi,
 Slurm, PBS, ...) with its configuration; for Dask, :func:`cluster_spec` names the cluster class
-of distributed, dask-jobqueue or dask-kubernetes with its arguments, and
-:func:`worker_process_config` is the setting every Dask worker nbdist spawns is started under.
-Nothing is started here; the adapters start what these describe.
+of distributed, dask-jobqueue or dask-kubernetes (or nbdist's own SSH cluster) with its
+arguments, and :func:`worker_process_config` is the setting every Dask worker nbdist spawns is
+started under. Nothing is started here; the adapters start what these describe.
+
+Two rules hold for every launcher:
+
+* **Loopback unless told.** Every listener nbdist makes binds ``127.0.0.1`` unless the profile's
+  ``listen`` says otherwise: the controller or scheduler and its dashboard bind ``listen``;
+  workers on other hosts bind their own address on the network that reaches it (every
+  interface for ``listen: "*"``).
+* **The profile's options add to nbdist's.** ``resources.options`` are merged into what nbdist
+  derives (:func:`merged`): dicts key by key, lists extended, so a user's option never drops
+  one of nbdist's of the same kind; a value nbdist also sets is the user's.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import ipaddress
 import os
+import shlex
 import signal
+import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Optional
 
 from traitlets.config import Config
 
 from ..errors import ClusterError, MissingPackageError
 from ..options import LaunchOptions
-from ..runtime.boot import lifeline, preload
+from ..runtime.boot import lifeline, preload, route
 
 if TYPE_CHECKING:
     import dask
+
+#: options whose value is one whole command: the user's replaces nbdist's, never extends it
+_WHOLE = frozenset({"engine_cmd", "controller_cmd"})
+
+
+def merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` put into ``base`` deeply: dicts merged key by key, lists extended (base's
+    items first), any other value replaced. Neither argument is changed."""
+    out = dict(base)
+    for key, value in override.items():
+        mine = out.get(key)
+        if isinstance(mine, Mapping) and isinstance(value, Mapping):
+            out[key] = merged(mine, value)
+        elif isinstance(mine, list) and isinstance(value, (list, tuple)) and key not in _WHOLE:
+            out[key] = [*mine, *(v for v in value if v not in mine)]
+        else:
+            out[key] = value
+    return out
+
+
+def bind_host(listen: Optional[str]) -> str:
+    """The address a listener on this machine binds for ``listen``: loopback when unset,
+    ``""`` (every interface) for ``"*"``."""
+    if not listen:
+        return "127.0.0.1"
+    return "" if listen == "*" else listen
+
+
+def is_loopback(listen: Optional[str]) -> bool:
+    """True where ``listen`` keeps every listener on loopback (unset, 127.x, ::1, localhost)."""
+    if not listen or listen == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(listen).is_loopback
+    except ValueError:
+        return False
+
 
 # ----------------------------------------------------------------------------- ipyparallel
 
@@ -36,34 +87,52 @@ _BATCH_LINES = {
 }
 
 
-def launcher_settings(launch: LaunchOptions, timeout: float = 300.0
+def launcher_settings(launch: LaunchOptions, timeout: float = 300.0,
+                      cluster_dir: Optional[str] = None, python: Optional[str] = None
                       ) -> tuple[dict[str, Any], dict[str, Any]]:
     """ipyparallel's own launcher for ``launch``: keyword arguments of ``ipp.Cluster`` (the
     engine launcher class and its configuration) and of ``start_engines`` (a batch template
     with the resource lines, where the launcher has no setting for them).
 
-    The profile's ``resources.options`` are the launcher's configuration traits and win over
-    what nbdist derives (e.g. ``ssh_args``, ``mpi_args``, ``batch_template``).
+    The controller always runs on this machine under the kernel's lifeline. Engines started
+    elsewhere run under the controller's (:func:`lifeline.remote_command`), with ``python``
+    (the hosts' interpreter; default: this one); a batch launcher writes its job script into
+    ``cluster_dir``. The profile's ``resources.options`` are the launcher's configuration
+    traits, merged into what nbdist derives (e.g. ``ssh_args``, ``mpi_args``,
+    ``batch_template``).
     """
+    # The controller exits when this kernel is gone, even after a SIGKILL that leaves no
+    # chance to stop it; so do local engines.
+    config: dict[str, Any] = {"LocalControllerLauncher": {
+        "controller_cmd": lifeline.command("ipyparallel.controller")}}
     if launch.local:
-        # Controller and engines run under a lifeline: they exit when this kernel is gone,
-        # even after a SIGKILL that leaves no chance to stop them.
-        return {"config": Config({
-            "LocalControllerLauncher": {
-                "controller_cmd": lifeline.command("ipyparallel.controller")},
-            # Engines start importing torch while they start and register (runtime.boot.preload),
-            # and may start before the controller has written its connection file.
-            "LocalEngineSetLauncher": {"engine_cmd": [
-                *lifeline.command(preload.__name__), "ipyparallel.engine",
-                f"--IPEngine.wait_for_url_file={timeout:g}"]}})}, {}
+        # Engines start importing torch while they start and register (runtime.boot.preload),
+        # and may start before the controller has written its connection file.
+        config["LocalEngineSetLauncher"] = {"engine_cmd": [
+            *lifeline.command(preload.__name__), "ipyparallel.engine",
+            f"--IPEngine.wait_for_url_file={timeout:g}"]}
+        return {"config": Config(config)}, {}
     from ipyparallel.cluster.launcher import BatchSystemLauncher, find_launcher_class
 
-    cls = find_launcher_class(launch.launcher, "engine")
-    traits: dict[str, Any] = {}
+    if launch.launcher == "ssh":
+        from .ipp_ssh import SSHEngines as cls  # noqa: N813 - stops in one command an engine
+    else:
+        cls = find_launcher_class(launch.launcher, "engine")
+    python = launch.options.get("remote_python") or python or sys.executable
+    traits: dict[str, Any] = {
+        # ends once the controller is gone for good, even in the middle of a cell
+        "engine_cmd": [*lifeline.remote_command(preload.__name__, python),
+                       "ipyparallel.engine"]}
     engine_kwargs: dict[str, Any] = {}
     if launch.launcher == "ssh":
         traits["engines"] = dict(launch.hosts)
+        traits["remote_python"] = python
+        # Engines get the controller's addresses in their environment (IPP_CONNECTION_INFO):
+        # no connection file to copy to each host first.
+        config["SSHEngineLauncher"] = {"to_send": []}
     if issubclass(cls, BatchSystemLauncher):
+        if cluster_dir:
+            traits["batch_file_name"] = os.path.join(cluster_dir, f"{launch.launcher}_engine.sh")
         if launch.queue:
             traits["queue"] = launch.queue
         if launch.launcher == "slurm":
@@ -85,44 +154,57 @@ def launcher_settings(launch: LaunchOptions, timeout: float = 300.0
             # template; a template of our own would lose them, so extend the default instead.
             first, rest = cls.class_traits()["default_template"].default_value.split("\n", 1)
             engine_kwargs["default_template"] = "\n".join([first, *extra, rest])
-    traits.update(launch.options)
-    return {"engine_launcher_class": cls, "config": Config({cls.__name__: traits})}, \
-        engine_kwargs
+    config[cls.__name__] = merged(traits, launch.options)
+    return {"engine_launcher_class": cls, "config": Config(config)}, engine_kwargs
 
 
 # ----------------------------------------------------------------------------- dask
 
 _JOBQUEUE = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster",
              "lsf": "LSFCluster"}
+#: how long a Dask worker elsewhere tries to reach its scheduler before it exits (at its
+#: start, e.g. a batch job that left the queue after the notebook was gone)
+DEATH_TIMEOUT = 60
 
 
-def cluster_spec(launch: LaunchOptions, n: int, tag: str = "nbdist"
+def cluster_spec(launch: LaunchOptions, n: int, tag: str = "nbdist",
+                 cluster_dir: Optional[str] = None
                  ) -> tuple[str, str, str, dict[str, Any], bool]:
     """The Dask cluster class for ``launch`` and its arguments.
 
     Returns ``(module, class name, package that provides it, keyword arguments, whether the
-    cluster must then be scaled to n)``: Dask's ``SSHCluster`` for ``ssh`` (scheduler on the
-    first host), dask-jobqueue's ``SLURMCluster``/``PBSCluster``/``SGECluster``/``LSFCluster``
-    (one worker process per job), dask-kubernetes' ``KubeCluster``. The profile's
-    ``resources.options`` are the class's own keyword arguments and win.
+    cluster must then be scaled to n)``: nbdist's SSH cluster for ``ssh`` (the scheduler in
+    this process, workers over SSH: :mod:`.dask_ssh`), dask-jobqueue's
+    ``SLURMCluster``/``PBSCluster``/``SGECluster``/``LSFCluster`` (one worker process per job,
+    its output in ``cluster_dir``), dask-kubernetes' ``KubeCluster``. The profile's
+    ``resources.options`` are the class's own keyword arguments, merged into nbdist's.
     """
     kwargs: dict[str, Any]
+    host = bind_host(launch.listen)
+    scheduler = {"host": host, "dashboard_address": f"{host}:0"}
     if launch.launcher == "ssh":
-        hosts = [h for host, count in launch.hosts.items() for h in [host] * count]
-        kwargs = {"hosts": [next(iter(launch.hosts), "localhost"), *hosts],
-                  "worker_options": {"nthreads": 1}}
-        spec = ("distributed.deploy.ssh", "SSHCluster", "asyncssh", kwargs, False)
+        kwargs = {"hosts": dict(launch.hosts), "listen": launch.listen,
+                  "scheduler_options": scheduler,
+                  "worker_options": {"nthreads": 1, "death_timeout": DEATH_TIMEOUT,
+                                     "preload": [lifeline.__name__]}}
+        spec = ("nbdist.backends.dask_ssh", "SSHWorkers", "asyncssh", kwargs, False)
     elif launch.launcher in _JOBQUEUE:
-        kwargs = {"processes": 1}
+        kwargs = {"processes": 1, "scheduler_options": scheduler,
+                  "death_timeout": DEATH_TIMEOUT,
+                  "job_script_prologue": [f"export {k}={shlex.quote(v)}"
+                                          for k, v in worker_environment().items()]}
         for key, arg in (("cpus", "cores"), ("memory", "memory"), ("queue", "queue"),
                          ("account", "account"), ("walltime", "walltime")):
             if getattr(launch, key):
                 kwargs[arg] = getattr(launch, key)
         if launch.gpus and launch.launcher == "slurm":
             kwargs["job_extra_directives"] = [f"--gres=gpu:{launch.gpus}"]
-        if launch.listen:
-            host = "0.0.0.0" if launch.listen == "*" else launch.listen
-            kwargs["scheduler_options"] = {"host": host}
+        if cluster_dir:
+            kwargs["log_directory"] = cluster_dir
+        interface = "interface" in launch.options  # Dask refuses a host beside it
+        kwargs["worker_extra_args"] = jobqueue_worker_args(launch.listen, interface)
+        if interface:
+            del scheduler["host"]
         spec = ("dask_jobqueue", _JOBQUEUE[launch.launcher], "dask-jobqueue", kwargs, True)
     elif launch.launcher == "kubernetes":
         kwargs = {"name": tag, "n_workers": n}
@@ -135,24 +217,38 @@ def cluster_spec(launch: LaunchOptions, n: int, tag: str = "nbdist"
         spec = ("dask_kubernetes.operator", "KubeCluster", "dask-kubernetes", kwargs, False)
     else:
         raise ClusterError(f"the dask engine has no {launch.launcher!r} launcher")
-    spec[3].update(launch.options)
-    return spec
+    return (*spec[:3], merged(spec[3], launch.options), spec[4])
+
+
+def jobqueue_worker_args(listen: Optional[str], interface: bool = False) -> list[str]:
+    """What each batch job's worker (and its nanny) binds: loopback with a loopback
+    ``listen``, every interface with ``"*"``, otherwise the job's own address on the route to
+    ``listen`` (found by the job script when it runs, on its node); where the profile names
+    an ``interface``, that."""
+    ends = ["--preload", lifeline.__name__]  # a cell that keeps the worker busy ends with it
+    if listen == "*" or interface:
+        return ends
+    if is_loopback(listen):
+        host = bind_host(listen)
+    else:
+        host = f"$({sys.executable} -m {route.__name__} {listen})"
+    return ["--host", host, "--dashboard-address", f"{host}:0", *ends]
 
 
 def import_cluster_class(module: str, name: str, package: str, launcher: str) -> Any:
     """The cluster class, imported now; a missing package is named with how to install it."""
     what = f"the dask engine's {launcher!r} launcher"
-    # SSHCluster imports without asyncssh and fails only once it connects.
+    # The SSH cluster imports without asyncssh and fails only once it connects.
     needed = "asyncssh" if package == "asyncssh" else module.split(".")[0]
     if importlib.util.find_spec(needed) is None:
-        raise MissingPackageError(what, package)
+        raise MissingPackageError(what, package, extra=_EXTRAS.get(launcher))
     # dask_jobqueue.runner replaces SIGINT's handler with sys.exit when imported: in a
     # kernel, Jupyter's stop button would then raise SystemExit instead of interrupting.
     sigint = _sigint_handler()
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:
-        raise MissingPackageError(what, package) from exc
+        raise MissingPackageError(what, package, extra=_EXTRAS.get(launcher)) from exc
     finally:
         if sigint is not None:
             signal.signal(signal.SIGINT, sigint)
@@ -165,20 +261,46 @@ def _sigint_handler() -> Any:
     return signal.getsignal(signal.SIGINT)
 
 
+#: the extra of nbdist that installs each launcher's package for the Dask engine
+_EXTRAS = {"ssh": "ssh", "slurm": "slurm", "pbs": "jobqueue", "sge": "jobqueue",
+           "lsf": "jobqueue", "kubernetes": "kubernetes"}
+
 #: glibc's setting that Dask's nannies give their workers (see worker_process_config)
 MALLOC_TRIM = "MALLOC_TRIM_THRESHOLD_"
 
 
-def worker_process_config() -> dask.config.set:
-    """Config for the worker processes nbdist spawns; the nanny reads it when it spawns, so it
-    must be active until the workers are up.
+def worker_settings() -> dict[str, Any]:
+    """Dask settings of every worker nbdist starts, here or elsewhere (see
+    :func:`worker_process_config`)."""
+    import dask  # the dask engine's extra: imported by the engine that needs it
+
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
+    environ[MALLOC_TRIM] = None  # None unsets it (a key left out would be merged back in)
+    return {"distributed.worker.daemon": False,
+            "distributed.worker.profile.enabled": False,
+            "distributed.nanny.pre-spawn-environ": environ}
+
+
+def worker_environment() -> dict[str, str]:
+    """:func:`worker_settings` as Dask reads them from the environment (Python literals), for
+    batch jobs, which get no configuration of this process."""
+    return {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): repr(value)
+            for key, value in worker_settings().items()}
+
+
+def worker_process_config(local: bool = True) -> dask.config.set:
+    """Config for the worker processes nbdist spawns; the nanny reads it when it spawns (and
+    nbdist's SSH cluster hands it to the hosts when it starts them), so it must be active
+    until the workers are up.
 
     Non-daemonic, so user code may start its own child processes
     (``DataLoader(num_workers=...)``); Python forbids that in daemonic ones. Without Dask's
     statistical profiler, which walks the running cell's stack from the event loop every
-    10 ms: a training step would hand the GIL to it a hundred times a second. Nannies and
-    workers preload nbdist's lifeline: they stop when this kernel is gone, even after a
-    SIGKILL (the kernel is named in their environment, which they inherit).
+    10 ms: a training step would hand the GIL to it a hundred times a second. On this
+    machine (``local``), nannies and workers preload nbdist's lifeline: they stop when this
+    kernel is gone, even after a SIGKILL (the kernel is named in their environment, which
+    they inherit). Elsewhere they close with their connection to the scheduler, which runs in
+    this kernel.
 
     Without Dask's ``MALLOC_TRIM_THRESHOLD_``: setting it turns off glibc's adaptive mmap
     threshold, so every tensor over 128 KiB is mapped on allocation and unmapped on free, and
@@ -186,13 +308,11 @@ def worker_process_config() -> dask.config.set:
     (about 950 faults a step and 1.3x the CPU of the same step under torchrun, measured on
     ``bench_training.py``'s MLP). The workers get glibc's defaults, as torchrun's do.
     """
-    import dask  # the dask engine's extra: imported by the engine that needs it
+    import dask
 
-    os.environ.setdefault(lifeline.ENV, lifeline.this_process())
-    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
-    environ.pop(MALLOC_TRIM, None)
-    return dask.config.set({"distributed.worker.daemon": False,
-                            "distributed.worker.profile.enabled": False,
-                            "distributed.worker.preload": [lifeline.__name__],
-                            "distributed.nanny.preload": [lifeline.__name__],
-                            "distributed.nanny.pre-spawn-environ": environ})
+    settings = worker_settings()
+    if local:
+        os.environ.setdefault(lifeline.ENV, lifeline.this_process())
+        settings.update({"distributed.worker.preload": [lifeline.__name__],
+                         "distributed.nanny.preload": [lifeline.__name__]})
+    return dask.config.set(settings)

@@ -40,6 +40,7 @@ from .tables import (
     progress_phrases,
     run_table,
     stall_lines,
+    verdict_lines,
 )
 
 if TYPE_CHECKING:
@@ -153,6 +154,16 @@ def failures(snap: RunSnapshot) -> str:
         return notes
     return (notes + "<div class='nbdist-failures' style='font-size:12px'>"
             + "<br>".join(error_text(line) for line in lines) + "</div>")
+
+
+def verdicts(snap: RunSnapshot) -> str:
+    """What the numbers mean, one sentence per line ("" when they call for none)."""
+    said = verdict_lines(snap)
+    if not said:
+        return ""
+    items = "".join(f"<li>{message(line)}</li>" for line in said)
+    return (f"<div class='nbdist-verdicts' style='font-size:12px;margin:4px 0'><b>verdicts</b>"
+            f"<ul style='margin:2px 0;padding-left:18px'>{items}</ul></div>")
 
 
 def stall(snap: RunSnapshot) -> str:
@@ -335,7 +346,8 @@ def run_summary(snap: RunSnapshot) -> str:
     """A static summary of a run (header, table, pipeline, mesh dimensions and memory per
     rank, legend, charts) that renders without widgets."""
     return (f"<div class='nbdist-summary'>{run_header(snap, final=snap.finished)}"
-            f"{stall(snap)}{run_table_html(snap)}{detail_tables(snap)}{failures(snap)}"
+            f"{stall(snap)}{run_table_html(snap)}{detail_tables(snap)}{verdicts(snap)}"
+            f"{failures(snap)}"
             f"{legend()}"
             f"{charts(snap)}</div>")
 

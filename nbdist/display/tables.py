@@ -258,6 +258,12 @@ def failure_lines(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> 
             for why, rs in by_reason.items()]
 
 
+def verdict_lines(snap: RunSnapshot) -> list[str]:
+    """What the run's numbers mean, once it is over: at most three sentences (empty: the
+    numbers call for none)."""
+    return [v.text for v in snap.verdicts]
+
+
 def stall_lines(snap: RunSnapshot) -> list[str]:
     """The hang doctor's verdict: a headline, then where each rank is (empty: no stall)."""
     v = snap.stall

@@ -89,6 +89,9 @@ def format_summary(snap: RunSnapshot) -> str:
     stall = tables.stall_lines(snap)
     if stall:
         extra += ["", *stall]
+    said = tables.verdict_lines(snap)
+    if said:
+        extra += ["", *(f"verdict: {line}" for line in said)]
     return "\n".join([head, *text_table(tables.run_table(snap)), *extra])
 
 

@@ -32,6 +32,7 @@ from .html import (
     run_header,
     run_table_html,
     stall,
+    verdicts,
 )
 from .summary import summary_bundle
 
@@ -72,11 +73,12 @@ class RunWidget(VBox):
         self.memory = HTML("")  # pipeline stages, mesh dimensions, what each rank holds
         self.memory.add_class("nbdist-memory")
         self.failures = HTML("")
+        self.verdicts = HTML("")  # what the numbers mean, once the run is over
         self.legend = HTML(legend())
         self.chart = HTML("")
         self.chart.add_class("nbdist-chart")
-        super().__init__([self.header, self.stall, self.table, self.memory, self.failures,
-                          self.legend, self.chart])
+        super().__init__([self.header, self.stall, self.table, self.memory, self.verdicts,
+                          self.failures, self.legend, self.chart])
         self.add_class("nbdist-dashboard")
         #: the final snapshot once the run is over (live ones are not kept: a thousand
         #: ranks' records held from one redraw to the next would keep the garbage collector
@@ -91,8 +93,8 @@ class RunWidget(VBox):
         fold hands over the same record objects while they do not change).
         """
         self.snapshot = snap if final else None
-        with _held(self.header, self.stall, self.table, self.memory, self.failures,
-                   self.chart):
+        with _held(self.header, self.stall, self.table, self.memory, self.verdicts,
+                   self.failures, self.chart):
             _set(self.header, run_header(snap, final))
             _set(self.stall, stall(snap))
             _set(self.table, run_table_html(snap))
@@ -100,6 +102,7 @@ class RunWidget(VBox):
                                                       for r in snap.ranks)),
                              [x for r in snap.ranks for x in (r.memory, r.pipeline)]):
                 _set(self.memory, detail_tables(snap))
+            _set(self.verdicts, verdicts(snap))
             _set(self.failures, failures(snap))
             if self._changed("charts", (len(snap.series),),
                              [snap.series[-1] if snap.series else None,

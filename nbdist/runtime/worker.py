@@ -257,6 +257,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
     slot of the rank it replaces); ``link``: how the cell's debugger reaches the notebook."""
     from ..telemetry import events
     from . import group
+    from .measure import tuning
     from .measure.model import telemetry as tel
 
     plan = _state.plan
@@ -287,6 +288,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                 return results.cell_failed(err, group_alive=False, seq=_state.sink.flush())
         out = results.cell_ok()
         tel.begin_cell(_state.sink, measure)
+        tuning.begin_cell(_state.sink, measure)
         with interruptible(group.sever) as watch, captured_output(_state.sink), \
                 watching(_state.sink, filename, measure.telemetry, measure.stall_after):
             try:
@@ -294,6 +296,8 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                     value = run_code(source, filename, _state.namespace)
                 if want_result:
                     out["value"] = mimebundle(value)
+            except tuning.TrialDone:
+                pass  # a tuning trial took its steps: every rank cut the cell at the same one
             except BaseException as exc:  # the user's error is data for the notebook
                 err = results.error_info(exc, filename, communication=True if watch.severed
                                          else None)
@@ -304,6 +308,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
             group.teardown()
         try:
             tel.end_cell()
+            tuning.end_cell()
         except Exception as exc:  # a telemetry bug must never fail the user's cell
             sys.__stderr__.write(f"nbdist: telemetry error: {exc!r}\n")
         err = out["error"]

@@ -25,6 +25,7 @@ from typing import Any, Optional
 from .columns import column, columns, row, rows, summary, summary_column, table_rows
 from .events import (
     COMM,
+    DDP,
     DEBUGGER,
     END,
     MEMORY,
@@ -37,6 +38,7 @@ from .events import (
     STEP,
     TABLE,
     TELEMETRY,
+    TRIAL,
     Batch,
     Event,
 )
@@ -49,10 +51,12 @@ from .snapshot import (
     Diagnosis,
     DimPoint,
     MemoryPoint,
+    ModelPoint,
     PipelinePoint,
     RankSnapshot,
     RunSnapshot,
     StepPoint,
+    TrialPoint,
 )
 from .stall import StallWatch, Verdict
 from .states import RankState
@@ -107,6 +111,8 @@ class RunState:
         self._spread_dirty: set[tuple[str, float]] = set()
         #: progress, step times and where each rank said it was (the hang doctor's input)
         self.stall = StallWatch(started, stall_after)
+        #: the models and trial of the last snapshot, until a rank reports a change
+        self._setup: Optional[tuple[tuple[ModelPoint, ...], Optional[TrialPoint]]] = None
 
     def _rank(self, rank: int) -> RankFold:
         st = self._ranks.get(rank)
@@ -145,6 +151,13 @@ class RunState:
             return
         if kind == DEBUGGER:  # stopped for the notebook, or went on: the hang doctor's too
             self.stall.debugger(rank, e)
+        if kind == DDP:  # what a model runs with, and a trial's end: kept apart likewise
+            st.models[e["model"]] = e
+            self._setup = None
+            return
+        if kind == TRIAL:
+            st.trial = e
+            self._setup = None
             return
         if kind != END:
             self._record(rank, e, 1)
@@ -407,9 +420,24 @@ class RunState:
         dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3] / 1e9)
                      for dim, d in sorted(self._dims.items()))
         stall = self.verdict(at) if at is not None else None
+        models, trial = self._setup = self._setup or self._models_and_trial()
         return RunSnapshot(tuple(out), tuple(matcher.series[s] for s in sorted(matcher.series)),
                            tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims,
-                           stall=stall, scalar_spread=self._scalar_spread())
+                           stall=stall, scalar_spread=self._scalar_spread(), models=models,
+                           trial=trial)
+
+    def _models_and_trial(self) -> tuple[tuple[ModelPoint, ...], Optional[TrialPoint]]:
+        """The lowest rank's DDP models (every rank builds the same), and a trial's end over
+        the ranks that reported one."""
+        first = next((st.models for _, st in sorted(self._ranks.items()) if st.models), {})
+        models = tuple(ModelPoint(e["params"], e["tensors"], e["bytes"], e["bucket_cap_mb"],
+                                  e["gradient_as_bucket_view"], e["static_graph"],
+                                  e["comm_hook"], tuple(e["applied"]), tuple(e["explicit"]))
+                       for _, e in sorted(first.items()))
+        ends = [st.trial for st in self._ranks.values() if st.trial is not None]
+        trial = TrialPoint(min(e["steps"] for e in ends), ends[0]["budget"],
+                           all(e["cut"] for e in ends)) if ends else None
+        return models, trial
 
     def _states(self) -> dict[int, RankState]:
         return {r: st.state for r, st in self._ranks.items()}

@@ -1,7 +1,8 @@
 """Runs side by side: the figures that tell training strategies apart. Pure numbers.
 
-Each named run is summarised from its snapshot into one :class:`RunFigures`; the views
-(``display``) draw them and ``records.Comparison`` turns them into a pandas DataFrame.
+Each named run is summarised from its snapshot into one :class:`RunFigures`, with its
+verdicts (:mod:`.verdicts`) judged against the other runs; the views (``display``) draw them
+and ``records.Comparison`` turns them into a pandas DataFrame.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .snapshot import RunSnapshot
+from .verdicts import NO_CONTEXT, Context, Tuned, reference, verdicts
 
 # (attribute, column label, scale): the numeric columns, in order, with units in the label.
 COLUMNS: tuple[tuple[str, str, float], ...] = (
@@ -46,6 +48,8 @@ class RunFigures:
     peak_rss: Optional[int]
     scalars: dict[str, float] = field(default_factory=dict)
     bubble: Optional[float] = None  # a pipeline's mean idle fraction per stage
+    #: what the numbers mean: (rule, sentence) of each verdict, at most three
+    verdicts: tuple[tuple[str, str], ...] = ()
 
     def values(self) -> list[Optional[float]]:
         """The numeric columns of :data:`COLUMNS`, scaled to their labels' units."""
@@ -65,8 +69,8 @@ def _most(xs: list[Optional[int]]) -> Optional[int]:
     return max(known) if known else None
 
 
-def figures(name: str, snap: RunSnapshot) -> RunFigures:
-    """Summarise one run."""
+def figures(name: str, snap: RunSnapshot, context: Context = NO_CONTEXT) -> RunFigures:
+    """Summarise one run; its verdicts may compare it with ``context``'s runs."""
     ranks = snap.ranks
     samples = [r.samples_per_s for r in ranks if r.samples_per_s]
     mems = [r.memory for r in ranks if r.memory is not None]
@@ -81,9 +85,14 @@ def figures(name: str, snap: RunSnapshot) -> RunFigures:
                         else None),
         params=_most([m.params for m in mems]), grads=_most([m.grads for m in mems]),
         optimizer=_most([m.optimizer for m in mems]), peak_rss=_most([m.peak for m in mems]),
-        scalars=dict(snap.scalars), bubble=snap.bubble)
+        scalars=dict(snap.scalars), bubble=snap.bubble,
+        verdicts=tuple((v.rule, v.text) for v in verdicts(snap, context)))
 
 
-def compare(runs: Mapping[str, RunSnapshot]) -> list[RunFigures]:
-    """Figures for each run, in the order given."""
-    return [figures(name, snap) for name, snap in runs.items()]
+def compare(runs: Mapping[str, RunSnapshot], tuned: tuple[Tuned, ...] = ()) -> list[RunFigures]:
+    """Figures for each run, in the order given; each run's verdicts compare it with the
+    others (and with what ``tuned`` says tuning found)."""
+    refs = {name: reference(name, snap) for name, snap in runs.items()}
+    return [figures(name, snap, Context(tuple(r for n, r in refs.items()
+                                              if r is not None and n != name), tuned))
+            for name, snap in runs.items()]

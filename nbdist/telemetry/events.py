@@ -33,8 +33,12 @@ STACK = "stack"  # where a rank's cell was when it stopped making progress; see 
 DEBUGGER = "debugger"
 INPUT = "input"  # a rank waits for a line typed in the notebook; see input_request()
 TABLE = "table"  # consecutive high-rate events of one rank, as columns; see columns.table()
+DDP = "ddp"  # a DDP model the cell built, and the communication setting it runs with
+TRIAL = "trial"  # a tuning trial ended on this rank: its optimizer steps; see trial()
 TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, STAGE, PIPELINE, END, STACK,
-                       TABLE, DEBUGGER})
+                       TABLE, DEBUGGER, DDP, TRIAL})
+#: what a run's record keeps apart from its trace: where ranks were, and what they ran with
+UNTIMED = frozenset({STACK, DDP, TRIAL})
 #: the high-rate kinds a worker packs into tables; every other kind is sent as it is
 TABLED = frozenset({STEP, COMM, MEMORY, STAGE})
 #: what counts as progress for the hang doctor: a step, a collective or a bar moved
@@ -146,12 +150,44 @@ def scalars(values: dict[str, float], t: float, step: Optional[int] = None) -> E
 
 def memory(t: float, *, params: int, grads: int, optimizer: int, rss: Optional[int],
            peak: Optional[int], device_peak: Optional[int] = None,
-           step: Optional[int] = None) -> Event:
+           step: Optional[int] = None, model: Optional[dict[str, Any]] = None) -> Event:
     """What this rank holds at ``t``: bytes of parameters, gradients and optimizer state
     (sharded tensors counted by their local shard), the process's resident memory now and
-    at its peak, and on a GPU the peak of memory allocated by torch on it."""
-    return {"kind": MEMORY, "t": t, "params": params, "grads": grads, "optimizer": optimizer,
-            "rss": rss, "peak": peak, "device_peak": device_peak, "step": step}
+    at its peak, and on a GPU the peak of memory allocated by torch on it.
+
+    ``model`` is what ZeRO's memory model needs of the optimizers stepped in the running cell
+    (``runtime/measure/memory.py``): their ``params``, ``grads`` and ``optimizer`` bytes, the
+    parameters' elements in full (``elements``), held here (``local_elements``) and with
+    optimizer state here (``state_elements``), and how they are split (``sharding``:
+    ``"none"``, ``"zero1"``, ``"fsdp2"`` or ``"other"``).
+    """
+    event = {"kind": MEMORY, "t": t, "params": params, "grads": grads, "optimizer": optimizer,
+             "rss": rss, "peak": peak, "device_peak": device_peak, "step": step}
+    if model is not None:
+        event["model"] = model
+    return event
+
+
+def ddp_model(t: float, *, model: int, params: int, tensors: int, nbytes: int,
+              bucket_cap_mb: Optional[float], gradient_as_bucket_view: bool,
+              static_graph: bool, comm_hook: Optional[str], applied: list[str],
+              explicit: list[str]) -> Event:
+    """DDP model number ``model`` of the cell (``params`` elements in ``tensors`` tensors,
+    ``nbytes`` of gradients) runs with this setting; ``comm_hook`` names its compression hook
+    (``"fp16"``, ``"bf16"``, ``"powersgd"``, another hook's name, or None). ``applied``: the
+    knobs nbdist set (the session's or a trial's setting); ``explicit``: those the cell's
+    code set itself. Sent again when the cell registers a hook."""
+    return {"kind": DDP, "t": t, "model": model, "params": params, "tensors": tensors,
+            "bytes": nbytes,
+            "bucket_cap_mb": bucket_cap_mb, "gradient_as_bucket_view": gradient_as_bucket_view,
+            "static_graph": static_graph, "comm_hook": comm_hook, "applied": applied,
+            "explicit": explicit}
+
+
+def trial(t: float, *, steps: int, cut: bool, budget: int) -> Event:
+    """A tuning trial ended on this rank after ``steps`` optimizer steps; ``cut``: its
+    ``budget`` ended it (else the cell ended first)."""
+    return {"kind": TRIAL, "t": t, "steps": steps, "cut": cut, "budget": budget}
 
 
 def end(ok: bool, t: float, error: Optional[str] = None) -> Event:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from .columns import summary
 from .events import Event
 from .intervals import bubble_fraction, rate, union_seconds
-from .snapshot import WINDOW, BarState, MemoryPoint, PipelinePoint, RankSnapshot
+from .snapshot import WINDOW, BarState, MemoryPoint, ModelMemory, PipelinePoint, RankSnapshot
 from .states import RankState
 
 __all__ = ["RankFold", "Report", "StepComm", "accumulator", "figures", "mean",
@@ -99,6 +99,8 @@ class RankFold:
         self.step_bytes: deque[int] = deque(maxlen=WINDOW)
         self.pipes: deque[Event] = deque(maxlen=WINDOW)  # schedule steps
         self.stage_s: dict[str, deque[float]] = {}  # "forward"/"backward" -> per microbatch
+        self.models: dict[int, Event] = {}  # DDP model number -> what it runs with, latest
+        self.trial: Optional[Event] = None  # a tuning trial's end on this rank
 
     def add_collective(self, step: int, t0: float, t1: float, nbytes: int,
                        untimed: bool = False) -> None:
@@ -201,9 +203,11 @@ def rank_snapshot(r: int, st: RankFold, numbers: tuple, now: Optional[float], st
     mem = st.memory_point
     if mem is None and st.memory is not None:
         m = st.memory
+        model = m.get("model")
         mem = st.memory_point = MemoryPoint(m["params"], m["grads"], m["optimizer"],
                                             m.get("rss"), m.get("peak"),
-                                            m.get("device_peak"))
+                                            m.get("device_peak"),
+                                            ModelMemory(**model) if model else None)
     if st.scalars_copy is None:
         st.scalars_copy = dict(st.scalars)
     return RankSnapshot(

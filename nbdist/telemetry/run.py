@@ -12,13 +12,14 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from .aggregate import RunState
 from .events import Batch, Event
 from .snapshot import RunSnapshot
 from .stall import Verdict
 from .trace import write_trace
+from .verdicts import NO_CONTEXT, Context, verdicts
 
 
 class Run:
@@ -59,10 +60,16 @@ class Run:
         self.notes: list[str] = []
         self._stall_key: Optional[tuple] = None  # what the last stall verdict said
         self._stalled = False  # a stall verdict was given at some point
+        #: what the run's verdicts may compare it with (other runs, tuning results): asked
+        #: once, when the run is over
+        self.context: Callable[[], Context] = lambda: NO_CONTEXT
+        self._context: Optional[Context] = None
+        self._final: Optional[RunSnapshot] = None  # the snapshot once the run is over
 
     def feed(self, batches: Iterable[Batch]) -> bool:
         """Take batches (any ranks, any order); True if any carried telemetry."""
         batches = list(batches)
+        self._final = None
         for b in batches:
             self._seq[b["rank"]] = max(self._seq.get(b["rank"], 0), b["seq"])
         return self._state.feed(batches)
@@ -77,10 +84,23 @@ class Run:
         self.ended = time.time()
 
     def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
-        """The run's numbers now, with its wall-clock time so far; views draw this."""
+        """The run's numbers now, with its wall-clock time so far, and once it is over what
+        they mean (:mod:`.verdicts`, for a run that stepped); views draw this. A finished
+        run's snapshot is made once."""
+        if self._final is not None and now is None:
+            return self._final
         end = self.ended if self.ended is not None else time.time()
-        return replace(self._state.snapshot(now, at=end), wall_s=max(0.0, end - self.started),
+        snap = replace(self._state.snapshot(now, at=end), wall_s=max(0.0, end - self.started),
                        notes=tuple(self.notes))
+        if self.ended is None:
+            return snap
+        if snap.steps or any(r.memory for r in snap.ranks):
+            if self._context is None:
+                self._context = self.context()
+            snap = replace(snap, verdicts=verdicts(snap, self._context))
+        if now is None:
+            self._final = snap
+        return snap
 
     def stall_news(self) -> bool:
         """True once each time the stall verdict appears, changes or goes (views redraw

@@ -17,8 +17,10 @@ from .stall import Verdict
 from .states import RankState
 from .units import fmt_rate
 
-__all__ = ["BarState", "DimPoint", "Diagnosis", "MemoryPoint", "Outlier", "PipelinePoint",
-           "RankSnapshot", "RunSnapshot", "StepPoint"]
+__all__ = ["BarState", "DimPoint", "Diagnosis", "MemoryPoint", "ModelMemory", "ModelPoint",
+           "Outlier",
+           "PipelinePoint", "RankSnapshot", "RunSnapshot", "RunVerdict", "StepPoint",
+           "TrialPoint"]
 
 #: steps used for rates, means and straggler scores (recent behaviour, not the whole run's)
 WINDOW = 20
@@ -63,6 +65,24 @@ class BarState:
 
 
 @dataclass(frozen=True)
+class ModelMemory:
+    """What one rank holds for the optimizers its run stepped, and their parameters' sizes:
+    what ZeRO's memory model predicts from (see :mod:`.verdicts`)."""
+
+    params: int  # bytes
+    grads: int
+    optimizer: int
+    elements: int  # the parameters' elements in full (Ψ)
+    local_elements: int  # ... held by this rank (its shards)
+    state_elements: int  # ... with optimizer state on this rank
+    sharding: str  # "none", "zero1", "fsdp2" or "other"
+
+    @property
+    def training(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
 class MemoryPoint:
     """Bytes one rank held at its latest sample (see ``runtime/measure.py``)."""
 
@@ -72,11 +92,58 @@ class MemoryPoint:
     rss: Optional[int]  # resident memory of the process now
     peak: Optional[int]  # its peak resident memory
     device_peak: Optional[int] = None  # torch.cuda.max_memory_allocated on a GPU
+    #: what ZeRO's memory model needs of the optimizers stepped in the run
+    model: Optional[ModelMemory] = None
 
     @property
     def training(self) -> int:
         """Parameters + gradients + optimizer state."""
         return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
+class ModelPoint:
+    """A DDP model the run built (as its lowest rank reported it) and its communication
+    setting: what runs, and which knobs nbdist set (``applied``: the session's or a trial's
+    setting) or the cell's code set itself (``explicit``: they win)."""
+
+    params: int  # elements of the parameters that train
+    tensors: int
+    nbytes: int  # bytes of their gradients
+    bucket_cap_mb: Optional[float]
+    gradient_as_bucket_view: bool
+    static_graph: bool
+    comm_hook: Optional[str]  # "fp16", "bf16", "powersgd", another hook's name, or None
+    applied: tuple[str, ...] = ()
+    explicit: tuple[str, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(parameters, tensors)``: how runs of the same model are recognised."""
+        return (self.params, self.tensors)
+
+
+@dataclass(frozen=True)
+class TrialPoint:
+    """A tuning trial's end over its ranks: the fewest optimizer steps a rank took, and
+    whether the step budget cut every rank (else the cell ended first)."""
+
+    steps: int
+    budget: int
+    cut: bool
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """One sentence about what a run's numbers mean (:mod:`.verdicts` writes them), with the
+    figures it states, by name."""
+
+    rule: Literal["exposed", "memory", "compression", "imbalance"]
+    text: str
+    figures: tuple[tuple[str, float], ...] = ()
+
+    def figure(self, name: str) -> Optional[float]:
+        return dict(self.figures).get(name)
 
 
 @dataclass(frozen=True)
@@ -208,6 +275,12 @@ class RunSnapshot:
     #: name -> ((step, min, median, max), ...) over the ranks that logged it at that step
     scalar_spread: dict[str, tuple[tuple[float, float, float, float], ...]] = field(
         default_factory=dict)
+    #: the DDP models the run built, in order, with their communication setting
+    models: tuple[ModelPoint, ...] = ()
+    #: a tuning trial's end (None: the run was no trial)
+    trial: Optional[TrialPoint] = None
+    #: what the numbers mean, once the run is over (at most three; see :mod:`.verdicts`)
+    verdicts: tuple[RunVerdict, ...] = ()
 
     @property
     def bubble(self) -> Optional[float]:

@@ -172,4 +172,11 @@ def outputs_text(cell: Any) -> str:
 
 
 # A real Slurm and sshd for the launcher tests (see realclusters.py).
-from realclusters import slurm, slurm_daemons, sshd, sshd_daemon  # noqa: E402,F401
+from realclusters import (  # noqa: E402,F401
+    cluster_dirs,
+    site,
+    slurm,
+    slurm_daemons,
+    sshd,
+    sshd_daemon,
+)

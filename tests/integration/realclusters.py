@@ -37,7 +37,12 @@ import pytest
 #: - NoInAddrAny/NoCtldInAddrAny: slurmd and slurmctld bind their configured address
 #:   (loopback) rather than every interface.
 #: - no accounting daemon: jobs are checked with squeue and their output files.
+#: - config_overrides: the node declares NODE_CPUS cores whatever the machine has, so two
+#:   single-CPU workers and the replacement of one that died all run at once on a 2-core
+#:   machine (a replacement job would otherwise wait for a core that its dead predecessor's
+#:   job may still hold).
 _SLURM_SETTINGS = """\
+SlurmdParameters=config_overrides
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -57,6 +62,8 @@ CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 SlurmctldDebug=info
 SlurmdDebug=info
 """
+#: cores the test Slurm's node declares (see _SLURM_SETTINGS)
+NODE_CPUS = 8
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
@@ -234,10 +241,13 @@ class LocalSlurm(Daemons):
         self.env = {"SLURM_CONF": str(self.conf)}
 
     def _node_line(self) -> str:
-        """This host as ``slurmd -C`` describes it (its real CPUs, cores and memory)."""
+        """This host as ``slurmd -C`` describes it (its memory), with :data:`NODE_CPUS` cores
+        on one socket."""
         out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30,
                              check=True).stdout.splitlines()[0]
-        shape = re.sub(r"^NodeName=\S+\s*", "", out)
+        memory = re.search(r"RealMemory=\d+", out)
+        shape = (f"CPUs={NODE_CPUS} Boards=1 SocketsPerBoard=1 CoresPerSocket={NODE_CPUS} "
+                 f"ThreadsPerCore=1 {memory.group(0) if memory else ''}")
         return f"NodeName={self.node} NodeAddr=127.0.0.1 {shape} State=UNKNOWN"
 
     def start(self) -> LocalSlurm:
@@ -330,14 +340,20 @@ def slurm_why_not() -> Optional[str]:
 
 class LocalSshd(Daemons):
     """An sshd on a free 127.0.0.1 port, with throwaway host and user keys, and an ssh client
-    configuration (``ssh -F config``) that reaches it as :attr:`host`."""
+    configuration (``ssh -F config``) that reaches it as :attr:`host`.
+
+    ``netns`` runs it inside that network namespace instead, on ``address`` (the namespace's
+    own), under ``hostname`` (a UTS namespace of its own): another host, as far as the
+    processes its sessions start can tell.
+    """
 
     name = "sshd"
-    host = "nbdist-ssh-test"
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "nbdist-ssh-test", address: str = "127.0.0.1",
+                 netns: Optional[str] = None, hostname: Optional[str] = None) -> None:
         super().__init__()
-        self.port = free_port()
+        self.host, self.address, self.netns, self.hostname = host, address, netns, hostname
+        self.port = free_port() if netns is None else 22
         self.config = self.base / "ssh_config"
         self.user_key = self.base / "user_key"
         self._made_privsep: Optional[Path] = None
@@ -350,7 +366,7 @@ class LocalSshd(Daemons):
                             "-f", str(b / key)], check=True, timeout=30)
         shutil.copy(b / "user_key.pub", b / "authorized_keys")
         (b / "sshd_config").write_text(
-            f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {b}/host_key\n"
+            f"ListenAddress {self.address}\nPort {self.port}\nHostKey {b}/host_key\n"
             f"PidFile {b}/sshd.pid\nAuthorizedKeysFile {b}/authorized_keys\n"
             "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
@@ -361,7 +377,7 @@ class LocalSshd(Daemons):
             # scp (ipyparallel sends connection files with it) speaks SFTP since OpenSSH 9
             "Subsystem sftp internal-sftp\n")
         self.config.write_text(
-            f"Host {self.host}\n  HostName 127.0.0.1\n  Port {self.port}\n"
+            f"Host {self.host}\n  HostName {self.address}\n  Port {self.port}\n"
             f"  User {_user()}\n  IdentityFile {self.user_key}\n  IdentitiesOnly yes\n"
             f"  UserKnownHostsFile {b}/known_hosts\n  StrictHostKeyChecking no\n"
             "  BatchMode yes\n  LogLevel ERROR\n  SendEnv PYTHONPATH\n")
@@ -372,9 +388,12 @@ class LocalSshd(Daemons):
             self._made_privsep = privsep
         sshd = shutil.which("sshd")
         assert sshd is not None  # sshd_why_not checked
-        proc = self.spawn("sshd", [sshd, "-D", "-f", str(b / "sshd_config"),
-                                   "-E", str(b / "log" / "sshd.log")])
-        wait_until(lambda: _listening(self.port), 30, "sshd to listen", [proc])
+        argv = [sshd, "-D", "-f", str(b / "sshd_config"), "-E", str(b / "log" / "sshd.log")]
+        if self.netns is not None:
+            argv = ["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-c",
+                    f"hostname {self.hostname} && exec {' '.join(argv)}"]
+        proc = self.spawn("sshd", argv)
+        wait_until(lambda: _listening(self.port, self.address), 30, "sshd to listen", [proc])
         r = self.ssh("true")
         if r.returncode != 0:
             raise AssertionError(f"ssh -F {self.config} {self.host} true failed "
@@ -394,7 +413,7 @@ class LocalSshd(Daemons):
             conn = p.environ().get("SSH_CONNECTION", "")
         except (psutil.Error, OSError):
             return False
-        return conn.endswith(f" 127.0.0.1 {self.port}")
+        return conn.endswith(f" {self.address} {self.port}")
 
     def sessions(self) -> list[psutil.Process]:
         """Live processes of ssh sessions: everything of this set but the listening sshd."""
@@ -417,9 +436,9 @@ def _user() -> str:
     return pwd.getpwuid(os.geteuid()).pw_name
 
 
-def _listening(port: int) -> bool:
+def _listening(port: int, address: str = "127.0.0.1") -> bool:
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        socket.create_connection((address, port), timeout=1).close()
         return True
     except OSError:
         return False
@@ -493,3 +512,119 @@ def sshd(sshd_daemon: LocalSshd) -> Iterator[LocalSshd]:
             pass
     psutil.wait_procs(left, timeout=10)
     assert not left, "processes of ssh sessions left after the test:\n" + "\n".join(names)
+
+
+# ------------------------------------------------------------------------------------ sites
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "profiles"
+PROFILES = {"slurm": "slurm-local.yaml", "ssh": "ssh-localhost.yaml"}
+#: what each launcher needs of the Dask engine, and the extra of nbdist that installs it
+DASK_PACKAGES = {"slurm": "dask_jobqueue", "ssh": "asyncssh"}
+
+
+class Site:
+    """One launcher's test daemons, as the tests need them."""
+
+    def __init__(self, launcher: str, daemons: Daemons):
+        self.launcher = launcher
+        self.daemons = daemons
+
+    def options(self, engine: str) -> dict:
+        """Launcher options that reach these daemons (what a user's site config would say);
+        the hosts run the notebook's own Python, nbdist's default."""
+        if self.launcher != "ssh":
+            return {}
+        config = str(self.daemons.config)
+        if engine == "ipyparallel":
+            return {"ssh_args": ["-F", config], "scp_args": ["-F", config]}
+        return {"connect_options": {"config": [config]}}  # asyncssh reads OpenSSH's
+
+    def hosts(self) -> Optional[dict]:
+        return {self.daemons.host: 2} if self.launcher == "ssh" else None
+
+    def check_ranks(self, wheres: list) -> None:
+        """Each rank runs under this launcher: a task of a queued Slurm job, or a process an
+        ssh session of this sshd started."""
+        if self.launcher == "slurm":
+            jobs = self.daemons.jobs()
+            for r, w in enumerate(wheres):
+                assert w["SLURM_JOB_ID"] in jobs, f"rank {r} is no task of a Slurm job: {w}"
+        else:
+            for r, w in enumerate(wheres):
+                assert (w["SSH_CONNECTION"] or "").endswith(f" {self.daemons.port}"), \
+                    f"rank {r} was not started through the test sshd: {w}"
+
+    def leftovers(self) -> list:
+        """Jobs still in squeue, or processes of ssh sessions still running."""
+        if self.launcher == "slurm":
+            return self.daemons.jobs()
+        return [describe(p) for p in self.daemons.sessions()]
+
+    def processes(self) -> list:
+        if self.launcher == "slurm":
+            return self.daemons.processes()
+        return self.daemons.sessions()
+
+
+@pytest.fixture(params=[pytest.param("slurm", marks=pytest.mark.slurm),
+                        pytest.param("ssh", marks=pytest.mark.ssh)])
+def site(request, cluster_dirs) -> Site:
+    """Each launcher's test daemons in turn (the test's cluster directories in a temporary
+    directory of its own)."""
+    return Site(request.param, request.getfixturevalue(
+        "slurm" if request.param == "slurm" else "sshd"))
+
+
+@pytest.fixture
+def cluster_dirs(tmp_path, monkeypatch) -> Path:
+    """Where nbdist puts the clusters' directories during the test (not ~/.nbdist)."""
+    path = tmp_path / "clusters"
+    monkeypatch.setenv("NBDIST_CLUSTER_DIR", str(path))
+    return path
+
+
+def write_profile(tmp: Path, site: Site, engine: str, **options) -> Path:
+    """The example profile for ``site``'s launcher, on ``engine``, with the options that reach
+    the test daemons (and ``options``) added to its ``resources.options``."""
+    import yaml
+
+    data = yaml.safe_load((EXAMPLES / PROFILES[site.launcher]).read_text())
+    data["cluster"]["engine"] = engine
+    if site.hosts():
+        data["cluster"]["hosts"] = site.hosts()
+    resources = data["cluster"].setdefault("resources", {})
+    resources["options"] = {**resources.get("options", {}), **site.options(engine), **options}
+    path = tmp / f"{site.launcher}-{engine}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def needs_engine(engine: str, launcher: str) -> None:
+    if engine == "dask":
+        pytest.importorskip("distributed")
+        pytest.importorskip(DASK_PACKAGES[launcher],
+                            reason=f"the dask engine's {launcher} launcher needs it "
+                                   f"(pip install 'nbdist[{launcher}]')")
+
+
+def open_listeners(procs: list) -> list:
+    """The TCP listeners of ``procs`` bound to an address other than loopback."""
+    import ipaddress
+
+    pids = {p.pid: p for p in procs}
+    out = []
+    for c in psutil.net_connections("inet"):
+        if c.status == psutil.CONN_LISTEN and c.pid in pids \
+                and not ipaddress.ip_address(c.laddr.ip).is_loopback:
+            out.append(f"{c.laddr.ip}:{c.laddr.port} ({describe(pids[c.pid])[:90]})")
+    return sorted(out)
+
+
+def cluster_logs(cluster_dirs: Path) -> str:
+    """The tail of every file the clusters left in their directories (kept when a start
+    fails), for a failure message."""
+    parts = []
+    for path in sorted(cluster_dirs.rglob("*")):
+        if path.is_file() and path.suffix in (".log", ".out", ".err"):
+            parts.append(f"--- {path}\n{path.read_text(errors='replace')[-3000:]}")
+    return "\n".join(parts)

@@ -36,7 +36,8 @@ def test_the_notebooks_are_numbered_and_complete():
     assert NOTEBOOKS == ["00-quickstart.ipynb", "01-telemetry.ipynb", "02-scaling.ipynb",
                          "03-torchrun-scripts.ipynb", "04-dask-and-existing-clusters.ipynb",
                          "05-auto-mode-and-output.ipynb", "06-strategies.ipynb",
-                         "07-parallelism.ipynb", "08-elastic.ipynb"]
+                         "07-parallelism.ipynb", "08-elastic.ipynb",
+                         "09-autotune-and-verdicts.ipynb"]
 
 
 def test_quickstart_trains_on_two_workers(run_notebook):
@@ -182,3 +183,19 @@ def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_note
     assert "Rank 1 never reached the all_reduce" in where
     # and the job runs the next cell at full width
     assert "all_reduce gives 3.0" in outputs_text(cell_with(nb, "all_reduce gives"))
+
+
+def test_autotune_notebook_tunes_applies_and_gives_verdicts(run_notebook):
+    nb = run_notebook("09-autotune-and-verdicts.ipynb")  # its own asserts check the choice
+    tune = outputs_text(cell_with(nb, "%%distributed --tune 10"))
+    assert tune.count("nbdist: tune trial ") >= 8 and "nbdist: --tune " in tune
+    assert "bucket_cap_mb=100" in tune and "comm_hook=fp16" in tune
+    assert "DDP setting: " in outputs_text(cell_with(nb, "%nbdist tune show"))
+    later = outputs_text(cell_with(nb, "tuned_cap = "))
+    assert "where the cell says 2" in later
+    # the summaries under the training cells end with their verdicts, in the saved HTML
+    verdicts = [h for h in html_outputs(nb) if "nbdist-verdicts" in h]
+    assert any("Communication that compute did not hide" in h for h in verdicts)
+    assert any("ZeRO-1&#x27;s model predicts" in h or "ZeRO-1's model predicts" in h
+               for h in verdicts)
+    assert "whole tensors" in outputs_text(cell_with(nb, "runs = {name:"))

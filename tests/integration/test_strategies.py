@@ -161,3 +161,19 @@ def test_compare_lists_every_named_run_with_its_figures(trained):
     frame = c.to_pandas()
     assert frame.loc["fsdp2", "params/rank (MB)"] < frame.loc["ddp", "params/rank (MB)"]
     assert "fsdp2" in c._repr_html_()
+    # without DDP, samples come from the batch FSDP2's root module sees: 8 rows, 2 ranks
+    assert (frame["samples/s"] > 0).all()
+    assert frame.loc["fsdp2", "samples/s"] == pytest.approx(16 / c.runs[3].step_s, rel=0.5)
+
+
+@pytest.mark.parametrize("name, psi_divides", [("zero1", "optimizer"), ("fsdp2", "all")])
+def test_sharded_memory_is_judged_against_zeros_model(trained, name, psi_divides):
+    [v] = [v for v in trained[name]["snap"].verdicts if v.rule == "memory"]
+    psi = 4 * (32 * 32 + 32)
+    assert v.figure("psi") == psi and v.figure("ranks") == 2
+    k = v.figure("state_per_param")  # Adam: two fp32 moments, and a step count per tensor
+    assert k == pytest.approx(8, rel=0.01)
+    want = k * psi / 2 if psi_divides == "optimizer" else (4 + 4 + k) * psi / 2
+    assert v.figure("predicted") == pytest.approx(want)
+    # four equal layers split evenly: as predicted, so no reason is given
+    assert v.figure("measured") == pytest.approx(want, rel=0.2) and "off:" not in v.text

@@ -52,7 +52,7 @@ def test_comparison_renders_every_run_as_text_html_and_dataframe():
     assert "zero&lt;1&gt;" in html and "<svg" in html and "zero<1>" not in html
     frame = c.to_pandas()
     assert list(frame.index) == ["ddp", "zero<1>"]
-    assert list(frame.columns) == [label for _, label, _ in COLUMNS] + ["loss"]
+    assert list(frame.columns) == [label for _, label, _ in COLUMNS] + ["loss", "verdicts"]
     assert frame.loc["zero<1>", "optimizer/rank (MB)"] == pytest.approx(0.002)
     assert frame.loc["ddp", "samples/s"] == pytest.approx(80)
 

@@ -20,6 +20,7 @@ from nbdist.profiles import (
     parse_profile,
     to_options,
 )
+from nbdist.runtime.measure.spec import DDPSettings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "profiles"
 
@@ -85,7 +86,32 @@ def test_each_key_sets_one_field_and_the_layout_is_the_documented_one():
     assert list(_TREE["runtime"]) == ["device", "dist_backend", "threads", "timeout", "env",
                                       "working_dir"]
     assert list(_TREE["training"]) == ["output", "telemetry", "collective_timing",
-                                       "bucket_timing", "stall_after", "cell_timeout", "elastic"]
+                                       "bucket_timing", "stall_after", "ddp", "cell_timeout",
+                                       "elastic"]
+    assert list(_TREE["training"]["ddp"]) == ["bucket_cap_mb", "gradient_as_bucket_view",
+                                              "static_graph", "comm_hook"]
+
+
+def test_a_profile_carries_a_ddp_setting_and_writes_it_back(tmp_path):
+    profile = load_profile(write(tmp_path, """
+        training:
+          ddp: {bucket_cap_mb: 5, gradient_as_bucket_view: true}
+    """))
+    ddp = to_options(profile)[1].measure.ddp
+    assert ddp == DDPSettings(bucket_cap_mb=5.0, gradient_as_bucket_view=True)
+    text = dump_profile(profile)
+    assert "ddp:" in text and "bucket_cap_mb: 5.0" in text and "comm_hook" not in text
+    assert load_profile(write(tmp_path, text, "again.yaml")) == profile
+
+
+@pytest.mark.parametrize("body, message", [
+    ("ddp: {comm_hook: fp61}", "did you mean 'fp16'"),
+    ("ddp: {bucket_cap_mb: 0}", "bucket_cap_mb must be positive"),
+    ("ddp: {bucket: 5}", "did you mean 'bucket_cap_mb'"),
+])
+def test_a_bad_ddp_setting_names_its_key(tmp_path, body, message):
+    with pytest.raises(ProfileError, match=message):
+        load_profile(write(tmp_path, f"training:\n  {body}\n"))
 
 
 def test_an_empty_profile_is_the_defaults(tmp_path):

@@ -50,3 +50,17 @@ def test_extras_install_what_the_suite_and_the_notebooks_need():
     assert {"numpy", "tqdm", "ipykernel", "ipywidgets", "pandas"} <= names("notebook")
     assert ".[notebook" in (ROOT / "binder" / "postBuild").read_text()
     assert ".[notebook]" in (ROOT / "scripts" / "quickstart.sh").read_text()
+
+
+def test_each_launcher_extra_named_in_errors_installs_the_launchers_package():
+    from nbdist.backends.launchers import _EXTRAS, cluster_spec
+    from nbdist.options import LaunchOptions
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for launcher, extra in _EXTRAS.items():
+        package = cluster_spec(LaunchOptions(launcher=launcher, listen="*"), 1)[2]
+        names = {re.split(r"[<>=!~\[ ;]", req)[0].lower() for req in extras[extra]}
+        assert {package, "distributed"} <= names, (launcher, extra)
+    # the suite's install covers the launchers the real-cluster tests start
+    assert ".[test,slurm,ssh]" in (ROOT / "scripts" / "test.sh").read_text()

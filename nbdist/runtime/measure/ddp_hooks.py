@@ -60,7 +60,7 @@ from torch.optim.optimizer import (
 
 from .. import faults
 from ..mesh import dim_of
-from . import memory
+from . import memory, tuning
 from .hang import watch as hang_watch
 from .model import DDPTimes, _Bucket, telemetry
 
@@ -109,12 +109,13 @@ def _payload(args: tuple, kwargs: dict) -> tuple[int, str]:
 class _HookSlot:
     """The hook nbdist registers with DDP's reducer calls whatever hook is in this slot."""
 
-    __slots__ = ("hook", "state", "user")
+    __slots__ = ("hook", "state", "user", "chosen")
 
     def __init__(self, hook: Callable, state: Any):
         self.hook = hook
         self.state = state
-        self.user = False  # True once the user registered a hook of their own
+        self.user = False  # True once a hook other than DDP's default is in it
+        self.chosen = False  # ... and that hook is the session's setting's: the cell's replaces it
 
 
 def _timed_hook(slot, bucket):  # type: ignore[no-untyped-def]
@@ -272,8 +273,7 @@ class _DDPTimer:
 
 
 def _forward_pre(module: Any, args: tuple) -> None:
-    if faults.armed is not None:  # %nbdist hang: held before the step's all-reduce
-        faults.hang()
+    faults.hang()  # if %nbdist hang armed it: held before the step's all-reduce
     # Evaluation under no_grad is not a training step.
     grad = torch.is_grad_enabled()
     timer = module._nbdist_timer
@@ -318,8 +318,14 @@ def _register_comm_hook(self: Any, state: object, hook: Callable) -> None:
 
     Does what DDP's own method does (check the hook, name it for DDP's logger, remember it in
     ``_comm_hooks``, refuse a second one) except registering with the reducer, which already
-    holds :func:`_timed_hook`. Models nbdist did not hook get DDP's method unchanged.
+    holds :func:`_timed_hook`. A hook the session's setting put there is replaced, not
+    refused: the cell's own hook wins. Models nbdist did not hook get DDP's method unchanged.
     """
+    _put_hook(self, state, hook)
+    tuning.report(self, hook=tuning.hook_name(hook), by_setting=False)
+
+
+def _put_hook(self: Any, state: object, hook: Callable) -> None:
     slot = getattr(self, "_nbdist_slot", None)
     if slot is None and getattr(self, "_nbdist_timer", None) is not None:
         # A CPU model timed by DDP's timer: a hook of the user's is timed by _timed_hook,
@@ -334,13 +340,32 @@ def _register_comm_hook(self: Any, state: object, hook: Callable) -> None:
         return None
     if slot is None:
         return _original["register_comm_hook"](self, state, hook)
-    if slot.user:
+    if slot.user and not slot.chosen:
         raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be "
                            "called once.")
     self._check_comm_hook(hook)
     self.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
-    self._comm_hooks.append((hook, state))
-    slot.hook, slot.state, slot.user = hook, state, True
+    if slot.chosen:
+        self._comm_hooks[-1] = (hook, state)  # the cell's hook in the setting's place
+    else:
+        self._comm_hooks.append((hook, state))
+    slot.hook, slot.state, slot.user, slot.chosen = hook, state, True, False
+    return None
+
+
+def _use_hook(ddp: Any, name: str) -> None:
+    """Register the compression hook ``name`` the session's setting asks for on a model just
+    built, in the slot, so that a hook the cell registers afterwards replaces it."""
+    if any(h is not _timed_hook for h, _ in ddp._comm_hooks) or \
+            getattr(ddp, "_use_python_reducer", False):
+        return  # DDP registered one itself (mixed precision), or the compiled reducer
+    if getattr(ddp, "_nbdist_slot", None) is None and getattr(ddp, "_nbdist_timer", None) is None:
+        slot = _HookSlot(default_hooks.allreduce_hook, ddp.process_group)  # telemetry off
+        _original["register_comm_hook"](ddp, slot, _timed_hook)
+        ddp._nbdist_slot = slot
+    _put_hook(ddp, *tuning.hook_for(ddp, name))
+    ddp._nbdist_slot.chosen = True
+    tuning.report(ddp, hook=name, by_setting=True)
 
 
 def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
@@ -371,8 +396,7 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if faults.armed is not None:  # %nbdist hang: held before it takes part
-            faults.hang()
+        faults.hang()  # if %nbdist hang armed it: held before it takes part
         tel = telemetry
         if not tel.enabled:
             return fn(*args, **kwargs)
@@ -414,18 +438,21 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
 
 # ----------------------------------------------------------------- optimizer steps
 def _optimizer_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    tuning.step_begins()
     # A parameter server's thread steps its optimizer beside the rank's training: not a step.
     if telemetry.enabled and not getattr(telemetry.local, "server", False):
         if optimizer.__dict__.get("_nbdist_seen") is not memory.optimizers:
             # Once per optimizer: a WeakSet's add makes a weak reference on every call.
             memory.optimizers.add(optimizer)
             optimizer._nbdist_seen = memory.optimizers  # type: ignore[attr-defined]
+        optimizer._nbdist_cell = telemetry.cells  # type: ignore[attr-defined]
         telemetry.on_optimizer_step(begin=True)
 
 
 def _optimizer_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     if telemetry.enabled and not getattr(telemetry.local, "server", False):
         telemetry.on_optimizer_step(begin=False)
+    tuning.step_ended()  # last: a trial's last step ends the cell here (TrialDone)
 
 
 # ----------------------------------------------------------------- install / uninstall
@@ -439,8 +466,12 @@ def install() -> None:
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        choice = tuning.settle(args, kwargs)  # the session's setting, where the cell says none
         init(self, *args, **kwargs)
         _attach(self)
+        tuning.report(self, choice)
+        if choice.hook is not None:
+            _use_hook(self, choice.hook)
 
     DDP.__init__ = __init__
     DDP.register_comm_hook = _register_comm_hook

@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 import torch
 
+from .model import telemetry
+
 #: optimizers stepped in this process (ZeRO's wrapper and its inner optimizer both)
 optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 #: models trained without a local optimizer (a parameter server's workers)
@@ -43,15 +45,15 @@ def _add(t: Any, seen: set[tuple[int, int]]) -> int:
     return local.numel() * local.element_size()
 
 
-def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, int]:
-    """Bytes of parameters, gradients and optimizer state held by this rank."""
+def _bytes(opts: list[torch.optim.Optimizer], models: Any = ()) -> tuple[int, int, int]:
+    """Bytes of the parameters, gradients and state of ``opts`` (and of ``models``' own)."""
     params = grads = state = 0
     seen: set[tuple[int, int]] = set()
-    for module in list(modules) if opts is None else ():
+    for module in models:
         for p in module.parameters():
             params += _add(p, seen)
             grads += _add(p.grad, seen)
-    for opt in list(optimizers) if opts is None else opts:
+    for opt in opts:
         for group in opt.param_groups:
             for p in group["params"]:
                 params += _add(p, seen)
@@ -60,7 +62,55 @@ def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, int]:
             values = per_param.values() if isinstance(per_param, dict) else ()
             for v in values:
                 state += _add(v, seen)
-    return {"params": params, "grads": grads, "optimizer": state}
+    return params, grads, state
+
+
+def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, Any]:
+    """Bytes of parameters, gradients and optimizer state held by this rank (of every live
+    optimizer that stepped, or of ``opts``), and under ``model`` what ZeRO's memory model
+    needs of the optimizers stepped in the running cell (:func:`_model`)."""
+    chosen = list(optimizers) if opts is None else opts
+    params, grads, state = _bytes(chosen, list(modules) if opts is None else ())
+    out: dict[str, Any] = {"params": params, "grads": grads, "optimizer": state}
+    cell = chosen if opts is not None else [
+        o for o in chosen if o.__dict__.get("_nbdist_cell") == telemetry.cells]
+    if cell:
+        out["model"] = _model(cell)
+    return out
+
+
+def _model(opts: list[torch.optim.Optimizer]) -> dict[str, Any]:
+    """For ZeRO's memory model, of ``opts``: their bytes, their parameters' elements in full
+    (Ψ: a sharded parameter at its full size), held here and with optimizer state here, and
+    how they are split: ``"zero1"`` (a ``ZeroRedundancyOptimizer``: its inner optimizer holds
+    the state of this rank's share), ``"fsdp2"`` (every parameter a DTensor sharded on dim 0),
+    ``"other"`` (other DTensor layouts: tensor parallel) or ``"none"``."""
+    every: dict[int, torch.Tensor] = {}
+    stateful: set[int] = set()
+    zero = False
+    for opt in opts:
+        zero = zero or type(opt).__name__ == "ZeroRedundancyOptimizer"
+        for group in opt.param_groups:
+            for p in group["params"]:
+                every.setdefault(id(p), p)
+        stateful.update(id(p) for p, per_param in opt.state.items() if per_param)
+    full = local = with_state = 0
+    placements = set()
+    for key, p in every.items():
+        part = _local(p)
+        full += p.numel()  # a DTensor's numel is its full size
+        local += part.numel()
+        if key in stateful:
+            with_state += part.numel()
+        if part is not p:
+            placements.add(tuple((type(x).__name__, getattr(x, "dim", None))
+                                 for x in getattr(p, "placements", ())))
+    sharding = "zero1" if zero else "none"
+    if placements:
+        sharding = "fsdp2" if placements == {(("Shard", 0),)} else "other"
+    params, grads, state = _bytes(opts)
+    return {"params": params, "grads": grads, "optimizer": state, "elements": full,
+            "local_elements": local, "state_elements": with_state, "sharding": sharding}
 
 
 def probe() -> Optional[dict[str, Any]]:

@@ -26,6 +26,8 @@ imports them, by a post-import hook on ``sys.meta_path`` (:class:`_PostImport`):
 * ``torch.distributed.tensor.parallel.api.parallelize_module``: the first module
   parallelized in a cell counts each forward's batch as samples, divided by the mesh size
   (the ranks of a tensor-parallel group share one batch).
+* FSDP2's per-state root pre-forward: the root module's forward (the one FSDP makes the
+  iteration's root) counts its batch as samples.
 
 Under ``torch.compile`` tracing every wrapper steps aside. With telemetry off for a cell the
 wrappers only call through.
@@ -360,6 +362,30 @@ def _instrument_tp(module: Any) -> None:
     _patch(module, "parallelize_module", _wrap_parallelize(module.parallelize_module))
 
 
+# ----------------------------------------------------------------- FSDP2 samples
+def _counting_root(fn: Callable) -> Callable:
+    """``FSDPState._root_pre_forward``: every FSDP module's first forward of an iteration calls
+    it, and it makes the first one the iteration's root; that module's batch is the samples."""
+
+    @functools.wraps(fn)
+    def _root_pre_forward(self: Any, module: Any, args: tuple, kwargs: dict) -> Any:
+        ctx = getattr(self, "_state_ctx", None)
+        before = getattr(ctx, "iter_forward_root", None)
+        out = fn(self, module, args, kwargs)
+        if telemetry.enabled and before is not self and torch.is_grad_enabled() \
+                and getattr(getattr(self, "_state_ctx", None), "iter_forward_root", None) is self:
+            telemetry.count_samples(batch_size(args) or batch_size(kwargs.values()))
+        return out
+
+    return _root_pre_forward
+
+
+def _instrument_fsdp(module: Any) -> None:
+    state = module.FSDPState
+    if "_root_pre_forward" in state.__dict__:
+        _patch(state, "_root_pre_forward", _counting_root(state.__dict__["_root_pre_forward"]))
+
+
 # ----------------------------------------------------------------- install / uninstall
 def _remembering_init(init: Callable) -> Callable:
     @functools.wraps(init)
@@ -391,6 +417,7 @@ def install() -> None:
     _finder.when_imported("torch.distributed.pipelining.schedules", _instrument_schedules)
     _finder.when_imported("torch.distributed._functional_collectives", _instrument_funcol)
     _finder.when_imported("torch.distributed.tensor.parallel.api", _instrument_tp)
+    _finder.when_imported("torch.distributed.fsdp._fully_shard._fsdp_state", _instrument_fsdp)
 
 
 def uninstall() -> None:
