@@ -20,7 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = [
     ("dispatch", "bench_dispatch.py", [], ["--repeats", "30", "--warmup", "5"]),
     ("training", "bench_training.py", [], ["--steps", "50", "--warmup", "5", "--repeats", "1"]),
-    ("startup", "bench_startup.py", [], ["--repeats", "1", "--no-prime"]),
+    ("startup", "bench_startup.py", [], ["--repeats", "1", "--no-prime", "--heals", "1"]),
+    ("transfer", "bench_transfer.py", [], ["--quick"]),
     ("strategies", "bench_strategies.py", [], ["--steps", "20", "--rounds", "1", "--pairs", "1"]),
     ("parallelism", "bench_parallelism.py", [],
      ["--steps", "20", "--rounds", "1", "--seconds", "1"]),
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, os.path.join(HERE, script), *(quick if args.quick else full)]
             if args.engine == "dask":
                 cmd += ["--engine", "ipyparallel", "--engine", "dask"]
+            elif name in ("startup", "training"):  # alone, they time both engines
+                cmd += ["--engine", "ipyparallel"]
             header = f"\n=== {name}: {' '.join(cmd[1:])}"
             print(header, flush=True)
             t0 = time.perf_counter()

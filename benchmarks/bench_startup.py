@@ -10,7 +10,14 @@ and timed until its first ``%%px``-style execute returns. The sides alternate ``
 times after one untimed round that warms the file cache. Besides the timings it prints where
 ``%nbdist start``'s seconds go (phases) and the CPU each kind of process used until ready.
 
-    python benchmarks/bench_startup.py [--repeats 3] [--no-prime]
+Then, per engine, heal to full width against torchrun's restart: a rank SIGKILLs itself
+mid-training; nbdist's time from the kill to the first step back at full width (a new worker,
+forked from the worker template where templates are on, healed from the survivor) against
+``torchrun --max-restarts 1`` from the kill to its first step after the restart (the recovery
+trials of ``bench_elastic.py``, alternating sides).
+
+    python benchmarks/bench_startup.py --quick     # 1 cold start and 1 heal per side
+    python benchmarks/bench_startup.py [--repeats 3] [--heals 3] [--no-prime] [--engine E]
 """
 
 from __future__ import annotations
@@ -25,9 +32,11 @@ from typing import Any
 
 try:
     from benchmarks import _common as c
+    from benchmarks import bench_elastic
     from benchmarks.bench_training import WORKLOAD, parse_result
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import _common as c  # type: ignore[no-redef]
+    import bench_elastic  # type: ignore[no-redef]
     from bench_training import WORKLOAD, parse_result  # type: ignore[no-redef]
 
 FIRST_CELL = (
@@ -172,10 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=64, help="batch per rank (64)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (1)")
     ap.add_argument("--engine", choices=("ipyparallel", "dask"), action="append", default=None,
-                    help="nbdist engine(s); repeat for both (default ipyparallel)")
+                    help="nbdist engine(s); repeat for both (default: both)")
+    ap.add_argument("--heals", type=int, default=3,
+                    help="heal-to-full-width trials per side and engine (3; 0: none)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one cold start and one heal per side, no priming round")
     ap.add_argument("--timeout", type=float, default=900, help="overall limit, s (900)")
     args = ap.parse_args(argv)
-    engines = list(dict.fromkeys(args.engine or ["ipyparallel"]))
+    if args.quick:
+        args.repeats, args.heals, args.no_prime = 1, 1, True
+    engines = list(dict.fromkeys(args.engine or ["ipyparallel", "dask"]))
     if "dask" in engines:
         try:
             import nbdist.backends.dask  # noqa: F401
@@ -184,7 +199,13 @@ def main(argv: list[str] | None = None) -> int:
             engines.remove("dask")
     args.engines = engines or ["ipyparallel"]
     with c.deadline(args.timeout):
-        return _run(args)
+        code = _run(args)
+    for engine in args.engines if args.heals > 0 else ():  # each under its own deadline
+        c.log(f"heal to full width vs torchrun's restart, {engine}")
+        code = code or bench_elastic.main(["--engine", engine, "--skip", "overhead",
+                                           "--recoveries", str(args.heals),
+                                           "--timeout", str(args.timeout)])
+    return code
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -4,8 +4,9 @@ Build it with warnings as errors (the test suite does the same, tests/integratio
 
     python -m sphinx -W --keep-going -b html docs docs/_build/html
 
-The pages are the Markdown files in this folder (MyST); the magics' reference is read from the
-code's own parsers (``_ext/nbdist_magics.py``) and the Python API from its docstrings (autodoc).
+The pages are the Markdown files in this folder (MyST); the reference page (``reference.md``)
+is plain Markdown written from the code by ``scripts/api-reference.py``, so that it reads the
+same on the repository's web view.
 The notebooks of ``notebooks/`` are rendered with their outputs: by default this build runs
 them (a kernel that imports nbdist, a few minutes on 2 cores); with
 ``NBDIST_DOCS_NOTEBOOKS=DIR`` it takes already executed copies from ``DIR`` instead, as the test
@@ -23,7 +24,6 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(DOCS / "_ext"))
 
 import nbdist  # noqa: E402
 
@@ -32,13 +32,8 @@ author = "nbdist contributors"
 copyright = "nbdist contributors, BSD-3-Clause"
 release = version = nbdist.__version__
 
-extensions = [
-    "myst_nb",
-    "sphinx.ext.autodoc",
-    "sphinx.ext.napoleon",
-    "nbdist_magics",
-]
-exclude_patterns = ["_build", "_ext", "notebooks/scripts", "Thumbs.db", ".DS_Store"]
+extensions = ["myst_nb"]
+exclude_patterns = ["_build", "notebooks/scripts", "Thumbs.db", ".DS_Store"]
 html_theme = "furo"
 smartquotes = False  # "--all-output" must not become an en dash
 html_title = f"nbdist {release}"
@@ -46,11 +41,6 @@ html_title = f"nbdist {release}"
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
 suppress_warnings = ["myst.header"]  # README-style pages start at "#"; "##" below is fine
-
-autodoc_member_order = "bysource"
-autodoc_typehints = "description"
-napoleon_numpy_docstring = True
-napoleon_google_docstring = False
 
 
 def _stage_notebooks() -> str:
@@ -62,7 +52,8 @@ def _stage_notebooks() -> str:
         shutil.rmtree(target)
     target.mkdir()
     for nb in sorted(source.glob("[0-9][0-9]-*.ipynb")):
-        shutil.copy2(nb, target / nb.name)
+        if not nb.name.endswith(".nbconvert.ipynb"):  # an executed copy, ignored by git
+            shutil.copy2(nb, target / nb.name)
     if (ROOT / "notebooks" / "scripts").is_dir():  # the torchrun notebook runs a script
         shutil.copytree(ROOT / "notebooks" / "scripts", target / "scripts")
     return "off" if executed else "force"

@@ -94,23 +94,23 @@ def cell_label(filename: str) -> Optional[str]:
 def pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None,
          carried: Sequence[Batch] = (), companions: Sequence[Companion] = ()) -> None:
     """Move the batches received so far, and those the results ``carried``, into the run's
-    record and onto the screen; the elastic coordinator and the companions read them too."""
+    record and onto the screen; the elastic coordinator and the companions read them too, and
+    what the coordinator decides goes into the record. The view is asked to redraw on every
+    pass, news or not: its clocks tick (its own rate limit says when it draws)."""
     batches = [*job.drain_events(), *carried]
-    changed = False
     if batches:
         view.output(batches)
-        changed = run.feed(batches)
+        run.feed(batches)
         for c in companions:
             c.feed(batches)
     news = run.stall_news()  # the hang doctor's verdict appeared or changed: show it now
-    if changed or news:
-        view.refresh(run.snapshot, force=news)
     if healer is not None:
         healer.feed(batches)
         healer.tick()
-        for line in healer.new_lines():
-            print(line, flush=True)
-            run.notes.append(line)
+        for record in healer.news():
+            run.record(record)  # the views show it once, each in its medium
+            news = True
+    view.refresh(run.snapshot, force=news)
 
 
 class CellRun:
@@ -162,12 +162,14 @@ class CellRun:
                 # time spent at a prompt is the user's, not the cell's
                 paused = sum(c.paused() for c in companions)
                 if timeout is not None and time.monotonic() - start - paused > timeout:
+                    run.stopped(f"--timeout {timeout:g} s")
                     late = self._late()
                     restarted = self._interrupt()
                     self._finish()  # with where each rank said it was
                     raise CellTimeoutError(timeout, late, self.hint, run.where(), run.label,
                                            restarted)
         except KeyboardInterrupt:
+            run.stopped("interrupt")
             late = self._late()
             restarted = self._interrupt()
             self._finish()

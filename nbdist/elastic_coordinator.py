@@ -7,8 +7,10 @@ in the group next — the workers that reported the failure and are still alive 
 that membership as a plan into the rendezvous store, which the notebook hosts. Where nbdist
 started the cluster it also brings in a replacement worker, which joins the survivors at a
 commit and heals from one of them. The cell loop (:mod:`nbdist.cell_run`) feeds it batches and
-calls :meth:`Healer.tick` while the cell runs; what happened is kept as :class:`Recovery`
-records for the cell's output.
+calls :meth:`Healer.tick` while the cell runs; what happened is kept as records (a
+:class:`~nbdist.telemetry.recovery.Lost` rank the moment it is found dead, a
+:class:`~nbdist.telemetry.recovery.Recovery` per re-formed group, replacement or stop) that the
+cell loop hands to the run's record.
 
 The Healer works on the job's :class:`~nbdist.membership.Membership` in place: each plan it
 writes is the job's membership from then on (its plans and generation), and a replacement
@@ -21,8 +23,7 @@ import pickle
 import socket
 import time
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 from .backends.base import Call, Job, WorkerId
 from .runtime import worker as rt
@@ -30,7 +31,7 @@ from .runtime.elastic.protocol import Plan, join_key, plan_key
 from .runtime.env import RankPlan
 from .runtime.measure.spec import Measure
 from .telemetry.events import ELASTIC, Batch, ElasticWhat
-from .telemetry.units import fmt_seconds
+from .telemetry.recovery import Lost, Recovery, RecoveryKind
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -43,46 +44,6 @@ REPORT_DEADLINE = 60.0
 DEFAULT_MAX_FAILURES = 3
 #: seconds without the replacement asked for before the engine is asked once more
 REPLACEMENT_RETRY_S = 10.0
-
-
-class RecoveryKind(str, Enum):
-    """What a :class:`Recovery` records."""
-
-    FAILURE = "failure"  # ranks were lost and the others re-formed (or are re-forming)
-    JOINED = "joined"  # a replacement worker healed into the group
-    STOPPED = "stopped"  # the run ended, or gave up on a replacement: ``why``
-
-
-@dataclass
-class Recovery:
-    """One failure an elastic run survived (or did not), or one replacement that joined."""
-
-    t: float
-    kind: RecoveryKind
-    lost: list[str] = field(default_factory=list)  # "rank 1 on host (pid 123): SIGKILL"
-    world_before: int = 0
-    world_after: int = 0
-    commit: Optional[int] = None
-    discarded: int = 0  # optimizer steps thrown away (done after the commit restored)
-    seconds: Optional[float] = None  # from the failure to steps flowing again
-    why: Optional[str] = None
-
-    def line(self) -> str:
-        when = time.strftime("%H:%M:%S", time.localtime(self.t))
-        if self.kind is RecoveryKind.JOINED:
-            took = f" in {fmt_seconds(self.seconds)}" if self.seconds is not None else ""
-            return (f"nbdist.elastic {when}: a replacement worker joined at commit "
-                    f"{self.commit}{took}, healed from a live peer; world "
-                    f"{self.world_before} -> {self.world_after}")
-        if self.kind is RecoveryKind.STOPPED:
-            return f"nbdist.elastic {when}: stopped: {self.why}"
-        lost = "; ".join(self.lost) or "a collective failed"
-        back = (f"rolled back to commit {self.commit} ({self.discarded} optimizer step"
-                f"{'s' if self.discarded != 1 else ''} repeated)" if self.commit is not None
-                else "re-forming")
-        took = f", healed in {fmt_seconds(self.seconds)}" if self.seconds is not None else ""
-        return (f"nbdist.elastic {when}: {lost}; {back}{took}; world {self.world_before} -> "
-                f"{self.world_after}")
 
 
 @dataclass
@@ -132,7 +93,8 @@ class Healer:
         self.target = len(plans)  # the size a replacement restores
         self.by_name = {str(p.worker_id): p.worker_id for p in plans}
         self.runs: dict[str, _Run] = {}
-        self.records: list[Recovery] = []
+        #: what happened, in order: each rank found dead, each recovery (see news())
+        self.records: list[Union[Lost, Recovery]] = []
         self.joiner_jobs: list[tuple[WorkerId, Job]] = []
         self.slots = {p.worker_id: p.rank for p in plans}  # worker -> telemetry slot
         self._printed = 0
@@ -287,7 +249,8 @@ class Healer:
         r.open_recovery = rec
         epoch = r.epoch + 1
         if abort is not None:
-            rec.lost = [self._lost_text(r, w) for w in lost]
+            rec.lost = [self._lost(r, w) for w in lost]
+            self.records += rec.lost
             self._write(r, Plan(epoch=epoch, generation=-1, abort=abort, failures=r.failures,
                                 stopped_by=stopped_by))
             rec.kind, rec.why = RecoveryKind.STOPPED, abort
@@ -308,7 +271,8 @@ class Healer:
         rec.world_after = len(keep)
         self._write(r, plan)
         # After the plan is out: the survivors re-form while the engine is asked how it died.
-        rec.lost = [self._lost_text(r, w) for w in lost]
+        rec.lost = [self._lost(r, w) for w in lost]
+        self.records += rec.lost  # news now: the recovery's own record follows once healed
         r.members = [p.worker_id for p in plans]
         r.generation = gen
         r.failed, r.first_report = {}, None
@@ -316,7 +280,7 @@ class Healer:
         if want_more:
             self._replace(r, lost)
 
-    def _lost_text(self, r: _Run, w: WorkerId) -> str:
+    def _lost(self, r: _Run, w: WorkerId) -> Lost:
         host, pid = self._pid(w)
         try:
             cause = self.backend.exit_cause(w, pid)
@@ -324,8 +288,7 @@ class Healer:
             cause = None
         if cause == "SIGKILL" and _oom_kills() > self._oom:
             cause = "SIGKILL, by the kernel's out-of-memory killer"
-        where = f"rank {r.slots.get(w, '?')} on {host or '?'}" + (f" (pid {pid})" if pid else "")
-        return f"{where} died" + (f": {cause}" if cause else "")
+        return Lost(time.time(), r.slots.get(w), host, pid, cause)
 
     def _write(self, r: _Run, plan: Plan) -> None:
         self.store.set(plan_key(r.key, plan.epoch), pickle.dumps(plan))
@@ -468,10 +431,14 @@ class Healer:
         changed = [r for r in self.runs.values() if r.generation is not None]
         return changed[-1] if changed else None
 
-    def new_lines(self) -> list[str]:
-        lines = [r.line() for r in self.records[self._printed:]]
+    def news(self) -> list[Union[Lost, Recovery]]:
+        """What was recorded since the last call, in order."""
+        new = self.records[self._printed:]
         self._printed = len(self.records)
-        return lines
+        return new
+
+    def new_lines(self) -> list[str]:
+        return [r.line() for r in self.news()]
 
 
 def _oom_kills() -> int:

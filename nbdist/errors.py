@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from .telemetry.stall import clash_sentences, missing_sentence, where_lines
+from .telemetry.stall_text import clash_sentences, missing_sentence, where_lines
 from .telemetry.units import fmt_ranks
 
 if TYPE_CHECKING:
@@ -115,6 +115,20 @@ class LaunchFailed(ClusterError):
     """A launcher could not start the workers, for a reason more time would not change (a
     host out of reach, its Python without the packages, a batch job refused); whatever was
     started is stopped."""
+
+
+class UnguardedScriptError(ClusterError):
+    """Dask workers would be started from a script's top level, outside a main guard: they
+    import the script again, so none would start. Nothing was started."""
+
+    def __init__(self, script: str, line: int) -> None:
+        self.script, self.line = script, line
+        super().__init__(
+            f"{script}, line {line}, starts Dask workers at the top level of the script, "
+            "outside an `if __name__ == \"__main__\":` block. Dask's workers are new Python "
+            "processes that import the script again, so each would run this line again and "
+            "none would start. Put the script's top-level code under "
+            "`if __name__ == \"__main__\":` (a notebook needs no guard). Nothing was started.")
 
 
 class MissingPackageError(NbdistError, ImportError):

@@ -2,12 +2,14 @@
 
 The session records each ``%%distributed`` cell that succeeded and each push, in order, and
 starts a new record when the group is formed again (start, restart, scale). ``%nbdist export``
-turns the record into a torchrun script (:mod:`nbdist.export`). Pure: no torch, no processes.
+turns the record into a torchrun script (:mod:`nbdist.torchrun_export`). Pure: no torch, no
+processes.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -31,16 +33,26 @@ class CellEntry:
 class PushEntry:
     """Values sent to the workers: literals as Python code, the rest pickled.
 
-    ``code`` maps a name to a literal expression that recreates its value; ``blob`` holds the
-    other values, cloudpickled as one dict, or None when they were too large to keep
-    (``dropped`` then names them).
+    ``code`` maps a name to a literal expression that recreates its value; :attr:`blob`
+    holds the other values, cloudpickled as one dict, or None when they were too large to
+    keep (``dropped`` then names them). They are kept as a copy taken at the push
+    (``snapshot``) and pickled when first asked for: a copy of a tensor is a memcpy, its
+    pickle several times that, for an export that may never come.
     """
 
     names: tuple[str, ...]
     code: Mapping[str, str]
-    blob: Optional[bytes] = None
+    pickle: Optional[bytes] = None
     dropped: tuple[str, ...] = ()
     ranks: Optional[tuple[int, ...]] = None
+    snapshot: Optional[dict[str, Any]] = None
+
+    @property
+    def blob(self) -> Optional[bytes]:
+        """The kept values, cloudpickled as one dict (None: nothing kept)."""
+        if self.pickle is None and self.snapshot is not None:
+            object.__setattr__(self, "pickle", cloudpickle.dumps(self.snapshot))
+        return self.pickle
 
     @property
     def pickled(self) -> tuple[str, ...]:
@@ -69,6 +81,15 @@ def literal_code(value: Any) -> Optional[str]:
     return text if same is True else None
 
 
+def _copy(values: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A deep copy of ``values`` (what they are now, whatever the notebook does to them
+    later), or None for values that cannot be copied."""
+    try:
+        return copy.deepcopy(values)
+    except Exception:
+        return None
+
+
 class History:
     """The ordered record the session keeps; see the module docstring."""
 
@@ -86,8 +107,10 @@ class History:
                                       else None))
 
     def push(self, values: Mapping[str, Any], blob: Optional[bytes] = None,
-             ranks: Optional[Sequence[int]] = None) -> None:
-        """Record a push. ``blob`` is the cloudpickle of ``values`` when the caller has it."""
+             ranks: Optional[Sequence[int]] = None, size: Optional[int] = None) -> None:
+        """Record a push. ``blob`` is the cloudpickle of ``values`` when the caller has it;
+        ``size``, their size sent, when known: values past the limit are then not pickled
+        again only to be dropped."""
         code: dict[str, str] = {}
         for name, value in values.items():
             text = literal_code(value)
@@ -95,13 +118,18 @@ class History:
                 code[name] = text
         rest = {k: v for k, v in values.items() if k not in code}
         kept: Optional[bytes] = None
+        snapshot: Optional[dict[str, Any]] = None
         dropped: tuple[str, ...] = ()
-        if rest:
+        if rest and size is not None and size > self.max_kept_bytes:
+            dropped = tuple(rest)
+        elif rest and size is not None and (snapshot := _copy(rest)) is not None:
+            pass  # within the limit: a copy now, pickled if an export asks for it
+        elif rest:
             kept = blob if (blob is not None and not code) else cloudpickle.dumps(rest)
-            if len(kept) > self.max_kept_bytes:
-                kept, dropped = None, tuple(rest)
+        if kept is not None and len(kept) > self.max_kept_bytes:
+            kept, dropped = None, tuple(rest)
         self.entries.append(PushEntry(tuple(values), code, kept, dropped,
-                                      tuple(ranks) if ranks is not None else None))
+                                      tuple(ranks) if ranks is not None else None, snapshot))
 
     @property
     def cells(self) -> list[CellEntry]:

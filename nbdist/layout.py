@@ -23,12 +23,24 @@ BANDWIDTH, AXIS = "#54a24b", "#888"
 STRAGGLER = "#a4168f"
 #: a failed rank, a dead worker, an action that did not work
 FAIL = "#c00"
+#: the hang doctor: a run that stopped making progress, the rank that held the others
+HANG = "#b35900"
+#: elastic training's recovery: a group re-formed, a replacement joined
+RECOVERY = "#2e7d32"
+#: text that says little (a clock, a quiet "no step for 3 s"), readable in light and dark
+MUTED = "var(--jp-ui-font-color2, #666)"
 #: progress bars by rank state
 BAR = {"waiting": "#d0d0d0", "running": "#4a90d9", "done": "#59a14f", "failed": FAIL,
        "stopped": FAIL}
-#: one colour per rank in the scalar charts
+#: one colour per rank, the same in the tables (a mark by the rank's number) and the charts
 RANK_COLOURS = ("#4c78a8", "#e45756", "#72b7b2", "#b8860b", "#9d755d", "#ff9da6", "#17becf",
                 "#7f7f7f")
+
+
+def rank_colour(rank: int) -> str:
+    """Rank ``rank``'s colour, in every table and chart."""
+    return RANK_COLOURS[rank % len(RANK_COLOURS)]
+
 #: warnings from the ranks: amber on cream, apart from the failure red
 WARNED, WARNED_BACKGROUND = "#8a5a00", "#fff8e6"
 
@@ -45,6 +57,10 @@ class Row(NamedTuple):
     state: str = ""
     #: the rank this row shows (None: an aggregate over ranks)
     rank: Optional[int] = None
+    #: the rank that held the others (it never reached the collective they waited in)
+    held: bool = False
+    #: a worker a replacement took the place of (not the rank's current row)
+    former: bool = False
 
 
 class Table(NamedTuple):
@@ -68,61 +84,90 @@ def text_table(table: Table) -> list[str]:
 # ----------------------------------------------------------------- HTML
 _TABLE = ("border-collapse:collapse;font-size:12px;line-height:18px;"
           "font-variant-numeric:tabular-nums")
-_CELL = "padding:1px 6px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+_CELL = "padding:1px 4px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+#: a column that says what happened: it wraps, it is never cut, and when a narrow output
+#: scrolls the table it stays on screen at the right edge, over the numbers scrolled under it
+_VERDICT = ("padding:1px 4px;white-space:normal;overflow-wrap:anywhere;position:sticky;right:0;"
+            "background:var(--jp-layout-color0, #fff)")
 _NUMERIC = {"count", "rate", "ETA", "compute", "waiting", "transfer", "bandwidth", "pid",
             "mem MiB"}
+#: the bar's track, in the theme's colours where JupyterLab gives them
+_TRACK = "var(--jp-layout-color3, #e8e8e8)"
 
 
 def _bar(fraction: Optional[float], colour: str, label: str) -> str:
     fill = f"{100 * max(0.0, min(1.0, fraction or 0.0)):.1f}%"
     return (f"<div style='display:flex;align-items:center;gap:4px'>"
-            f"<div class='nbdist-bar' style='width:56px;height:10px;background:#e8e8e8;"
+            f"<div class='nbdist-bar' style='width:48px;height:10px;background:{_TRACK};"
             f"border-radius:2px;overflow:hidden;flex:none'><div class='nbdist-bar-fill' "
             f"style='width:{fill};height:100%;background:{colour}'></div></div>"
-            f"{escape(label)}</div>")
+            f"<span style='overflow:hidden;text-overflow:ellipsis'>{escape(label)}</span>"
+            f"</div>")
 
 
-def _row_html(header: Sequence[str], row: Row, bars: bool) -> str:
-    classes = ["nbdist-rank-row", f"nbdist-rank-{row.rank}"] if row.rank is not None \
-        else ["nbdist-aggregate-row"]
+def _row_html(header: Sequence[str], row: Row, bars: bool, verdict: str) -> str:
+    if row.rank is None:
+        classes = ["nbdist-aggregate-row"]
+    elif row.former:
+        classes = ["nbdist-rank-row", f"nbdist-rank-{row.rank}-former", "nbdist-former"]
+    else:
+        classes = ["nbdist-rank-row", f"nbdist-rank-{row.rank}"]
     style = ""
     if row.broken:
         classes.append("nbdist-broken")
         style = f" style='color:{FAIL}'"
+    elif row.held:
+        classes.append("nbdist-held")
+        style = f" style='color:{HANG}'"
     if row.straggler:
         classes.append("nbdist-straggler")
     tds = []
     for name, cell in zip(header, row.cells):
-        css = _CELL + (";text-align:right" if name in _NUMERIC else "")
+        css = (_VERDICT if name == verdict else _CELL) + \
+            (";text-align:right" if name in _NUMERIC else "")
         body = escape(cell)
+        if name == "rank" and row.rank is not None:
+            body = (f"<span class='nbdist-swatch' style='display:inline-block;width:8px;"
+                    f"height:8px;margin-right:4px;background:{rank_colour(row.rank)}'></span>"
+                    + body)
         if name == "rank" and row.straggler:
             css += f";color:{STRAGGLER};font-weight:bold;box-shadow:inset 3px 0 {STRAGGLER}"
         if bars and name == "progress" and row.fraction is not None:
             colour = FAIL if row.broken else STRAGGLER if row.straggler else \
                 BAR.get(row.state, BAR["running"])
             body = _bar(row.fraction, colour, cell)
-        title = f" title='{escape(cell)}'" if len(cell) > 14 else ""
+        # Whatever a narrow window cuts can be read on hover.
+        title = f" title='{escape(cell)}'" if len(cell) > 3 and name != verdict else ""
         tds.append(f"<td style='{css}'{title}>{body}</td>")
     return f"<tr class='{' '.join(classes)}'{style}>{''.join(tds)}</tr>"
 
 
-def html_table(table: Table, widths: Optional[Sequence[int]] = None, bars: bool = False) -> str:
+def html_table(table: Table, widths: Optional[Sequence[Optional[int]]] = None,
+               bars: bool = False, verdict: str = "", caption: str = "") -> str:
     """A :class:`Table` as an HTML table; broken rows in red.
 
-    With ``widths`` (px per column) the layout is fixed and cells never wrap: a long value is
-    cut with an ellipsis and shown whole on hover. ``bars`` draws the ``progress`` column.
+    With ``widths`` (px per column; None: the column takes what is left, 150 to 300 px) the
+    layout is fixed, as wide as the output allows: a long value is cut with an ellipsis and
+    shown whole on hover, except in the ``verdict`` column, which wraps, is never cut and
+    stays on screen when a narrower output scrolls the table. ``bars`` draws the ``progress``
+    column; ``caption`` is said above the table.
     """
     style = _TABLE
     cols = ""
     if widths:
-        style += f";table-layout:fixed;width:{sum(widths)}px"
-        cols = "<colgroup>" + "".join(f"<col style='width:{w}px'>" for w in widths) + \
-            "</colgroup>"
-    head = "".join(f"<th style='{_CELL};text-align:{'right' if c in _NUMERIC else 'left'};"
-                   f"border-bottom:1px solid {AXIS}'>{escape(c)}</th>" for c in table.header)
-    body = "".join(_row_html(table.header, row, bars) for row in table.rows)
-    return (f"<table class='nbdist-table' style='{style}'>{cols}<thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table>")
+        least, most = sum(w or 150 for w in widths), sum(w or 300 for w in widths)
+        style += f";table-layout:fixed;width:100%;min-width:{least}px;max-width:{most}px"
+        cols = "<colgroup>" + "".join(f"<col style='width:{w}px'>" if w else "<col>"
+                                      for w in widths) + "</colgroup>"
+    head = "".join(f"<th style='{_VERDICT if c == verdict else _CELL};"
+                   f"text-align:{'right' if c in _NUMERIC else 'left'};"
+                   f"border-bottom:1px solid {AXIS}' title='{escape(c)}'>{escape(c)}</th>"
+                   for c in table.header)
+    body = "".join(_row_html(table.header, row, bars, verdict) for row in table.rows)
+    above = (f"<caption style='caption-side:top;text-align:left;font-size:12px;color:{MUTED}'>"
+             f"{escape(caption)}</caption>" if caption else "")
+    return (f"<table class='nbdist-table' style='{style}'>{above}{cols}<thead><tr>{head}</tr>"
+            f"</thead><tbody>{body}</tbody></table>")
 
 
 # ----------------------------------------------------------------- a cluster's status

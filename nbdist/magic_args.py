@@ -85,6 +85,9 @@ def build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPars
                    help="workers (default: visible GPUs, else 2)")
     p.add_argument("--profile", default=None, metavar="FILE.yaml",
                    help="a cluster profile (docs/profiles.md); the options given here win")
+    p.add_argument("--no-template", dest="template", action="store_false", default=None,
+                   help="start each worker as a fresh process, not forked from a process "
+                        "that has imported torch (docs/usage.md)")
     _cluster_options(p)
 
     p = verb("connect", "_connect", "attach to a running cluster")

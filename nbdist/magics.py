@@ -62,7 +62,8 @@ class NbdistMagics(Magics):
             how_many = args.n or "one per GPU (else 2)"
             _say(f"starting {args.engine or 'ipyparallel'} workers on this machine ({how_many})"
                  " and forming the process group ...")
-        return session.start(args.n, profile=args.profile, **opts).status()
+        return session.start(args.n, profile=args.profile, template=args.template,
+                             **opts).status()
 
     def _connect(self, session: Session, args: argparse.Namespace) -> Any:
         opts = cluster_kwargs(args)
@@ -75,7 +76,7 @@ class NbdistMagics(Magics):
                   file=sys.stderr, flush=True)
             args.ipp_profile = args.old_profile
         target = {k: v for k, v in dict(
-            cluster_id=args.cluster_id, profile=args.ipp_profile, url_file=args.url_file,
+            cluster_id=args.cluster_id, ipp_profile=args.ipp_profile, url_file=args.url_file,
             address=args.address, scheduler_file=args.scheduler_file).items() if v is not None}
         security = dask_security(args)
         if security is not None:

@@ -17,7 +17,9 @@ from typing import Any, Callable, Optional
 from .backends.base import Backend, Call, Job, WorkerGone, WorkerId
 from .errors import ClusterError, NoClusterError, WorkerCallFailed, WorkersGone
 from .options import ClusterOptions
+from .records import ClusterStatus, WorkerRow
 from .rendezvous import StoreHost
+from .runtime import results
 from .runtime import worker as rt
 from .runtime.env import LOOPBACK, RankPlan, choose_dist_backend, plan_ranks, store_addr
 from .runtime.results import Joined, WorkerInfo
@@ -243,3 +245,29 @@ class Membership:
         if errors:
             raise WorkerCallFailed(what, errors=errors)
         return [o.value for o in outcomes]
+
+    def status(self) -> ClusterStatus:
+        """One row per worker: rank, host, pid, device, alive, memory."""
+        backend = self.require()
+        live = set(backend.worker_ids())
+        rows = []
+        by_worker = {p.worker_id: p for p in self.plans}
+        reports: dict[Any, Optional[results.WorkerStatus]] = {}
+        job = backend.submit([Call(w, rt.status) for w in live])
+        if job.wait(10):
+            for o in job.outcomes():
+                reports[o.worker] = o.value if o.engine_error is None else None
+        for w in sorted(set(by_worker) | live, key=str):
+            plan, rep = by_worker.get(w), reports.get(w)
+            rows.append(WorkerRow(
+                rank=plan.rank if plan else None, worker=str(w),
+                hostname=rep["hostname"] if rep else (plan.hostname if plan else "?"),
+                pid=rep["pid"] if rep else None, device=rep["device"] if rep else None,
+                alive=w in live and rep is not None,
+                rss_mb=(rep["rss"] / 2**20) if rep and rep["rss"] else None,
+                state="idle" if rep else ("busy" if w in live else "gone")))
+        rows.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))
+        joined = next(iter(self.joined.values()), None)
+        return ClusterStatus(engine=backend.describe(), wanted=self.options.n or len(rows),
+                             rows=tuple(rows), dist_backend=joined["backend"] if joined else None,
+                             master=self.plans[0].master_addr if self.plans else None)

@@ -125,7 +125,8 @@ class LaunchOptions:
     account, a wall time, cores, memory and GPUs per worker, a container image); ``options``
     go unchanged to the launcher class as keyword arguments or configuration. ``listen`` is
     the address the controller or scheduler binds when workers run on other machines: nbdist
-    never leaves loopback unless told.
+    never leaves loopback unless told. ``template`` forks the workers a local launch starts
+    from one process that has imported torch (see :mod:`nbdist.template`).
     """
 
     launcher: Launcher = _in_profile("cluster.launcher", "local")
@@ -139,6 +140,9 @@ class LaunchOptions:
     walltime: Optional[str] = _in_profile("cluster.resources.walltime")
     image: Optional[str] = _in_profile("cluster.resources.image")
     options: Mapping[str, Any] = _in_profile("cluster.resources.options", factory=dict)
+    #: fork workers on this host from a process that has imported torch already
+    #: (docs/usage.md, "Worker templates"); False starts each as a fresh process
+    template: bool = _in_profile("cluster.template", True)
 
     def __post_init__(self) -> None:
         check_choice(self.launcher, LAUNCHERS, "launcher", key="launcher")

@@ -14,6 +14,8 @@ import sys
 import threading
 from typing import Any, Optional
 
+from .template import popen_or_fresh
+
 
 class StoreError(RuntimeError):
     """The store process failed or did not answer."""
@@ -24,10 +26,11 @@ class StoreHost:
 
     def __init__(self, host: str, timeout: float) -> None:
         self.host = host
-        self._proc = subprocess.Popen(
+        # Forked from the cluster's worker template where it has one (torch is imported)
+        self._proc = popen_or_fresh(
             [sys.executable, "-m", "nbdist.runtime.boot.store_host", host, str(timeout)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            bufsize=1)
+            "the rendezvous store", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, bufsize=1)
         self._lock = threading.Lock()
         self._port: Optional[int] = None
 

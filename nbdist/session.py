@@ -20,28 +20,27 @@ from functools import partial
 from html import escape
 from typing import Any, Callable, Optional
 
-import cloudpickle
-
 from .backends import get_backend
 from .backends.base import Backend, Call
 from .cell_run import CellRun, cell_name
 from .debug_verbs import DebugVerbs
-from .display import make_run_view
+from .display import make_run_view, make_start_view
 from .elastic_coordinator import Healer
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
 from .history import History
 from .lifecycle import relaunch
 from .membership import Membership
 from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
-from .records import ClusterStatus, Comparison, RemoteValue, TuneResult, WorkerRow
+from .records import ClusterStatus, Comparison, RemoteValue, TuneResult
 from .rendezvous import StoreHost
-from .runtime import results
 from .runtime import worker as rt
 from .runtime.env import count_local_gpus
 from .runtime.measure.spec import DDPSettings, Measure
 from .telemetry.compare import compare
 from .telemetry.run import Run
 from .telemetry.snapshot import RunSnapshot
+from .template import forks_store
+from .transfer import Transfers
 from .tuning import DEFAULT_STEPS, Tuning
 
 
@@ -69,6 +68,7 @@ class Session(DebugVerbs):
         self.membership = Membership(stores)
         self._target: dict[str, Any] = {}
         self._cells = 0
+        self._id = uuid.uuid4().hex  # cells are named by it and their number, uniquely
         self._lock = threading.Lock()
         #: records of the latest runs that recorded telemetry, newest last
         self.runs: deque[Run] = deque(maxlen=3)
@@ -80,6 +80,8 @@ class Session(DebugVerbs):
         self.history = History()
         #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
         self.named: dict[str, Run] = {}
+        #: pushes and pulls, and their data channel (:mod:`nbdist.transfer`)
+        self.transfers = Transfers()
         #: what ``%%distributed --tune`` chose, applied to DDP models built in later cells
         self.tuning = Tuning()
 
@@ -87,13 +89,15 @@ class Session(DebugVerbs):
     def start(self, n: Optional[int] = None, *, profile: Any = None,
               engine: Optional[str] = None, device: Optional[str] = None,
               dist_backend: Optional[str] = None, timeout: Optional[float] = None,
-              threads: Optional[int] = None) -> Session:
+              threads: Optional[int] = None, template: Optional[bool] = None) -> Session:
         """Start ``n`` workers (default: one per GPU, else 2) and form the job.
 
         ``profile`` is a YAML file (or a :class:`~nbdist.profiles.Profile`) saying where and
         how (see ``docs/profiles.md``); the other arguments override it. Without one, the
         workers start on this machine, on loopback. A bad profile raises
-        :class:`~nbdist.errors.ProfileError` before anything starts.
+        :class:`~nbdist.errors.ProfileError` before anything starts. ``template=False``
+        starts each worker as a fresh process instead of forking it from the host's worker
+        template (``docs/usage.md``, "Worker templates").
         """
         base, defaults, path = ClusterOptions(), CellDefaults(), None
         if profile is not None:
@@ -105,6 +109,8 @@ class Session(DebugVerbs):
             base, defaults = to_options(profile)
         options = base.override(n=n, engine=engine, device=device, dist_backend=dist_backend,
                                 timeout=timeout, threads=threads)
+        if template is not None:
+            options = replace(options, launch=replace(options.launch, template=template))
         if options.n is None and not options.launch.local:
             raise OptionError(f"the {options.launch.launcher!r} launcher needs a number of "
                               "workers: set `workers` in the profile's cluster section, or -n",
@@ -121,7 +127,8 @@ class Session(DebugVerbs):
                 threads: Optional[int] = None, **target: Any) -> Session:
         """Attach to a running cluster.
 
-        ``target`` names it: ipyparallel ``cluster_id``, ``profile``, ``url_file``; Dask
+        ``target`` names it: ipyparallel ``cluster_id``, ``ipp_profile`` (the ipcluster
+        profile's name; ``profile`` is its old spelling), ``url_file``; Dask
         ``address`` or ``scheduler_file``, and ``security`` for TLS.
         """
         options = ClusterOptions().override(engine=engine, device=device,
@@ -154,10 +161,11 @@ class Session(DebugVerbs):
         self.stop()
         backend = self._backends(options.engine)
         m = self.membership
-        if target is None and options.launch.local:
+        if target is None and options.launch.local and not forks_store(options):
             m.warm_store(options.timeout)  # workers on this host reach it on loopback
         if target is None:
             backend.launch = options.launch
+            backend.on_ready = make_start_view()  # "k of n ready" while they come up
             backend.start(options.n or 2, options.timeout)
         else:
             backend.connect(options.timeout, **target)
@@ -182,6 +190,7 @@ class Session(DebugVerbs):
         Returns what was stopped, in words (None when nothing was running).
         """
         n = self.world_size
+        self.transfers.close()
         backend = self.membership.release()
         if backend is None:
             return None
@@ -223,29 +232,7 @@ class Session(DebugVerbs):
 
     def status(self) -> ClusterStatus:
         """One row per worker: rank, host, pid, device, alive, memory."""
-        backend = self.membership.require()
-        live = set(backend.worker_ids())
-        rows = []
-        by_worker = {p.worker_id: p for p in self.plans}
-        reports: dict[Any, Optional[results.WorkerStatus]] = {}
-        job = backend.submit([Call(w, rt.status) for w in live])
-        if job.wait(10):
-            for o in job.outcomes():
-                reports[o.worker] = o.value if o.engine_error is None else None
-        for w in sorted(set(by_worker) | live, key=str):
-            plan, rep = by_worker.get(w), reports.get(w)
-            rows.append(WorkerRow(
-                rank=plan.rank if plan else None, worker=str(w),
-                hostname=rep["hostname"] if rep else (plan.hostname if plan else "?"),
-                pid=rep["pid"] if rep else None, device=rep["device"] if rep else None,
-                alive=w in live and rep is not None,
-                rss_mb=(rep["rss"] / 2**20) if rep and rep["rss"] else None,
-                state="idle" if rep else ("busy" if w in live else "gone")))
-        rows.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))
-        joined = next(iter(self.membership.joined.values()), None)
-        return ClusterStatus(engine=backend.describe(), wanted=self.options.n or len(rows),
-                             rows=tuple(rows), dist_backend=joined["backend"] if joined else None,
-                             master=self.plans[0].master_addr if self.plans else None)
+        return self.membership.status()
 
     # ----------------------------------------------------------------- cells
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
@@ -297,13 +284,13 @@ class Session(DebugVerbs):
         # number Python reports, in tracebacks and syntax errors alike, is then the editor's.
         shipped = "\n" * max(0, first_line - 1) + code
         ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
-        link, beside = self._beside(m, cell_id := uuid.uuid4().hex)  # debugger, faults
+        cell_id = f"{self._id}-{number}"
+        link, beside = self._beside(m, cell_id)  # debugger, faults
         elastic = m.store is not None and len(selected) == self.world_size
-        calls = [Call(self.plans[r].worker_id, rt.run_cell,
-                      (shipped, cell.filename, cell_id, self.generation, list(selected),
-                       r == selected[0]),
-                      {"measure": measure, "coordinated": elastic, "link": link})
-                 for r in selected]
+        # One call for every rank (the lowest one returns the value): the engine packs it once
+        args = (shipped, cell.filename, cell_id, self.generation, list(selected), None)
+        kwargs = {"measure": measure, "coordinated": elastic, "link": link}
+        calls = [Call(self.plans[r].worker_id, rt.run_cell, args, kwargs) for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
                   name=opts.name, stall_after=measure.stall_after)
         run.label = cell.label
@@ -415,34 +402,28 @@ class Session(DebugVerbs):
     def push(self, values: dict[str, Any], *, ranks: Optional[str] = None) -> None:
         """Send notebook values to every worker's namespace (``%nbdist push NAME...``)."""
         self.membership.require()
-        blob = cloudpickle.dumps(values)
         selected = parse_ranks(ranks, self.world_size)
-        self.membership.call([Call(self.plans[r].worker_id, rt.push, (blob,))
-                              for r in selected], self.options.timeout, "push values")
-        self.history.push(values, blob, None if len(selected) == self.world_size else selected)
+        packed = self.transfers.push(self.membership, values, selected)
+        self.history.push(values, None, None if len(selected) == self.world_size else selected,
+                          size=packed.nbytes)
 
     def pull(self, name: str, *, rank: int = 0) -> Any:
         """Bring ``name`` from rank ``rank`` into the notebook (tensors and modules on CPU)."""
         self.membership.require()
         parse_ranks(str(rank), self.world_size)
-        res: results.PullResult
-        [res] = self.membership.call([Call(self.plans[rank].worker_id, rt.pull, (name,))],
-                                     self.options.timeout, f"pull {name!r}")
-        if not res["ok"]:
-            raise NameError(f"rank {rank}: {res['evalue']}")
-        return cloudpickle.loads(res["blob"])
+        return self.transfers.pull(self.membership, name, rank)
 
     # ----------------------------------------------------------------- notebook to job
     def export(self, path: str, *, force: bool = False) -> Any:
         """Write the cells that ran successfully since the group formed as a torchrun script.
 
         Pushed values the cells read go in as code (literals) or in ``<stem>.data.pkl`` next
-        to the script. Returns an :class:`~nbdist.export.Export` (its ``command`` is the
+        to the script. Returns an :class:`~nbdist.torchrun_export.Export` (its ``command`` is the
         launch line). A file nbdist did not write is not overwritten unless ``force``.
         See ``docs/export.md``.
         """
         from ._version import __version__
-        from .export import write
+        from .torchrun_export import write
 
         m = self.membership
         m.require()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Put a CPU build of torch in place, but only where no torch is installed: a GPU user's CUDA
-# build is never replaced, and nbdist itself only asks for a range (torch>=2.3).
+# build is never replaced, and nbdist itself only asks for a range (torch>=2.13).
 #   NBDIST_TORCH_VERSION   version to install (default 2.13.0)
 #   NBDIST_TORCH_INDEX     an index that serves CPU builds, e.g.
 #                          https://download.pytorch.org/whl/cpu (default: pip's own settings)

@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Protocol, TypeVar
 
@@ -16,6 +16,7 @@ from ..errors import (
     LaunchFailed,
     MissingPackageError,
     OptionError,
+    UnguardedScriptError,
     WorkersDidNotStart,
 )
 from ..options import LaunchOptions
@@ -129,6 +130,9 @@ class Backend(abc.ABC, Generic[ClientT]):
     #: where :meth:`start` starts workers: this machine, or a launcher of the engine (set by
     #: the session before it calls :meth:`start`; adapters read it in ``_start``)
     launch: LaunchOptions = LaunchOptions()
+    #: told ``(ready, wanted)`` as workers come up while :meth:`start` waits for them (the
+    #: session's view of a start); None: nobody is told
+    on_ready: Optional[Callable[[int, int], None]] = None
     #: :meth:`restart_workers` can replace one worker's process (for ranks an interrupt
     #: cannot stop)
     can_restart_workers: bool = False
@@ -224,12 +228,31 @@ class Backend(abc.ABC, Generic[ClientT]):
         cluster.close()
 
     # ------------------------------------------------------------------ what adapters get
+    def _await_workers(self, ready: Callable[[], Sized], n: int, timeout: float,
+                       wait: Callable[..., Any]) -> None:
+        """Tell :attr:`on_ready` how many of ``n`` workers are up (``len(ready())``) as they
+        come, until all are or ``timeout`` passes; then the engine's own
+        ``wait(n, timeout=timeout)``, which says why not. Adapters call it in ``_start``."""
+        deadline, last = time.monotonic() + timeout, -1
+        while self.on_ready is not None:
+            try:
+                k = len(ready())
+            except Exception:  # the engine cannot say yet: its own wait will
+                k = max(last, 0)
+            if k != last:
+                self.on_ready(min(k, n), n)
+                last = k
+            if k >= n or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # the engine offers no event for a worker coming up
+        wait(n, timeout=timeout)
+
     def start(self, n: int, timeout: float) -> None:
         """Start an embedded local cluster of ``n`` workers and connect to it."""
         self.owns_cluster = True
         try:
             self._start(n, timeout)
-        except (MissingPackageError, LaunchFailed, OptionError):
+        except (MissingPackageError, LaunchFailed, OptionError, UnguardedScriptError):
             self.stop()  # the reason is the news (a package, a host, an option), not a count
             raise
         except Exception as exc:

@@ -28,19 +28,22 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-import cloudpickle
 import distributed
 from distributed.actor import Actor
 from distributed.comm.addressing import get_address_host_port
 
 from ..errors import ClusterError
+from ..runtime import transfer
 from ..runtime.interrupt import interrupt_calls
+from ..runtime.transfer import Packed
 from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, T, WorkerId, poll_until, signal_text
 from .dask_elsewhere import Elsewhere, new_client
-from .dask_nanny import not_restart_lines, signal_worker
+from .dask_logs import not_restart_lines, quiet_relay_errors
+from .dask_nanny import signal_worker
 from .dask_runner import Runner, publish
 from .launchers import worker_process_config
+from .template_launch import dask_template_options, stop_forkserver
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
@@ -81,14 +84,15 @@ class _DaskJob(Job):
         self._dead: dict[WorkerId, str] = {}
         self._checked = time.monotonic()  # first check after an interval: most calls are quick
 
-    async def _run(self, i: int, runner: _RunnerRef, payload: bytes) -> None:
+    async def _run(self, i: int, runner: _RunnerRef, payload: Packed) -> None:
         """On the client's event loop: make the call ``i`` and file its outcome."""
         w = self._workers[i]
         try:
             if not runner.ready:  # a worker's first call waits until its runner is made
                 await runner.created
                 runner.ready = True
-            ok, value = await runner.actor.call(payload)
+            header, buffers, layout = payload  # buffers: each a frame of Dask's own
+            ok, value = await runner.actor.call(header, layout, *buffers)
             outcome = Outcome(w, value=value) if ok else Outcome(w, engine_error=value)
         except OSError:  # the scheduler's connection to the worker closed mid-call
             outcome = Outcome(w, engine_error=f"worker {w}: {_LEFT}")
@@ -165,6 +169,7 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
         self._events: deque[bytes] = deque()
         self._runners: dict[WorkerId, _RunnerRef] = {}
         self._size = 0  # workers the cluster nbdist started should have
+        self._forkserver = False  # workers fork from the template (use_forkserver)
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self, n: int, timeout: float) -> None:
@@ -172,17 +177,19 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
         if not self.launch.local:
             self._start_elsewhere(n, timeout)
             return
-        _quiet_relay_errors()
+        quiet_relay_errors()
+        nanny = dask_template_options() if self.launch.template else {}
+        self._forkserver = bool(nanny)
         with worker_process_config():
-            # Loopback only, dashboard included; workers are spawned, never forked from a
-            # kernel that may hold CUDA state. No memory limit: Dask's nanny must not kill
-            # or pause a training process by its own heuristics.
+            # Loopback only, dashboard included; workers are spawned, or forked from the
+            # worker template (a forkserver that imported torch), never from the kernel.
+            # No memory limit: Dask's nanny must not kill or pause a training process.
             self.cluster = distributed.LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                 dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
-                memory_limit=0)
+                memory_limit=0, **nanny)
             self.client = new_client(self.cluster, timeout=timeout)
-            self.client.wait_for_workers(n, timeout=timeout)
+            self._await_workers(self.client.nthreads, n, timeout, self.client.wait_for_workers)
 
     def start(self, n: int, timeout: float) -> None:
         super().start(n, timeout)
@@ -237,6 +244,14 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
                 return out
             out.append(pickle.loads(blob))
 
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            if self._forkserver:  # its workers are gone: the template goes too
+                self._forkserver = False
+                stop_forkserver()
+
     def _close_client(self, client: distributed.Client) -> None:
         self._events.clear()
         self._runners.clear()
@@ -267,7 +282,7 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
         client = self._require()
         job = _DaskJob(self, [c.worker for c in calls])
         for i, c in enumerate(calls):
-            payload = cloudpickle.dumps((self._tag, c.fn, c.args, c.kwargs))
+            payload = transfer.pack((self._tag, c.fn, c.args, c.kwargs))
             client.loop.add_callback(job._run, i, self._runner(client, c.worker), payload)
         return job
 
@@ -404,23 +419,6 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
         if self.cluster is None:
             return f"dask ({where})"
         return f"dask ({type(self.cluster).__name__} {where})"
-
-
-class _RelayErrors(logging.Filter):
-    """Drops the scheduler's log line for a call it could not relay because the worker's
-    connection closed: nbdist reports that worker's loss itself, with its rank."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not (msg.startswith("broadcast to ") and "CommClosedError" in msg)
-
-
-def _quiet_relay_errors() -> None:
-    """Install :class:`_RelayErrors` on the scheduler's logger of this process, once (the
-    scheduler of a cluster nbdist starts here runs in this process)."""
-    log = logging.getLogger("distributed.scheduler")
-    if not any(isinstance(f, _RelayErrors) for f in log.filters):
-        log.addFilter(_RelayErrors())
 
 
 def _check_reachable(address: Any, scheduler_file: Optional[str]) -> None:

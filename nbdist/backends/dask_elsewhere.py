@@ -60,7 +60,8 @@ class Elsewhere:
                 if scale:
                     self.cluster.scale(n)
                 self.client = new_client(self.cluster, timeout=timeout)
-                self.client.wait_for_workers(n, timeout=timeout)
+                self._await_workers(self.client.nthreads, n, timeout,
+                                    self.client.wait_for_workers)
         except Exception as exc:
             if self._dir:  # kept: the jobs' output says why
                 raise ClusterError(f"{type(exc).__name__}: {exc}; the jobs' output is in "

@@ -1,10 +1,9 @@
 """What nbdist asks of a Dask worker's nanny, the process beside each worker: send the worker
-a signal from outside (``%nbdist kill``), and leave out its log lines about a restart nbdist
-asked for. :func:`signal_process` and :func:`signal_soon` run on the nanny or the worker."""
+a signal from outside (``%nbdist kill``). :func:`signal_process` and :func:`signal_soon` run
+on the nanny or the worker."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import Any, Optional
@@ -38,8 +37,3 @@ def signal_soon(signum: int) -> None:
     the call has returned (a SIGKILL sent at once would leave the caller without an answer)."""
     threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
 
-
-def not_restart_lines(record: logging.LogRecord) -> bool:
-    """A log filter: False for a nanny's warnings about a restart nbdist asked for."""
-    return not record.getMessage().startswith(("Worker process still alive after",
-                                               "Restarting worker"))

@@ -11,18 +11,18 @@ import pickle
 import traceback
 from typing import Any, Optional
 
-import cloudpickle
 import distributed
 
+from ..runtime import transfer
 from ..runtime.interrupt import forget_call, register_call
 from ..telemetry.events import Batch
 
 _worker: Optional[distributed.Worker] = None  # for event threads that are not task threads
 
 
-def _invoke(payload: bytes) -> Any:
+def _invoke(header: bytes, layout: Optional[list], buffers: tuple) -> Any:
     """Run one nbdist call; register the thread running it, so that it can be interrupted."""
-    tag, fn, args, kwargs = cloudpickle.loads(payload)
+    tag, fn, args, kwargs = transfer.unpack(header, buffers, layout)
     ident = register_call(tag)
     try:
         return fn(*args, **(kwargs or {}))
@@ -33,11 +33,11 @@ def _invoke(payload: bytes) -> Any:
         forget_call(ident)
 
 
-def _guarded(payload: bytes) -> tuple[bool, Any]:
+def _guarded(header: bytes, layout: Optional[list], buffers: tuple) -> tuple[bool, Any]:
     """``(True, value)``, or ``(False, the error with its traceback)`` for an error in
     nbdist's own worker code (the cell's errors are data in its result)."""
     try:
-        return True, _invoke(payload)
+        return True, _invoke(header, layout, buffers)
     except BaseException as exc:  # noqa: BLE001 - reported, never re-raised on the worker
         text = "".join(traceback.format_tb(exc.__traceback__))
         return False, f"{type(exc).__name__}: {exc}\n{text}"
@@ -57,11 +57,15 @@ class Runner:
         global _worker
         _worker = distributed.get_worker()
 
-    async def call(self, payload: bytes) -> tuple[bool, Any]:
+    async def call(self, header: bytes, layout: Optional[list], *buffers: Any
+                   ) -> tuple[bool, Any]:
+        """One call, packed (:func:`nbdist.runtime.transfer.pack`): its large buffers come
+        as frames of their own."""
         worker = _worker
         assert worker is not None  # set when the actor was made
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(worker.executors["default"], _guarded, payload)
+        return await loop.run_in_executor(worker.executors["default"], _guarded, header,
+                                          layout, buffers)
 
 
 def publish(topic: str, batch: Batch) -> None:

@@ -7,6 +7,8 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from concurrent import futures
+from functools import partial
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
@@ -14,6 +16,7 @@ import ipyparallel as ipp
 
 from ..errors import ClusterError, LaunchFailed, MissingPackageError
 from ..telemetry.events import Batch
+from ..template import Template, active, set_active
 from .base import (
     Backend,
     Call,
@@ -23,7 +26,6 @@ from .base import (
     WorkerId,
     poll_until,
     signal_text,
-    wait_all,
 )
 from .launchers import launcher_settings
 from .remote import (
@@ -36,6 +38,7 @@ from .remote import (
     remove_remotely,
     ssh_command,
 )
+from .template_launch import TemplateEngineSetLauncher, start_template
 
 _KEY = "nbdist:"
 # How long the nanny of an engine may take to say it sent a signal.
@@ -89,6 +92,8 @@ def _launcher_exit(launcher: Any) -> Optional[str]:
     process object (and a second wait on a reaped child would read nothing).
     """
     code = (getattr(launcher, "stop_data", None) or {}).get("exit_code")
+    if code is None:  # an engine forked from the template: the template reported it
+        code = getattr(launcher, "exit_code", None)
     if code is None:
         code = getattr(getattr(launcher, "process", None), "_exitcode", None)
     return _returncode_text(code) if isinstance(code, int) else None
@@ -103,39 +108,44 @@ def publish(batch: Batch) -> None:
 
 
 class _IppJob(Job):
+    """One reply future per worker (the children of ipyparallel's AsyncResults: one apply
+    to several engines has one each)."""
+
     def __init__(self, client: ipp.Client, results: list[tuple[WorkerId, Any]]):
         self._client = client
         self._results = results
 
     def wait(self, timeout: Optional[float]) -> bool:
-        return wait_all((ar for _, ar in self._results), timeout)
+        _, pending = futures.wait([f for _, f in self._results], timeout)
+        return not pending
 
     def pending(self) -> list[WorkerId]:
-        return [w for w, ar in self._results if not ar.ready()]
+        return [w for w, f in self._results if not f.done()]
 
     def outcomes(self) -> list[Outcome]:
         out = []
-        for w, ar in self._results:
-            try:
-                out.append(Outcome(w, value=ar.get(0)))
-            except ipp.error.RemoteError as e:
-                out.append(Outcome(w, engine_error=f"{e.ename}: {e.evalue}\n{e.traceback or ''}"))
-            except Exception as e:  # engine died, or unregistered mid-call
-                out.append(Outcome(w, engine_error=f"{type(e).__name__}: {e}"))
+        for w, f in self._results:
+            try:  # the reply's value, or the exception ipyparallel made of it
+                value = f.result(0)
+            except Exception as e:  # noqa: BLE001 - a future that failed outright
+                value = e
+            if isinstance(value, ipp.error.RemoteError):
+                out.append(Outcome(w, engine_error=f"{value.ename}: {value.evalue}\n"
+                                                   f"{value.traceback or ''}"))
+            elif isinstance(value, Exception):  # engine died, or unregistered mid-call
+                out.append(Outcome(w, engine_error=f"{type(value).__name__}: {value}"))
+            else:
+                out.append(Outcome(w, value=value))
         return out
 
     def drain_events(self) -> list[Batch]:
         batches = []
-        for _, ar in self._results:
-            # The live dicts the client's IO thread updates: ``_metadata``, because the public
-            # property parses every timestamp in them with dateutil on each read.
-            mds = getattr(ar, "_metadata", None)
-            if mds is None:
-                mds = ar.metadata
-            for md in mds if isinstance(mds, list) else [mds]:
-                data = md["data"]
-                for key in [k for k in list(data) if k.startswith(_KEY)]:
-                    batches.append(data.pop(key))
+        for _, f in self._results:
+            # The live dict the client's IO thread updates (the AsyncResult's public metadata
+            # parses every timestamp in it with dateutil on each read).
+            data = f.output.metadata["data"]
+            for key in [k for k in list(data) if k.startswith(_KEY)]:
+                batches.append(data.pop(key))
         return batches
 
 
@@ -149,11 +159,16 @@ class IpyparallelBackend(Backend[ipp.Client]):
     _engine_kwargs: dict[str, Any] = {}
     _timeout: float = 300.0
     _dask: Any = None  # the distributed.Client of become_dask, once asked for
+    #: the worker template this cluster's engines fork from (None: fresh processes)
+    template: Optional[Template] = None
     _dask_engines: frozenset = frozenset()
     _dir: Optional[str] = None  # the cluster's own directory (launchers other than local)
     _hosts: list[Host] = []  # the SSH hosts as the check before the start found them
     _ssh: list[str] = []  # the ssh command with its arguments
     _started = False  # True once every worker came up (a failed start keeps its files)
+
+    def __init__(self) -> None:
+        self._views: dict[tuple, Any] = {}  # engines -> their DirectView, made once
 
     def _start(self, n: int, timeout: float) -> None:
         self._timeout = timeout
@@ -176,10 +191,22 @@ class IpyparallelBackend(Backend[ipp.Client]):
                 self._ssh = ssh_command(self.launch)
         cluster_kwargs, self._engine_kwargs = launcher_settings(self.launch, timeout,
                                                                 self._dir, python)
+        if self.launch.local and self.launch.template:
+            # Engines (and the rendezvous store) fork from a process that imports torch now
+            self.template = start_template()
+        if self.template is not None:
+            set_active(self.template)
+            cluster_kwargs["engine_launcher_class"] = TemplateEngineSetLauncher
+            self._engine_kwargs = {**self._engine_kwargs, "template": self.template}
         self.cluster = ipp.Cluster(n=n, controller_ip=ip, log_level=logging.WARNING,
                                    controller_args=_HEARTBEAT_ARGS, **where, **cluster_kwargs)
         self.cluster.log.addFilter(_KilledEngineLog(self.cluster))
-        if self.launch.local:
+        if self.template is not None:
+            # The controller starts while the template imports; the engines fork once it is
+            # done, and are registered a moment later.
+            self.cluster.start_controller_sync()
+            self.cluster.start_engines_sync(n, **self._engine_kwargs)
+        elif self.launch.local:
             # Engines first: they start, and import torch, while the controller starts; each
             # waits for the controller's connection file (IPEngine.wait_for_url_file) instead
             # of being launched only once the controller has written it.
@@ -197,8 +224,9 @@ class IpyparallelBackend(Backend[ipp.Client]):
         self._engine_launchers()
         self.client = self.cluster.connect_client_sync()
         if self.launch.local:
-            # No progress bar: the session shows its own status when the job is formed.
-            self.client.wait_for_engines(n, timeout=timeout, interactive=False)
+            # No progress bar of ipyparallel's: the session shows "k of n ready" its own way.
+            self._await_workers(lambda: self.client.ids, n, timeout,
+                                partial(self.client.wait_for_engines, interactive=False))
         else:
             self._wait_elsewhere(n, timeout)
         self.controller_ip = "127.0.0.1" if self.launch.local else _registration_host(
@@ -212,6 +240,8 @@ class IpyparallelBackend(Backend[ipp.Client]):
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
+            if self.on_ready is not None:
+                self.on_ready(min(len(client.ids), n), n)
             try:
                 client.wait_for_engines(n, timeout=max(0.1, min(1.0, left)),
                                         interactive=False)
@@ -229,6 +259,8 @@ class IpyparallelBackend(Backend[ipp.Client]):
     def connect(self, timeout: float, **target: Any) -> None:
         self._timeout = timeout
         kwargs = {k: v for k, v in target.items() if v is not None}
+        if "ipp_profile" in kwargs:  # nbdist's name: `profile` is start's profile file
+            kwargs["profile"] = kwargs.pop("ipp_profile")
         # ipyparallel 9 takes the connection file positionally; its url_file= is ignored.
         connection_info = kwargs.pop("url_file", None)
         try:
@@ -252,9 +284,15 @@ class IpyparallelBackend(Backend[ipp.Client]):
         if gone:  # ipyparallel itself would raise a bare IndexError ("No such engine")
             raise WorkerGone(gone)
         results = []
-        for c in calls:
-            view = client[c.worker]
-            results.append((c.worker, view.apply_async(c.fn, *c.args, **(c.kwargs or {}))))
+        for group in _same_calls(calls):
+            # One apply for calls that are the same on every worker: ipyparallel pickles the
+            # function and arguments once, and sends the message to each engine.
+            c, targets = group[0], tuple(g.worker for g in group)
+            view = self._views.get(targets)
+            if view is None:
+                view = self._views[targets] = client[list(targets)]
+            ar = view.apply_async(c.fn, *c.args, **(c.kwargs or {}))
+            results.extend(zip(targets, ar._children))
         return _IppJob(client, results)
 
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
@@ -341,6 +379,16 @@ class IpyparallelBackend(Backend[ipp.Client]):
             if self._started:
                 remove_cluster_dir(self._dir)
 
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            template, self.template = self.template, None
+            if template is not None:  # after its engines: they are its children
+                if active() is template:
+                    set_active(None)
+                template.close()
+
     def transport(self) -> Callable[[Batch], None]:
         return publish
 
@@ -374,6 +422,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
         return self._dask
 
     def _close_client(self, client: ipp.Client) -> None:
+        self._views.clear()
         dask, self._dask = self._dask, None
         if dask is not None:
             dask.close()
@@ -398,6 +447,20 @@ def _stop_remote(cluster: ipp.Cluster) -> None:
                 if getattr(launcher, "state", "running") != "running":
                     launchers.pop(key)
     cluster.stop_cluster_sync()
+
+
+def _same_calls(calls: Sequence[Call]) -> list[list[Call]]:
+    """Runs of consecutive calls of the same function with the same arguments (the same
+    objects: the session builds one call for every rank where they do not differ)."""
+    groups: list[list[Call]] = []
+    for c in calls:
+        last = groups[-1][0] if groups else None
+        if (last is not None and c.fn is last.fn and c.args is last.args
+                and c.kwargs is last.kwargs):
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return groups
 
 
 def _registration_host(client: ipp.Client) -> Optional[str]:

@@ -19,6 +19,7 @@ Two rules hold for every launcher:
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import ipaddress
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from traitlets.config import Config
 
-from ..errors import ClusterError, MissingPackageError
+from ..errors import ClusterError, MissingPackageError, UnguardedScriptError
 from ..options import LaunchOptions
 from ..runtime.boot import lifeline, preload, route
 
@@ -265,6 +266,55 @@ def _sigint_handler() -> Any:
 _EXTRAS = {"ssh": "ssh", "slurm": "slurm", "pbs": "jobqueue", "sge": "jobqueue",
            "lsf": "jobqueue", "kubernetes": "kubernetes"}
 
+
+def refuse_unguarded_script() -> None:
+    """Refuse to spawn Dask workers from the top level of a script without a main guard.
+
+    Workers started with ``spawn`` or ``forkserver`` (Dask's default is spawn) import the
+    ``__main__`` script again, so an unguarded call would run once more in every worker, which
+    may not start processes while it is being imported: the workers die, and Dask only says
+    that its nanny failed to start. A notebook, a shell or a guarded call pass.
+    """
+    from distributed.utils import get_mp_context  # the dask engine's extra
+
+    where = unguarded_main_call() if get_mp_context().get_start_method() != "fork" else None
+    if where is not None:
+        raise UnguardedScriptError(*where)
+
+
+def unguarded_main_call() -> Optional[tuple[str, int]]:
+    """(script, line) of the top-level statement of the running ``__main__`` script that led
+    here, unless it is an ``if __name__ == "__main__":`` block; None where the caller is not a
+    script's top level (a notebook's cell, a shell, ``python -c``) or its source is unreadable.
+    """
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "<module>" and path
+                                     and os.path.abspath(frame.f_code.co_filename)
+                                     == os.path.abspath(path)):
+        frame = frame.f_back
+    if frame is None or path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if node.lineno <= frame.f_lineno <= (node.end_lineno or node.lineno):
+            return None if _is_main_guard(node) else (path, node.lineno)
+    return None
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (either side, and within an ``and``)."""
+    if not isinstance(node, ast.If):
+        return False
+    return any(isinstance(n, ast.Compare) and {"__name__", "__main__"} <= {
+        getattr(e, "id", None) or getattr(e, "value", None) for e in [n.left, *n.comparators]}
+        for n in ast.walk(node.test))
+
+
 #: glibc's setting that Dask's nannies give their workers (see worker_process_config)
 MALLOC_TRIM = "MALLOC_TRIM_THRESHOLD_"
 
@@ -300,7 +350,8 @@ def worker_process_config(local: bool = True) -> dask.config.set:
     machine (``local``), nannies and workers preload nbdist's lifeline: they stop when this
     kernel is gone, even after a SIGKILL (the kernel is named in their environment, which
     they inherit). Elsewhere they close with their connection to the scheduler, which runs in
-    this kernel.
+    this kernel. Refused (:class:`~nbdist.errors.UnguardedScriptError`) from a script's
+    unguarded top level.
 
     Without Dask's ``MALLOC_TRIM_THRESHOLD_``: setting it turns off glibc's adaptive mmap
     threshold, so every tensor over 128 KiB is mapped on allocation and unmapped on free, and
@@ -312,6 +363,7 @@ def worker_process_config(local: bool = True) -> dask.config.set:
 
     settings = worker_settings()
     if local:
+        refuse_unguarded_script()
         os.environ.setdefault(lifeline.ENV, lifeline.this_process())
         settings.update({"distributed.worker.preload": [lifeline.__name__],
                          "distributed.nanny.preload": [lifeline.__name__]})

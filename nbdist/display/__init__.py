@@ -18,7 +18,7 @@ from .summary import register_formatters, show_summary
 from .text import TextDashboard
 
 __all__ = ["MODES", "Dashboard", "RunView", "display_medium", "make_cluster_view",
-           "make_run_view", "set_display", "widgets_available"]
+           "make_run_view", "make_start_view", "set_display", "widgets_available"]
 
 MODES = ("auto", "widget", "text")
 _mode: Optional[str] = None
@@ -47,16 +47,16 @@ def display_medium(mode: Optional[str] = None) -> str:
 def widgets_available() -> bool:
     """ipywidgets importable and a Jupyter kernel (not terminal IPython) running."""
     try:
-        if importlib.util.find_spec("ipywidgets") is None:
-            return False
-    except ValueError:  # hidden with sys.modules["ipywidgets"] = None
-        return False
-    try:
         from IPython import get_ipython
     except ImportError:
         return False
     shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False  # asked first: finding a module's spec on disk costs every cell
+    try:
+        return importlib.util.find_spec("ipywidgets") is not None
+    except ValueError:  # hidden with sys.modules["ipywidgets"] = None
+        return False
 
 
 def make_run_view(output: str, shown_rank: int, world_size: int, *,
@@ -80,6 +80,14 @@ def make_run_view(output: str, shown_rank: int, world_size: int, *,
             dashboard = TextDashboard(show=show_summary)
     stream = OutputView(output, shown_rank=shown_rank, ranks=ranks, per_rank=widget)
     return RunView(stream, dashboard)
+
+
+def make_start_view(mode: Optional[str] = None) -> Optional[Callable[[int, int], None]]:
+    """What a start shows while its workers come up (``k of n ready``), called with
+    ``(ready, wanted)``; None where nothing can be updated in place (text medium)."""
+    from .start_view import start_progress
+
+    return start_progress(display_medium(mode) == "widget")
 
 
 def make_cluster_view(status: Callable[[], Any], scale: Optional[Callable[[int], Any]] = None,

@@ -21,37 +21,45 @@ from ..layout import (
     BANDWIDTH,
     COMPUTE,
     FAIL,
+    HANG,
+    MUTED,
     RANK_COLOURS,
+    RECOVERY,
     STRAGGLER,
     TRANSFER,
     WAITING,
-    WARNED,
-    WARNED_BACKGROUND,
     html_table,
+    rank_colour,
 )
 from ..telemetry.units import fmt_bytes_rate, fmt_ranks, fmt_seconds
 from .tables import (
     DEFINITIONS,
+    MEMORY_CAPTION,
     diagnosis_phrases,
     dims_table,
     failure_lines,
     memory_table,
     pipeline_table,
     progress_phrases,
+    quiet_phrase,
     run_table,
     stall_lines,
     verdict_lines,
 )
 
 if TYPE_CHECKING:
+    from ..telemetry.recovery import Mark
     from ..telemetry.snapshot import RunSnapshot, StepPoint
 
 #: ranks drawn one line each in a scalar chart; above, median with a min-max band
 MAX_LINES = 8
+#: a step longer than this many times the 90th percentile is cut at the step chart's top
+CUT_ABOVE = 4.0
 
-#: the run table's column widths (px): at 1400 px JupyterLab's default cell is wider
-RUN_WIDTHS = (56, 100, 84, 88, 52, 72, 68, 72, 84, 120, 130)
-RUN_TABLE_WIDTH = sum(RUN_WIDTHS)
+#: the run table's column widths (px): numbers whole, the bar named; the state takes what is
+#: left (150 px at least) and wraps: the table fits JupyterLab's cell at 1400 px with the file
+#: browser open, and in a narrower output it scrolls with the state column kept in view
+RUN_WIDTHS = (44, 150, 80, 90, 54, 68, 62, 66, 80, 96, None)
 
 
 def bold(text: str) -> str:
@@ -69,9 +77,14 @@ def error_text(text: str) -> str:
     return f"<span style='color:{FAIL}'>{message(text)}</span>"
 
 
-def warning_text(text: str) -> str:
-    """``text``, escaped, in bold in the straggler colour."""
-    return f"<b style='color:{STRAGGLER}'>{escape(text)}</b>"
+def warning_text(text: str, colour: str = STRAGGLER) -> str:
+    """``text``, escaped, in bold in the straggler colour (or ``colour``)."""
+    return f"<b style='color:{colour}'>{escape(text)}</b>"
+
+
+def muted(text: str) -> str:
+    """``text``, escaped, in the quiet colour of clocks and asides."""
+    return f"<span style='color:{MUTED}'>{escape(text)}</span>"
 
 
 def _phrases(parts: Sequence[str]) -> str:
@@ -103,8 +116,13 @@ SCALE_NOTE = ("<small>Scaling re-forms the process group at the new size before 
 
 # ----------------------------------------------------------------- run telemetry
 def run_header(snap: RunSnapshot, final: bool = False) -> str:
-    """Two lines: the run's state, elapsed time and pace; then where its step time goes."""
-    first = _phrases([escape(p) for p in progress_phrases(snap, final)])
+    """The run's state, elapsed time and pace (and, when nothing moved for a while, for how
+    long); where its step time goes; then the last thing that happened to the job, in its
+    meaning's colour, with the earlier ones a click away."""
+    first = [escape(p) for p in progress_phrases(snap, final)]
+    quiet = quiet_phrase(snap, final)
+    if quiet:
+        first.append(f"<span class='nbdist-quiet'>{muted(quiet)}</span>")
     diag = diagnosis_phrases(snap)
     if snap.stragglers and diag:
         diag_html = [warning_text(diag[0])] + [escape(p) for p in diag[1:]]
@@ -112,13 +130,47 @@ def run_header(snap: RunSnapshot, final: bool = False) -> str:
         diag_html = [escape(p) for p in diag]
     second = f"<div>{_phrases(diag_html)}</div>" if diag_html else ""
     return (f"<div class='nbdist-header' style='font-size:13px;line-height:20px'>"
-            f"<div><b>nbdist</b> {first}</div>{second}</div>")
+            f"<div><b>nbdist</b> {_phrases(first)}</div>{second}{events(snap.marks)}</div>")
+
+
+def _mark_colour(mark: Mark) -> str:
+    return FAIL if mark.failure else RECOVERY
+
+
+def events(marks: Sequence[Mark]) -> str:
+    """The last thing that happened to the job, in one line; the earlier ones, oldest first,
+    folded under it ("" when nothing happened)."""
+    if not marks:
+        return ""
+    last = marks[-1]
+    said = _event_text(last)
+    line = (f"<div class='nbdist-last-event' title='{escape(said)}' style='white-space:nowrap;"
+            f"overflow:hidden;text-overflow:ellipsis'>"
+            f"{warning_text(said, _mark_colour(last))}</div>")
+    if len(marks) == 1:
+        return line
+    earlier = "".join(f"<li style='color:{_mark_colour(m)}'>{escape(_event_text(m))}</li>"
+                      for m in marks[:-1])
+    return (line + f"<details class='nbdist-events' style='font-size:12px'><summary "
+            f"style='cursor:pointer;color:{MUTED}'>{len(marks) - 1} earlier event"
+            f"{'s' if len(marks) > 2 else ''}</summary><ul style='margin:2px 0'>{earlier}"
+            f"</ul></details>")
+
+
+def _event_text(mark: Mark) -> str:
+    """A mark's line without the ``nbdist.elastic`` prefix (the dashboard is nbdist's), and
+    the step of a death or a join."""
+    text = mark.text.removeprefix("nbdist.elastic ")
+    at = mark.step is not None and mark.kind in ("died", "joined")
+    return text + (f" (at step {mark.step})" if at else "")
 
 
 def run_table_html(snap: RunSnapshot) -> str:
-    """The run's table with progress bars, in fixed columns that do not wrap."""
-    return (f"<div style='overflow-x:auto'>"
-            f"{html_table(run_table(snap), RUN_WIDTHS, bars=True)}</div>")
+    """The run's table with progress bars, in fixed columns: numbers are never cut, other
+    cells cut can be read on hover, and the state column wraps."""
+    # contain: the table's least width must not widen the output around it (the box scrolls)
+    return (f"<div style='overflow-x:auto;contain:inline-size'>"
+            f"{html_table(run_table(snap), RUN_WIDTHS, bars=True, verdict='state')}</div>")
 
 
 def _swatch(colour: str, label: str, hover: str) -> str:
@@ -136,23 +188,25 @@ def legend() -> str:
             + _swatch(STRAGGLER, "straggler: the rank the others wait for",
                       "flagged when the others spend at least 5% of their step (and 1 ms) "
                       "waiting for it, over the last 20 steps")
-            + _swatch(FAIL, "failed", "the rank failed or stopped; the reason is below"))
+            + _swatch(HANG, "hang", "no progress past the stall threshold; the rank that "
+                      "held the others, when a timeout or an interrupt stopped the run")
+            + _swatch(FAIL, "failure", "a rank failed, stopped or died; the reason is in its "
+                      "row")
+            + _swatch(RECOVERY, "recovery", "elastic training re-formed the group, or a "
+                      "replacement joined"))
     items = "".join(f"<li><b>{escape(k)}</b>: {escape(v)}</li>" for k, v in DEFINITIONS)
-    return (f"<div class='nbdist-legend' style='font-size:11px;color:#555'>{keys}"
+    return (f"<div class='nbdist-legend' style='font-size:11px;color:{MUTED}'>{keys}"
             f"<details style='display:inline;margin-left:8px'><summary style='display:inline;"
             f"cursor:pointer'>how these are measured</summary>"
             f"<ul style='margin:2px 0'>{items}</ul></details></div>")
 
 
 def failures(snap: RunSnapshot) -> str:
-    """What the session noted (ranks elastic training lost and healed), then each failed or
-    stopped rank's reason in full, in red."""
+    """Each failed or dead rank's reason in full, in red ("" when none)."""
     lines = failure_lines(snap)
-    notes = ("<div class='nbdist-notes' style='font-size:12px'>"
-             + "<br>".join(warning_text(n) for n in snap.notes) + "</div>") if snap.notes else ""
     if not lines:
-        return notes
-    return (notes + "<div class='nbdist-failures' style='font-size:12px'>"
+        return ""
+    return ("<div class='nbdist-failures' style='font-size:12px'>"
             + "<br>".join(error_text(line) for line in lines) + "</div>")
 
 
@@ -174,14 +228,15 @@ def stall(snap: RunSnapshot) -> str:
         return ""
     ranks = escape("\n".join(lines[1:]))
     return (f"<div class='nbdist-stall' style='font-size:12px;margin:4px 0'>"
-            f"{warning_text(lines[0])}"
+            f"{warning_text(lines[0], HANG)}"
             f"<pre style='margin:2px 0;white-space:pre-wrap'>{ranks}</pre></div>")
 
 
 def _svg(cls: str, width: int, height: int, title: str, hover: str, body: str) -> str:
+    # Text takes the output's colour: readable in JupyterLab's light and dark themes alike.
     return (f"<svg class='{cls}' xmlns='http://www.w3.org/2000/svg' width='{width}' "
             f"height='{height}' viewBox='0 0 {width} {height}' font-family='sans-serif' "
-            f"font-size='10'><title>{escape(hover)}</title>"
+            f"font-size='10' fill='currentColor'><title>{escape(hover)}</title>"
             f"<text x='4' y='10'>{title}</text>{body}</svg>")
 
 
@@ -199,10 +254,12 @@ def _axes(width: int, height: int, top: str, bottom: str, lo: str, hi: str) -> s
             f"<text x='{width - 4}' y='{height - 2}' text-anchor='end'>{escape(hi)}</text>")
 
 
-def step_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 120) -> str:
-    """Stacked bars per step, mean over ranks: compute, then transfer, then waiting."""
+def step_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 120,
+                   marks: Sequence[Mark] = ()) -> str:
+    """Stacked bars per step, mean over the ranks that ran it: compute, then transfer, then
+    waiting; a vertical rule where a rank died or a replacement joined."""
     pts = list(series)[-120:]
-    top = max((p.step_s for p in pts), default=0.0)
+    top = _chart_top([p.step_s for p in pts])
     if not pts or top <= 0:
         return ""
     w, h = width - _PAD_L - 4, height - _PAD_T - _PAD_B
@@ -210,27 +267,68 @@ def step_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 
     bars = []
     for i, p in enumerate(pts):
         x, y = _PAD_L + 1 + i * bw, float(height - _PAD_B)
+        # a step far longer than the others (a wait for a replacement) is drawn to the top,
+        # cut, with a mark: one step must not flatten all the others
+        scale = min(1.0, top / p.step_s) if p.step_s > 0 else 1.0
         rects = ""
         for value, colour in ((p.compute_s, COMPUTE), (p.transfer_s, TRANSFER),
                               (p.waiting_s, WAITING)):
-            hh = h * max(0.0, value) / top
+            hh = h * max(0.0, value) * scale / top
             y -= hh
             rects += (f"<rect x='{x:.1f}' y='{y:.1f}' width='{max(bw - 1, 0.5):.1f}' "
                       f"height='{hh:.1f}' fill='{colour}'/>")
+        if scale < 1.0:
+            mid = x + max(bw - 1, 0.5) / 2
+            rects += (f"<path class='nbdist-cut-bar' d='M{mid - 3:.1f},{_PAD_T - 1} "
+                      f"L{mid + 3:.1f},{_PAD_T - 1} L{mid:.1f},{_PAD_T - 5} Z' "
+                      f"fill='currentColor'/>")
         tip = (f"step {p.step}: {fmt_seconds(p.step_s)} = compute {fmt_seconds(p.compute_s)}"
                f" + transfer {fmt_seconds(p.transfer_s)} + waiting {fmt_seconds(p.waiting_s)}"
                + (f" (for rank {p.waited_for})" if p.waited_for is not None else "")
-               + f", mean of {p.ranks} ranks")
+               + f", mean of the {p.ranks} rank{'s' if p.ranks > 1 else ''} that ran it")
         bars.append(f"<g><title>{escape(tip)}</title>{rects}</g>")
-    ranks = max(p.ranks for p in pts)
-    title = (f"time per step, mean of {ranks} rank{'s' if ranks > 1 else ''}: "
+    sizes = sorted({p.ranks for p in pts})
+    ranks = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    title = (f"time per step, mean of {ranks} rank{'s' if sizes[-1] > 1 else ''}: "
              f"<tspan fill='{COMPUTE}'>compute</tspan> + <tspan fill='{TRANSFER}'>transfer"
              f"</tspan> + <tspan fill='{WAITING}'>waiting</tspan>")
     return _svg("nbdist-step-chart", width, height, title,
                 "compute: step time less exposed communication; transfer and waiting: the "
                 "exposed communication, split at the last rank to arrive",
                 _axes(width, height, fmt_seconds(top), "0", f"step {pts[0].step}",
-                      f"step {pts[-1].step}") + "".join(bars))
+                      f"step {pts[-1].step}") + "".join(bars)
+                + _rules(marks, [p.step for p in pts], bw, height))
+
+
+def _chart_top(lengths: Sequence[float]) -> float:
+    """The step chart's top: the longest step, unless it is over :data:`CUT_ABOVE` times the
+    step most steps stay under (the 90th percentile); then that much, and longer steps cut."""
+    if not lengths:
+        return 0.0
+    ordered = sorted(lengths)
+    typical = ordered[(len(ordered) - 1) * 9 // 10]
+    return min(ordered[-1], CUT_ABOVE * typical) if typical > 0 else ordered[-1]
+
+
+def _rules(marks: Sequence[Mark], steps: Sequence[int], bw: float, height: int) -> str:
+    """A vertical rule before the first bar at or after each mark's step, labelled; marks
+    before the first bar drawn are left out (the table and header still say them)."""
+    out = []
+    for m in marks:
+        if m.kind not in ("died", "joined") or m.step is None or m.step < steps[0]:
+            continue
+        i = next((i for i, s in enumerate(steps) if s >= m.step), len(steps))
+        x = _PAD_L + 0.5 + i * bw
+        colour = FAIL if m.failure else RECOVERY
+        # the label on the side with room: right of the rule, or left of it near the end
+        right = x < _PAD_L + 0.6 * bw * len(steps)
+        at = f"x='{x + 2 if right else x - 2:.1f}' text-anchor='{'start' if right else 'end'}'"
+        out.append(f"<g class='nbdist-mark'><title>{escape(_event_text(m))}</title>"
+                   f"<line x1='{x:.1f}' y1='{_PAD_T}' x2='{x:.1f}' y2='{height - _PAD_B}' "
+                   f"stroke='{colour}' stroke-width='1.5' stroke-dasharray='3 2'/>"
+                   f"<text {at} y='{_PAD_T + 9 + 11 * len(out)}' fill='{colour}'>"
+                   f"{escape(m.label)}</text></g>")
+    return "".join(out)
 
 
 def bandwidth_chart_svg(series: Sequence[StepPoint], width: int = 420, height: int = 90) -> str:
@@ -288,10 +386,8 @@ def scalar_chart_svg(name: str, by_rank: dict[int, tuple[tuple[float, float], ..
         title = f"{escape(name)} · {label}"
     elif len(ranks) <= MAX_LINES:
         title = escape(name) + " · " + ", ".join(
-            f"<tspan fill='{RANK_COLOURS[i % len(RANK_COLOURS)]}'>rank {r}</tspan>"
-            for i, r in enumerate(ranks))
-        body += "".join(_line(series[r], box, RANK_COLOURS[i % len(RANK_COLOURS)], width,
-                              height) for i, r in enumerate(ranks))
+            f"<tspan fill='{rank_colour(r)}'>rank {r}</tspan>" for r in ranks)
+        body += "".join(_line(series[r], box, rank_colour(r), width, height) for r in ranks)
     else:
         steps = sorted({x for x in xs})
         at = {r: dict(series[r]) for r in ranks}
@@ -332,7 +428,7 @@ def _spread_chart_svg(name: str, ranks: Sequence[int],
 
 def charts(snap: RunSnapshot) -> str:
     """Step time, bandwidth and every logged value, side by side where the cell is wide."""
-    svgs = [step_chart_svg(snap.series), bandwidth_chart_svg(snap.series)]
+    svgs = [step_chart_svg(snap.series, marks=snap.marks), bandwidth_chart_svg(snap.series)]
     svgs += [scalar_chart_svg(k, v, spread=snap.scalar_spread.get(k))
              for k, v in snap.scalar_series.items()]
     svgs = [s for s in svgs if s]
@@ -342,39 +438,31 @@ def charts(snap: RunSnapshot) -> str:
             + "".join(svgs) + "</div>")
 
 
+def summary_sections(snap: RunSnapshot) -> list[str]:
+    """The parts of a run's static summary, in order, one per line ("" where the run has
+    none); the parts that draw numbers only when it recorded some."""
+    numbers = snap.has_telemetry
+    return [
+        run_header(snap, final=snap.finished),
+        stall(snap),
+        run_table_html(snap) if numbers else "",
+        detail_tables(snap),
+        verdicts(snap),
+        failures(snap),
+        legend() if numbers else "",
+        charts(snap),
+    ]
+
+
 def run_summary(snap: RunSnapshot) -> str:
     """A static summary of a run (header, table, pipeline, mesh dimensions and memory per
     rank, legend, charts) that renders without widgets."""
-    return (f"<div class='nbdist-summary'>{run_header(snap, final=snap.finished)}"
-            f"{stall(snap)}{run_table_html(snap)}{detail_tables(snap)}{verdicts(snap)}"
-            f"{failures(snap)}"
-            f"{legend()}"
-            f"{charts(snap)}</div>")
+    return f"<div class='nbdist-summary'>{''.join(summary_sections(snap))}</div>"
 
 
 def detail_tables(snap: RunSnapshot) -> str:
     """The pipeline's stages, collectives by mesh dimension and what each rank holds; each
     only when the run has it."""
-    return "".join(html_table(t) for t in (pipeline_table(snap), dims_table(snap),
-                                           memory_table(snap)) if t is not None)
-
-
-# ----------------------------------------------------------------- workers' output
-def output_pre(text: str) -> str:
-    """Workers' output text, escaped, as a preformatted block."""
-    return f"<pre class='nbdist-output'>{escape(text)}</pre>"
-
-
-def rank_output_html(merged: str, per_rank: Sequence[tuple[int, str]]) -> str:
-    """The static per-rank view a saved notebook keeps: the merged text, then one
-    collapsible block per rank (no widget state is needed to read it)."""
-    ranks = "".join(f"<details class='nbdist-rank-output-{r}'><summary>rank {r}</summary>"
-                    f"{output_pre(text)}</details>" for r, text in per_rank)
-    return f"<div class='nbdist-rank-output-static'>{output_pre(merged)}{ranks}</div>"
-
-
-def warnings_html(lines: Sequence[str]) -> str:
-    """Warnings from the ranks, one per line, each naming its ranks, in the warning colour."""
-    body = escape("\n".join(lines))
-    return (f"<pre class='nbdist-warnings' style='color:{WARNED};"
-            f"background:{WARNED_BACKGROUND};padding:4px'>{body}</pre>")
+    return "".join(html_table(t, caption=c) for t, c in (
+        (pipeline_table(snap), ""), (dims_table(snap), ""), (memory_table(snap), MEMORY_CAPTION))
+        if t is not None)

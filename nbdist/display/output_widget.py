@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from ipywidgets import HTML, Tab
 
-from .html import output_pre
+from .output_html import OutputLine, output_pre
 
 
 class RankOutputTabs(Tab):
@@ -18,8 +18,8 @@ class RankOutputTabs(Tab):
 
     def __init__(self, ranks: Sequence[int]):
         self.ranks = list(ranks)
-        self.merged = HTML(output_pre(""))
-        self.per_rank = {r: HTML(output_pre("")) for r in self.ranks}
+        self.merged = HTML(output_pre())
+        self.per_rank = {r: HTML(output_pre()) for r in self.ranks}
         super().__init__([self.merged, *self.per_rank.values()])
         self.titles = ("all ranks", *(f"rank {r}" for r in self.ranks))
         self.add_class("nbdist-rank-output")
@@ -27,9 +27,11 @@ class RankOutputTabs(Tab):
         for r, view in self.per_rank.items():
             view.add_class(f"nbdist-output-rank-{r}")
 
-    def show(self, merged: str, per_rank: Mapping[int, str]) -> None:
-        """Set the merged tab's text and the texts of the ranks in ``per_rank``."""
-        for r, text in sorted(per_rank.items()):
+    def show(self, merged: Sequence[OutputLine],
+             per_rank: Mapping[int, Sequence[OutputLine]]) -> None:
+        """Set the merged tab's lines and the lines of the ranks in ``per_rank`` (stderr
+        lines marked)."""
+        for r, lines in sorted(per_rank.items()):
             if r not in self.per_rank:  # a rank outside the expected set printed
                 self.ranks.append(r)
                 self.per_rank[r] = view = HTML("")
@@ -37,5 +39,5 @@ class RankOutputTabs(Tab):
                 titles = tuple(self.titles)  # a new child resets titles to its length
                 self.children = (*self.children, view)
                 self.titles = (*titles, f"rank {r}")
-            self.per_rank[r].value = output_pre(text)
+            self.per_rank[r].value = output_pre(lines)
         self.merged.value = output_pre(merged)

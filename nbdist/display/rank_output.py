@@ -15,7 +15,7 @@ from typing import Any, Optional, TextIO
 
 from ..telemetry.events import STREAM, WARNING, Batch, Event
 from ..telemetry.units import fmt_ranks
-from .html import rank_output_html, warnings_html
+from .output_html import OutputLine, rank_output_html, warnings_html
 from .refresh import Throttle
 from .text import StreamView
 
@@ -138,24 +138,34 @@ class RankLines:
                     del self._index[old]
 
 
-def merged_text(lines: RankLines, last: Optional[int] = None) -> str:
-    """The merged view as text: ``[0-1] epoch 1 done`` lines (the ``last`` ones only)."""
-    rows = lines.merged()
-    skipped = lines.dropped() + (max(0, len(rows) - last) if last is not None else 0)
+def _tail(rows: list, dropped: int, last: Optional[int]) -> tuple[list, list[OutputLine]]:
+    """The ``last`` of ``rows``, after a line saying how many earlier ones are not shown."""
+    skipped = dropped + (max(0, len(rows) - last) if last is not None else 0)
     if last is not None:
         rows = rows[-last:] if last else []
-    head = [f"... {skipped} earlier lines"] if skipped else []
-    return "\n".join(head + [f"{rank_label(r)} {line.text}" for r, line in rows])
+    return rows, [("stdout", f"... {skipped} earlier lines")] if skipped else []
+
+
+def merged_lines(lines: RankLines, last: Optional[int] = None) -> list[OutputLine]:
+    """The merged view: ``[0-1] epoch 1 done`` lines with their stream (the ``last`` only)."""
+    rows, head = _tail(lines.merged(), lines.dropped(), last)
+    return head + [(line.stream, f"{rank_label(r)} {line.text}") for r, line in rows]
+
+
+def rank_lines(lines: RankLines, rank: int, last: Optional[int] = None) -> list[OutputLine]:
+    """``rank``'s own lines with their stream, unprefixed (the ``last`` ones only)."""
+    rows, head = _tail(lines.lines(rank), lines.dropped(rank), last)
+    return head + [(line.stream, line.text) for line in rows]
+
+
+def merged_text(lines: RankLines, last: Optional[int] = None) -> str:
+    """The merged view as text (see :func:`merged_lines`)."""
+    return "\n".join(text for _, text in merged_lines(lines, last))
 
 
 def rank_text(lines: RankLines, rank: int, last: Optional[int] = None) -> str:
-    """``rank``'s own lines, unprefixed (the ``last`` ones only)."""
-    rows = lines.lines(rank)
-    skipped = lines.dropped(rank) + (max(0, len(rows) - last) if last is not None else 0)
-    if last is not None:
-        rows = rows[-last:] if last else []
-    head = [f"... {skipped} earlier lines"] if skipped else []
-    return "\n".join(head + [line.text for line in rows])
+    """``rank``'s own lines as text (see :func:`rank_lines`)."""
+    return "\n".join(text for _, text in rank_lines(lines, rank, last))
 
 
 # ----------------------------------------------------------------- warnings
@@ -292,8 +302,8 @@ class OutputView(StreamView):
             from .output_widget import RankOutputTabs  # deferred: only the widget medium
 
             self._panel = RankOutputTabs(sorted(set(self._ranks) | set(self.lines.ranks)))
-        self._panel.show(merged_text(self.lines, last=SHOWN_LINES),
-                         {r: rank_text(self.lines, r, last=SHOWN_LINES)
+        self._panel.show(merged_lines(self.lines, last=SHOWN_LINES),
+                         {r: rank_lines(self.lines, r, last=SHOWN_LINES)
                           for r in self.lines.changed})
         self.lines.changed.clear()
         if self._shown.handle is None or final:
@@ -303,8 +313,8 @@ class OutputView(StreamView):
                 **self._panel._repr_mimebundle_(),
                 "text/plain": merged_text(self.lines),
                 "text/html": rank_output_html(
-                    merged_text(self.lines),
-                    [(r, rank_text(self.lines, r)) for r in self.lines.ranks])})
+                    merged_lines(self.lines),
+                    [(r, rank_lines(self.lines, r)) for r in self.lines.ranks])})
         if final and self._shown.handle is None:  # no kernel after all: print it once
             out = self._stream("stdout")
             out.write(merged_text(self.lines) + "\n")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from ..telemetry.events import Batch
 from .refresh import Throttle
-from .text import StreamView
+from .text import NoteLines, StreamView
 
 if TYPE_CHECKING:
     from ..telemetry.snapshot import RunSnapshot
@@ -34,8 +34,9 @@ class Dashboard(Protocol):
 class RunView:
     """Streams output under the cell and keeps a dashboard up to date, rate-limited.
 
-    The Session calls :meth:`output` with every drained batch (from the kernel's main thread,
-    about ten times a second), :meth:`refresh` when telemetry changed, and :meth:`close` once.
+    The Session calls :meth:`output` with every drained batch and :meth:`refresh` on every
+    pass (from the kernel's main thread, about ten times a second: the clocks it draws tick
+    whether events arrive or not), and :meth:`close` once.
 
     A redraw may take at most :attr:`MAX_BUSY_SHARE` of the kernel's time: when one costs
     more (a run of a thousand ranks on a slow machine), the next waits longer than the
@@ -50,6 +51,7 @@ class RunView:
         self._throttle = Throttle(dashboard.interval if dashboard is not None else 1.0)
         #: CPU seconds the last redraw took (snapshot and drawing)
         self.last_cost = 0.0
+        self._notes = NoteLines()  # with no dashboard, what happened is still said
 
     def output(self, batches: Iterable[Batch]) -> None:
         """Write the workers' stdout/stderr that these batches carry."""
@@ -57,8 +59,12 @@ class RunView:
 
     def refresh(self, snapshot: Callable[[], RunSnapshot], force: bool = False) -> None:
         """Redraw the dashboard if it is due (or ``force``: news that cannot wait, such as the
-        hang doctor's verdict); ``snapshot`` is only called then."""
-        if self.dashboard is not None and (self._throttle.due() or force):
+        hang doctor's verdict or a rank found dead); ``snapshot`` is only called then."""
+        if self.dashboard is None:
+            if force:
+                self._notes.show(snapshot())
+            return
+        if self._throttle.due() or force:
             t0 = time.thread_time()
             self.dashboard.update(snapshot())
             self.last_cost = time.thread_time() - t0
@@ -70,3 +76,5 @@ class RunView:
         self.stream.close()
         if self.dashboard is not None:
             self.dashboard.close(snap)
+        else:
+            self._notes.show(snap)

@@ -18,9 +18,10 @@ from .html import run_summary
 from .text import format_summary
 
 
-def summary_bundle(snap: RunSnapshot) -> dict[str, str]:
-    """The summary as a MIME bundle: the plain table and the static HTML."""
-    return {"text/plain": format_summary(snap), "text/html": run_summary(snap)}
+def summary_bundle(snap: RunSnapshot, notes: bool = True) -> dict[str, str]:
+    """The summary as a MIME bundle: the plain table (with the run's notes unless they were
+    printed already) and the static HTML."""
+    return {"text/plain": format_summary(snap, notes), "text/html": run_summary(snap)}
 
 
 def _shell() -> Optional[Any]:
@@ -37,7 +38,7 @@ def show_summary(snap: RunSnapshot) -> bool:
         return False
     from IPython.display import display
 
-    display(summary_bundle(snap), raw=True)
+    display(summary_bundle(snap, notes=False), raw=True)  # the text view printed them
     return True
 
 

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..layout import Row, Table
-from ..telemetry.stall import headline, where_lines
+from ..telemetry.stall import WAITING
+from ..telemetry.stall_text import headline, where_lines
 from ..telemetry.states import RankState
 from ..telemetry.units import (
     fmt_bytes,
@@ -22,10 +23,12 @@ from ..telemetry.units import (
     fmt_ranks,
     fmt_rate,
     fmt_seconds,
+    one_unit,
 )
 
 if TYPE_CHECKING:
     from ..telemetry.snapshot import (
+        BarState,
         MemoryPoint,
         Outlier,
         PipelinePoint,
@@ -57,15 +60,57 @@ MEMORY_HEADER = ("rank", "params", "grads", "optimizer", "comm/step", "RSS", "pe
 PIPELINE_HEADER = ("rank", "stage", "schedule", "microbatches", "forward/mb", "backward/mb",
                    "p2p wait/step", "step", "bubble")
 DIMS_HEADER = ("mesh dim", "collectives", "calls", "bytes", "time (all ranks)")
+MEMORY_CAPTION = "memory per rank at its last report (comm/step: bytes it sends per step)"
+
+
+def _one_unit(table: Table) -> Table:
+    """The table with each column's sizes, durations and rates in one unit."""
+    columns = list(zip(*(row.cells for row in table.rows))) if table.rows else []
+    cells = list(zip(*(one_unit(c) for c in columns)))
+    return Table(table.header, tuple(row._replace(cells=tuple(c))
+                                     for row, c in zip(table.rows, cells)))
 
 
 # ----------------------------------------------------------------- run table
-def _state_cell(r: RankSnapshot, note: str = "") -> str:
-    state = str(r.state) + (", straggler" if r.straggler else "") + (f", {note}" if note else "")
-    if not r.error:
-        return state
-    # Remote reasons may span lines; one line keeps the text table aligned (HTML folds them anyway).
-    return f"{state}: {' '.join(r.error.split())}"
+def stop_phrase(by: str, short: bool = False) -> str:
+    """``stopped by --timeout 16 s`` (``short``: without the seconds), or ``interrupted``."""
+    if by == "interrupt":
+        return "interrupted"
+    return f"stopped by {by.split()[0] if short else by}"
+
+
+def _where(snap: RunSnapshot, r: RankSnapshot) -> tuple[str, bool]:
+    """What the hang doctor's report says of a rank: ``waiting in all_reduce``, or ``held the
+    others`` (and where it was) for a rank that never reached the collective they wait in;
+    and whether it is that rank."""
+    v = snap.stall
+    w = v.rank(r.rank) if v is not None else None
+    if w is None:
+        return "", False
+    if r.rank in v.missing:  # type: ignore[union-attr]
+        at = f" at line {w.line}" if w.line is not None else ""
+        return f"held the others: in {w.doing}{at}" if w.doing else "held the others", True
+    if w.status == WAITING and w.collective is not None:
+        return f"waiting in {w.collective.op}", False
+    return "", False
+
+
+def _state_cell(r: RankSnapshot, note: str = "", snap: Optional[RunSnapshot] = None) -> str:
+    """``running, straggler``; ``died: SIGKILL · replaced``; ``stopped by --timeout · waiting
+    in all_reduce``; ``running · joined at step 31``."""
+    stopped = snap is not None and snap.stopped_by and r.state == RankState.STOPPED
+    state = stop_phrase(snap.stopped_by, short=True) if stopped else str(r.state)  # type: ignore
+    where, held = _where(snap, r) if snap is not None else ("", False)
+    note = "" if held and note == "stalled" else note  # "held the others" says more
+    state += (", straggler" if r.straggler else "") + (f", {note}" if note else "")
+    extra = [x for x in (where, "replaced" if r.replaced else "",
+                         f"joined at step {r.joined_at}" if r.joined_at is not None else "",
+                         f"as of {fmt_seconds(r.behind_s)} before the others"
+                         if r.behind_s is not None else "") if x]
+    if r.error:
+        # Remote reasons may span lines; one line keeps the text table aligned.
+        state = f"{state}: {' '.join(r.error.split())}"
+    return " · ".join([state, *extra])
 
 
 def _count(r: RankSnapshot) -> Optional[float]:
@@ -90,7 +135,14 @@ def _values(values: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in values.items())
 
 
-def _rank_row(r: RankSnapshot, note: str = "") -> Row:
+def _progress_label(b: BarState) -> str:
+    """``epoch 1 · 50%``: the bar's name and where it is, so rows on different bars (an
+    epoch ahead) cannot read as one ahead of the other."""
+    pct = fmt_fraction(b.fraction) if b.total else ""
+    return " · ".join(x for x in (b.desc, pct) if x)
+
+
+def _rank_row(r: RankSnapshot, note: str = "", snap: Optional[RunSnapshot] = None) -> Row:
     b = r.bar
     if b is not None:
         count = f"{b.n}/{b.total} it" if b.total is not None else f"{b.n} it"
@@ -102,14 +154,16 @@ def _rank_row(r: RankSnapshot, note: str = "") -> Row:
     frac = b.fraction if b is not None else None
     if frac is None and not r.state.active and r.state != RankState.WAITING:
         frac = 1.0 if r.state == RankState.DONE else None
-    cells = (str(r.rank), fmt_fraction(b.fraction) if b is not None and b.total else "",
+    cells = (str(r.rank), _progress_label(b) if b is not None else "",
              count, rate, fmt_seconds(b.eta_s) if b is not None else "-",
              fmt_seconds(r.compute_s),
              _comm(r, r.waiting_s, r.collective_waiting_s),
              _comm(r, r.transfer_s, r.collective_transfer_s),
-             fmt_bytes_rate(r.bandwidth), _values(r.scalars), _state_cell(r, note))
-    return Row(cells, broken=r.state.broken, straggler=r.straggler, fraction=frac,
-               state=str(r.state), rank=r.rank)
+             fmt_bytes_rate(r.bandwidth), _values(r.scalars), _state_cell(r, note, snap))
+    stopped = snap is not None and bool(snap.stopped_by) and r.state == RankState.STOPPED
+    held = snap is not None and _where(snap, r)[1]
+    return Row(cells, broken=r.state.broken and not stopped, straggler=r.straggler,
+               fraction=frac, state=str(r.state), rank=r.rank, held=held, former=r.replaced)
 
 
 def _spread(ranks: Sequence[RankSnapshot], get: Callable[[RankSnapshot], Optional[float]]
@@ -169,34 +223,40 @@ def _aggregate_rows(snap: RunSnapshot) -> tuple[Row, ...]:
         frac = spreads[0][i] if spreads[0] is not None else None
         rows.append(Row(tuple(cells), fraction=frac))
     named = _outliers(snap)
-    rows += [_rank_row(r, note) for r, note in named[:MAX_OUTLIERS]]
+    rows += [_rank_row(r, note, snap) for r, note in named[:MAX_OUTLIERS]]
     if len(named) > MAX_OUTLIERS:
         rows.append(_more_row(named[MAX_OUTLIERS:], len(RUN_HEADER), 2))
+    rows += [_rank_row(r, "", snap) for r in snap.former]
     return tuple(rows)
 
 
 def run_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> Table:
-    """One row per rank of a run; above ``aggregate_above`` ranks, min / median / max rows
-    over the ranks, then the outliers by name (stragglers, failed, stalled and the
-    slowest ranks)."""
+    """One row per rank of a run, and one per worker a replacement took over from, just
+    above its replacement's; above ``aggregate_above`` ranks, min / median / max rows over
+    the ranks, then the outliers by name (stragglers, failed, stalled and the slowest
+    ranks), then the replaced workers."""
     if len(snap.ranks) > aggregate_above:
-        return Table(RUN_HEADER, _aggregate_rows(snap))
-    return Table(RUN_HEADER, tuple(_rank_row(r) for r in snap.ranks))
+        return _one_unit(Table(RUN_HEADER, _aggregate_rows(snap)))
+    shown = sorted([*snap.ranks, *snap.former], key=lambda r: (r.rank, not r.replaced))
+    return _one_unit(Table(RUN_HEADER, tuple(_rank_row(r, "", snap) for r in shown)))
 
 
 # ----------------------------------------------------------------- header phrases
 def progress_phrases(snap: RunSnapshot, final: bool = False) -> list[str]:
-    """The run's state, time and pace: ``finished in 12.3 s``, ``train 300/300 it``,
-    ``52.3 it/s``, ``1.67k samples/s`` (``ETA 4 s`` while it runs)."""
+    """The run's state, time and pace: ``finished in 12.3 s``, ``train 300/300 it`` (the
+    slowest rank's), ``52.3 it/s per rank``, ``1.67k samples/s all ranks`` (``ETA 4 s`` while
+    it runs): each figure says whether it is one rank's or the job's."""
     wall = snap.wall_s if snap.wall_s is not None else snap.elapsed_s
     ended = final or snap.finished
     if snap.failed:
         head = "failed after"
-    elif any(r.state.broken for r in snap.ranks):
+    elif snap.stopped_by:
+        head = f"{stop_phrase(snap.stopped_by)} after"
+    elif any(r.state == RankState.STOPPED for r in snap.ranks):
         head = "stopped after"
     else:
         head = "finished in" if ended else "running for"
-    out = [f"{head} {fmt_seconds(wall)}" if wall else head.split()[0]]
+    out = [f"{head} {fmt_seconds(wall)}" if wall else head.rsplit(" ", 1)[0]]
     active = [r for r in snap.ranks if r.state != RankState.WAITING]
     bars = [r.bar for r in active if r.bar is not None]
     if bars:  # the job moves at its slowest rank's pace
@@ -205,24 +265,33 @@ def progress_phrases(snap: RunSnapshot, final: bool = False) -> list[str]:
         out.append(f"{slow.desc + ' ' if slow.desc else ''}{slow.n}{total} it")
         rates = [b.rate for b in bars if b.rate]
         if rates:
-            out.append(fmt_rate(min(rates), "it/s"))
+            out.append(fmt_rate(min(rates), "it/s") + " per rank")
     elif any(r.steps for r in active):
         out.append(f"{snap.steps} steps")
         rates = [r.steps_per_s for r in active if r.steps_per_s]
         if rates:
-            out.append(fmt_rate(min(rates), "steps/s"))
+            out.append(fmt_rate(min(rates), "steps/s") + " per rank")
     samples = sum(r.samples_per_s or 0 for r in active)
     if samples:
-        out.append(fmt_rate(samples, "samples/s"))
+        out.append(fmt_rate(samples, "samples/s") + " all ranks")
     etas = [b.eta_s for b in bars if b.eta_s is not None]
     if etas and not ended:
         out.append(f"ETA {fmt_seconds(max(etas))}")
     return out
 
 
+def quiet_phrase(snap: RunSnapshot, final: bool = False) -> str:
+    """``no step for 4.2 s`` while a running run makes no progress, before any verdict (""
+    otherwise)."""
+    if final or snap.finished or snap.idle_s is None:
+        return ""
+    return f"no step for {fmt_seconds(snap.idle_s)}" if snap.has_telemetry else "no step yet"
+
+
 def diagnosis_phrases(snap: RunSnapshot) -> list[str]:
     """Where the step time goes, e.g. ``rank 1 is 5.1 ms/step slower (compute 15 ms)``,
-    ``others wait 26% of their step``, ``transfer 6%``, ``bandwidth 337 MB/s``."""
+    ``others wait 26% of their step``, ``transfer 6%``, ``bandwidth 337 MB/s per rank`` (the
+    median rank's)."""
     d = snap.diagnosis
     out = []
     if d.waited_for is not None:
@@ -238,17 +307,20 @@ def diagnosis_phrases(snap: RunSnapshot) -> list[str]:
     if d.transfer is not None:
         out.append(f"transfer {fmt_fraction(d.transfer)}")
     if d.bandwidth is not None:
-        out.append(f"bandwidth {fmt_bytes_rate(d.bandwidth)}")
+        out.append(f"bandwidth {fmt_bytes_rate(d.bandwidth)} per rank")
     if snap.bubble is not None:
         out.append(f"pipeline bubble {fmt_fraction(snap.bubble)}")
     return out
 
 
 def failure_lines(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> list[str]:
-    """``rank 1 failed: ValueError: ...`` for every rank that failed or stopped; above
-    ``aggregate_above`` ranks, one line per reason (``ranks 0-511,600 failed: ...``)."""
+    """``rank 1 failed: ValueError: ...`` for every rank that failed or stopped by itself;
+    above ``aggregate_above`` ranks, one line per reason (``ranks 0-511,600 failed: ...``).
+    A rank that died, or that a timeout or an interrupt stopped, is said once, elsewhere:
+    in its row, the header's events and the hang doctor's report."""
     broken = [(r.rank, f"{r.state}: {' '.join((r.error or str(r.state)).split())}")
-              for r in snap.ranks if r.state.broken]
+              for r in snap.ranks if r.state == RankState.FAILED
+              or (r.state == RankState.STOPPED and not snap.stopped_by)]
     if len(snap.ranks) <= aggregate_above:
         return [f"rank {r} {why}" for r, why in broken]
     by_reason: dict[str, list[int]] = {}
@@ -313,7 +385,7 @@ def memory_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> O
     if not any(r.memory for r in snap.ranks):
         return None
     if len(snap.ranks) <= aggregate_above:
-        return Table(MEMORY_HEADER, tuple(_memory_row(r) for r in snap.ranks))
+        return _one_unit(Table(MEMORY_HEADER, tuple(_memory_row(r) for r in snap.ranks)))
 
     def mem(get: Callable[[MemoryPoint], Optional[float]]
             ) -> Callable[[RankSnapshot], Optional[float]]:
@@ -324,7 +396,8 @@ def memory_table(snap: RunSnapshot, aggregate_above: int = AGGREGATE_ABOVE) -> O
                (mem(lambda m: m.rss), fmt_bytes), (mem(lambda m: m.peak), fmt_bytes),
                (mem(lambda m: m.device_peak), fmt_bytes)]
     rows = _spread_rows(snap.ranks, len(MEMORY_HEADER), columns)
-    return Table(MEMORY_HEADER, tuple(rows + _named(snap, _memory_row, len(MEMORY_HEADER))))
+    return _one_unit(Table(MEMORY_HEADER,
+                           tuple(rows + _named(snap, _memory_row, len(MEMORY_HEADER)))))
 
 
 def _pipeline_row(r: RankSnapshot) -> Row:

@@ -71,24 +71,47 @@ class StreamView:
 
 
 # ----------------------------------------------------------------- run telemetry
+class NoteLines:
+    """Prints what happened to a run (its notes: a rank died, a replacement joined) as it
+    happens, each line once."""
+
+    def __init__(self, stream: Optional[TextIO] = None) -> None:
+        self._stream = stream
+        self.printed = 0
+
+    def show(self, snap: RunSnapshot) -> int:
+        """Print the notes not printed yet; return how many."""
+        new = snap.notes[self.printed:]
+        if new:
+            out = self._stream or sys.stdout
+            out.write("".join(line + "\n" for line in new))
+            out.flush()
+            self.printed = len(snap.notes)
+        return len(new)
+
+
 def format_line(snap: RunSnapshot, prefix: str = "nbdist: ", final: bool = False) -> str:
     """One line for a run: state, pace, where the step time goes, failures."""
     parts = tables.progress_phrases(snap, final) + tables.diagnosis_phrases(snap)
     return prefix + " | ".join(parts + tables.failure_lines(snap))
 
 
-def format_summary(snap: RunSnapshot) -> str:
+def format_summary(snap: RunSnapshot, notes: bool = True) -> str:
     """A plain table of a finished run, one row per rank (or min/median/max and outliers),
-    then the pipeline's stages, collectives by mesh dimension and what each rank holds."""
+    then the pipeline's stages, collectives by mesh dimension and what each rank holds, and
+    what happened to the run (its notes; ``notes=False`` where they were printed already)."""
     head = "nbdist run: " + " | ".join(tables.progress_phrases(snap, final=snap.finished)
                                        + tables.diagnosis_phrases(snap))
     extra = []
-    for table in (tables.pipeline_table(snap), tables.dims_table(snap), tables.memory_table(snap)):
+    for table, caption in ((tables.pipeline_table(snap), ()), (tables.dims_table(snap), ()),
+                           (tables.memory_table(snap), (tables.MEMORY_CAPTION,))):
         if table is not None:
-            extra += ["", *text_table(table)]
+            extra += ["", *caption, *text_table(table)]
     stall = tables.stall_lines(snap)
     if stall:
         extra += ["", *stall]
+    if notes and snap.notes:
+        extra += ["", *snap.notes]
     said = tables.verdict_lines(snap)
     if said:
         extra += ["", *(f"verdict: {line}" for line in said)]
@@ -116,8 +139,10 @@ class TextDashboard:
         self.lines = 0
         self._last = ""
         self._stall: Optional[tuple] = None  # the verdict printed last
+        self._notes = NoteLines(stream)
 
     def update(self, snap: RunSnapshot) -> None:
+        self.lines += self._notes.show(snap)
         self._print_stall(snap)
         if snap.has_telemetry and self._throttle.due():
             self._print(format_line(snap))
@@ -132,6 +157,7 @@ class TextDashboard:
         self._stall = key
 
     def close(self, snap: RunSnapshot) -> None:
+        self.lines += self._notes.show(snap)
         if not snap.has_telemetry:
             return
         line = format_line(snap, final=True)
@@ -139,7 +165,7 @@ class TextDashboard:
             self._print(line)
         shown = self._stream is None and self._show is not None and self._show(snap)
         if not shown:
-            self._print(format_summary(snap))
+            self._print(format_summary(snap, notes=False))  # printed as they came
 
     def _print(self, text: str) -> None:
         self._last = text

@@ -74,7 +74,7 @@ class RunWidget(VBox):
         self.memory.add_class("nbdist-memory")
         self.failures = HTML("")
         self.verdicts = HTML("")  # what the numbers mean, once the run is over
-        self.legend = HTML(legend())
+        self.legend = HTML("")
         self.chart = HTML("")
         self.chart.add_class("nbdist-chart")
         super().__init__([self.header, self.stall, self.table, self.memory, self.verdicts,
@@ -93,11 +93,13 @@ class RunWidget(VBox):
         fold hands over the same record objects while they do not change).
         """
         self.snapshot = snap if final else None
+        numbers = snap.has_telemetry  # else a header alone: the run's clock, what happened
         with _held(self.header, self.stall, self.table, self.memory, self.verdicts,
-                   self.failures, self.chart):
+                   self.failures, self.legend, self.chart):
             _set(self.header, run_header(snap, final))
             _set(self.stall, stall(snap))
-            _set(self.table, run_table_html(snap))
+            _set(self.table, run_table_html(snap) if numbers else "")
+            _set(self.legend, legend() if numbers else "")
             if self._changed("details", (snap.dims, *((r.bytes_per_step, r.state)
                                                       for r in snap.ranks)),
                              [x for r in snap.ranks for x in (r.memory, r.pipeline)]):
@@ -139,8 +141,8 @@ class WidgetDashboard:
         return {**self.widget._repr_mimebundle_(), **summary_bundle(snap)}
 
     def _draw(self, snap: RunSnapshot, final: bool) -> None:
-        if not snap.has_telemetry and self._handle is None:
-            return  # nothing to show yet: no empty dashboard under cells that log nothing
+        if not snap.has_news and self._handle is None:
+            return  # nothing to show yet: no empty dashboard under quick cells that log nothing
         self.widget.show(snap, final)
         if self._handle is None:
             from IPython.display import display  # deferred: only a live kernel draws widgets
@@ -208,8 +210,8 @@ class ClusterPanel(VBox):
                           HBox([self.count, self.scale_button, self.refresh_button]),
                           self.message, HTML(SCALE_NOTE)])
         self.add_class("nbdist-cluster")
+        self._shown_workers = self.count.value  # the size the Scale box last followed
         self.refresh()
-        self.count.value = max(1, self.workers)
         if interval:
             # Count the front end's views of the panel: it refreshes only while one is shown.
             self._view_count = 0
@@ -243,7 +245,16 @@ class ClusterPanel(VBox):
                 if self.status is not None:
                     _set(self.table, self.status._repr_html_())
                 _set(self.note, refreshed_note(self.interval, clock, error))
+                self._follow()
             self.scale_button.disabled = self._scale is None or self.stopped
+
+    def _follow(self) -> None:
+        """The Scale box says the size of the cluster shown (one click must not shrink it),
+        unless someone typed another number since the box last followed it."""
+        n = self.workers
+        if n and n != self._shown_workers and self.count.value == self._shown_workers:
+            self.count.value = min(max(1, n), self.count.max)
+        self._shown_workers = n or self._shown_workers
 
     def scale(self, n: int) -> None:
         """Resize to ``n`` workers; errors stay on the panel in red."""

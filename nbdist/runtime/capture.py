@@ -240,6 +240,20 @@ def _warning_tee(sink: EventSink) -> Callable[..., None]:
     return showwarning
 
 
+def fresh_warnings() -> None:
+    """Let each warning show once more in this cell, as a plain kernel does on a re-run: the
+    filters' "once per location" registries are kept across cells on a warm worker, and
+    Python empties them all when it is told its filters changed (they did not: the same
+    filters are kept)."""
+    mutated = getattr(warnings, "_filters_mutated", None)
+    if mutated is not None:
+        mutated()
+    elif warnings.filters:  # no such hook: re-adding a filter that is there tells it too
+        action, message, category, module, lineno = warnings.filters[-1]
+        warnings.filterwarnings(action, message.pattern if message else "", category,
+                                module.pattern if module else "", lineno, append=True)
+
+
 @contextmanager
 def captured_output(sink: EventSink, limit: int = MAX_OUTPUT_CHARS) -> Iterator[OutputBudget]:
     """Route ``sys.stdout``/``sys.stderr`` and shown warnings to ``sink`` during a cell.
@@ -248,6 +262,7 @@ def captured_output(sink: EventSink, limit: int = MAX_OUTPUT_CHARS) -> Iterator[
     how much was held back (a print loop of millions of lines must not flood the notebook).
     """
     budget = OutputBudget(limit)
+    fresh_warnings()
     old = sys.stdout, sys.stderr, warnings.showwarning
     sys.stdout = StreamTee(sink, "stdout", budget)
     sys.stderr = StreamTee(sink, "stderr", budget)

@@ -106,11 +106,12 @@ class Joined(TypedDict, total=False):
 
 
 class PullResult(TypedDict, total=False):
-    """What ``pull`` returns: the pickled object, or why there is none."""
+    """Whether ``pull`` found the object (it follows, packed), or why not; ``channel``: its
+    buffers went over the notebook's data channel."""
 
     ok: bool
-    blob: bytes
     evalue: str
+    channel: bool
 
 
 def is_communication_failure(exc: BaseException) -> bool:
@@ -221,8 +222,8 @@ def engine_failure(text: str) -> CellResult:
     return cell_failed(plain_error("WorkerError", first, text), group_alive=False)
 
 
-def pulled(blob: bytes) -> PullResult:
-    return PullResult(ok=True, blob=blob)
+def pulled(channel: bool = False) -> PullResult:
+    return PullResult(ok=True, channel=channel)
 
 
 def not_pulled(reason: str) -> PullResult:

@@ -8,7 +8,6 @@ module to name the functions it ships, and must not load torch for that.
 
 from __future__ import annotations
 
-import copy
 import os
 import socket
 import sys
@@ -17,10 +16,7 @@ import time
 import types
 from typing import Any, Callable, Optional
 
-import cloudpickle
-
-from ..telemetry.units import fmt_bytes
-from . import debug, results
+from . import debug, pulling, results, transfer
 from . import env as envmod
 from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
@@ -245,11 +241,11 @@ def leave() -> None:
 
 
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
-             want_result: bool, grace: float = 3.0, measure: Measure = DEFAULT,
+             want_result: Optional[bool], grace: float = 3.0, measure: Measure = DEFAULT,
              coordinated: bool = False, slot: Optional[int] = None,
              keep_cell: bool = False, link: Optional[debug.Link] = None
              ) -> results.CellResult:
-    """Run one cell on this rank. ``peers`` are the ranks running the same cell.
+    """Run one cell on this rank, among ``peers`` (``want_result`` None: the lowest returns).
 
     ``measure``: what the cell measures (telemetry switches, the hang doctor's threshold);
     ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
@@ -266,10 +262,12 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
             "RuntimeError", "worker has no rank",
             "this worker has not joined the job; run %nbdist restart"), group_alive=False, seq=0)
     full = len(peers) == plan.world_size
+    me = plan.rank if slot is None else slot
+    want_result = me == min(peers, default=-1) if want_result is None else want_result
     with _state.lock:
         t0 = time.perf_counter()
         seq0 = _state.sink.flush()
-        _state.sink.rank = plan.rank if slot is None else slot
+        _state.sink.rank = me
         # The notebook shows the lowest rank's output: it goes out at the next tick, however
         # large the job (others wait for the rank's next batch)
         _state.sink.prompt_output = _state.sink.rank == min(peers, default=_state.sink.rank)
@@ -348,78 +346,18 @@ def post_mortem(link: debug.Link) -> results.CellResult:
         return debug.post_mortem_call(link, _state.sink, _debug_store)
 
 
-def push(blob: bytes) -> None:
-    _state.namespace.update(cloudpickle.loads(blob))
+def push(header: bytes, layout: Optional[list], *buffers: Any,
+         source: Optional[tuple] = None) -> None:
+    """Put the packed values (a dict) into the namespace; their buffers come with the call
+    or from the notebook's data channel (``source``: its address and the push's ticket)."""
+    if source is not None:
+        buffers = tuple(transfer.fetch(tuple(source[0]), source[1], _state.timeout))
+    _state.namespace.update(transfer.unpack(header, buffers, layout))
 
 
-def pull(name: str) -> results.PullResult:
-    """Return ``name`` (a dotted path) from the namespace, with tensors and modules on CPU."""
-    parts = name.split(".")
-    if parts[0] not in _state.namespace:
-        return results.not_pulled(f"name {parts[0]!r} is not defined on this worker")
-    obj = _state.namespace[parts[0]]
-    for attr in parts[1:]:
-        try:
-            obj = getattr(obj, attr)
-        except AttributeError:
-            return results.not_pulled(f"{'.'.join(parts[:parts.index(attr)])} has no "
-                                      f"attribute {attr!r}")
-    size = _size_hint(obj)
-    if size > MAX_PULL_BYTES:
-        return results.not_pulled(_too_big(name, size))
-    try:
-        blob = cloudpickle.dumps(_to_cpu(obj))
-    except Exception as exc:  # the user's object, not nbdist: say what cannot travel
-        return results.not_pulled(
-            f"{name} ({type(obj).__name__}) cannot be sent to the notebook: "
-            f"{type(exc).__name__}: {exc}. Pull the parts that can be pickled, e.g. a "
-            "state_dict() or a tensor")
-    if len(blob) > MAX_PULL_BYTES:
-        return results.not_pulled(_too_big(name, len(blob)))
-    return results.pulled(blob)
-
-
-#: the largest object ``pull`` sends (pickled); bigger ones are refused with their size
-MAX_PULL_BYTES = 2 << 30
-
-
-def _too_big(name: str, size: int) -> str:
-    return (f"{name} is {fmt_bytes(size)}, over the {fmt_bytes(MAX_PULL_BYTES)} that pull "
-            "sends: pull a part of it (a slice, one tensor), or save it to a file on the "
-            "worker (torch.save) and read that")
-
-
-def _size_hint(obj: Any) -> int:
-    """Bytes of the tensors in ``obj`` (a tensor, a module, or a dict/list of them), known
-    without pickling it."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, torch.nn.Module):
-        return sum(t.numel() * t.element_size()
-                   for t in (*obj.parameters(), *obj.buffers()))
-    if isinstance(obj, dict):
-        return sum(_size_hint(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_size_hint(v) for v in obj)
-    return 0
-
-
-def _to_cpu(obj: Any) -> Any:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, torch.nn.parallel.DistributedDataParallel):
-        obj = obj.module
-    if isinstance(obj, torch.nn.Module):
-        return copy.deepcopy(obj).cpu()
-    if isinstance(obj, dict):
-        return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
+def pull(name: str, sink: Optional[tuple] = None) -> list[Any]:
+    """``name`` (a dotted path) from the namespace, packed (:func:`.pulling.pull`)."""
+    return pulling.pull(_state.namespace, name, sink, _state.timeout)
 
 
 def run_script(script: str, source: str, argv: list[str], port: int, cwd: str,

@@ -17,7 +17,6 @@ folding a stream in pieces gives what folding it at once gives.
 from __future__ import annotations
 
 import pickle
-import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
@@ -27,6 +26,7 @@ from .events import (
     COMM,
     DDP,
     DEBUGGER,
+    ELASTIC,
     END,
     MEMORY,
     PIPELINE,
@@ -44,7 +44,16 @@ from .events import (
 )
 from .matcher import StepMatcher
 from .matching import STRAGGLER_MIN_S, STRAGGLER_MIN_STEPS, STRAGGLER_SCORE, flagged, scores_of
-from .ranks import RankFold, figures, median_without, rank_snapshot, to_ns
+from .ranks import (
+    RankFold,
+    common_moment,
+    figures,
+    median_without,
+    models_and_trial,
+    rank_snapshot,
+    to_ns,
+)
+from .recovery import Incarnations, Lost
 from .snapshot import (
     WINDOW,
     BarState,
@@ -58,6 +67,7 @@ from .snapshot import (
     StepPoint,
     TrialPoint,
 )
+from .spread import ScalarSpread
 from .stall import StallWatch, Verdict
 from .states import RankState
 
@@ -104,13 +114,15 @@ class RunState:
         self._bytes = 0
         self._ncomm = 0
         self._dims: dict[str, list] = {}  # dim -> [ops, calls, bytes, nanoseconds]
-        # logged values: name -> step -> rank -> value, and their spread over ranks per step
-        self._scalar_at: dict[str, dict[float, dict[int, float]]] = {}
-        self._spread: dict[str, dict[float, tuple[float, float, float, float]]] = {}
-        self._spread_series: dict[str, tuple[tuple[float, float, float, float], ...]] = {}
-        self._spread_dirty: set[tuple[str, float]] = set()
+        #: logged values over the ranks, per step
+        self._spread = ScalarSpread(history)
         #: progress, step times and where each rank said it was (the hang doctor's input)
         self.stall = StallWatch(started, stall_after)
+        #: which worker each rank's events come from, and what happened to the job
+        self.history = Incarnations()
+        self._former: list[tuple[int, RankFold]] = []  # workers replacements took over from
+        #: what stopped the run (``--timeout 16 s`` or ``interrupt``); None: not stopped
+        self.stopped_by: Optional[str] = None
         #: the models and trial of the last snapshot, until a rank reports a change
         self._setup: Optional[tuple[tuple[ModelPoint, ...], Optional[TrialPoint]]] = None
 
@@ -132,9 +144,12 @@ class RunState:
         for batch in sorted(batches, key=lambda b: (b["rank"], b["seq"])):
             rank = batch["rank"]
             for event in batch["events"]:
-                if event.get("kind") in TELEMETRY:
+                kind = event.get("kind")
+                if kind in TELEMETRY:
                     self.apply(rank, event)
                     changed = True
+                elif kind == ELASTIC:
+                    changed |= self._elastic(rank, event)
         return changed
 
     def apply(self, rank: int, e: Event) -> None:
@@ -193,19 +208,20 @@ class RunState:
         elif kind == PIPELINE:
             st.pipes.append(e)
         elif kind == PROGRESS:
-            if st.bar_id != e["bar"]:
-                st.bar_id = e["bar"]
-                st.bar_points.clear()
-            st.bar = e
-            st.bar_points.append((e["t"], e["n"]))
+            st.progress(e)
         elif kind == SCALARS:
             for name, x, v in st.log(e["values"], e.get("step")):
-                self._scalar(rank, name, x, v)
+                self._spread.add(rank, name, x, v)
         elif kind == MEMORY:
             self._memory(st, e)
         elif kind == END:
-            self._stop(st, RankState.DONE if e["ok"] else RankState.FAILED)
-            st.error = e.get("error")
+            error = e.get("error")
+            if not e["ok"] and self.stopped_by and (error or "").startswith("KeyboardInterrupt"):
+                self._stop(st, RankState.STOPPED)  # what stopped it is the run's to say
+                error = None
+            else:
+                self._stop(st, RankState.DONE if e["ok"] else RankState.FAILED)
+            st.error = error
             self.stall.end(rank, e["t"], e["ok"], st.error)
             self._matcher.settle_all()  # steps this rank will never report no longer wait for it
 
@@ -216,35 +232,6 @@ class RunState:
             # held while it trained.
             st.memory = e
             st.memory_point = None
-
-    def _scalar(self, rank: int, name: str, x: float, v: float) -> None:
-        """Keep the value for the spread over ranks at step ``x`` (the chart above a few
-        ranks), recomputed at the next snapshot for that step only."""
-        at = self._scalar_at.setdefault(name, {})
-        col = at.get(x)
-        if col is None:
-            col = at[x] = {}
-            if len(at) > self._history:
-                oldest = min(at)
-                del at[oldest]
-                self._spread.get(name, {}).pop(oldest, None)
-        col[rank] = v
-        self._spread_dirty.add((name, x))
-
-    def _scalar_spread(self) -> dict[str, tuple[tuple[float, float, float, float], ...]]:
-        changed = set()
-        for name, x in self._spread_dirty:
-            col = self._scalar_at[name].get(x)
-            if col is not None:
-                vals = sorted(col.values())
-                self._spread.setdefault(name, {})[x] = (x, vals[0], statistics.median(vals),
-                                                        vals[-1])
-                changed.add(name)
-        self._spread_dirty.clear()
-        for name in changed:
-            by_x = self._spread[name]
-            self._spread_series[name] = tuple(by_x[x] for x in sorted(by_x))
-        return dict(self._spread_series)
 
     def _span(self, t0: float, t1: float) -> None:
         self._t0 = t0 if self._t0 is None else min(self._t0, t0)
@@ -380,14 +367,50 @@ class RunState:
         across ranks once the last one arrives (``timing``: :meth:`.RankFold.add_steps`)."""
         reports, untimed_bytes = st.add_steps(ns, t0s, t1s, lengths, samples, exposed, timing)
         self._bytes += untimed_bytes
-        self._matcher.steps(rank, ns, reports)
+        self._matcher.steps(rank, st.job_steps(ns), reports)
+
+    # ------------------------------------------------------------- elastic training
+    def _elastic(self, rank: int, e: Event) -> bool:
+        """An elastic event from ``rank``; True when a replacement worker now reports as it:
+        that worker gets a fold of its own, counting from the job's step it joined at."""
+        start = self.history.joined(rank, e, self._next_step())
+        if start is None:
+            return False
+        old = self._ranks.pop(rank, None)
+        if old is not None:
+            if old.state.active:  # its death was not reported; its place was taken
+                self._stop(old, RankState.DIED)
+            old.replaced = True
+            self._former.append((rank, old))
+        new = self._rank(rank)
+        new.offset = new.joined_at = start
+        new.state = RankState.RUNNING
+        return True
+
+    def _next_step(self) -> int:
+        """The job's next step: after the latest any rank reported."""
+        return max((st.last_step for st in self._ranks.values() if st.last_step is not None),
+                   default=-1) + 1
+
+    def record(self, news: Any) -> None:
+        """What elastic training's coordinator wrote (:mod:`.recovery`): a :class:`Lost`
+        rank's row says it died from now on, and steps stop waiting for it."""
+        died_at = self._next_step()
+        if isinstance(news, Lost) and news.rank in self._ranks:
+            st = self._ranks[news.rank]
+            self._stop(st, RankState.DIED)
+            st.error = news.cause or "its worker is gone"
+            died_at = st.last_step + 1 if st.last_step is not None else None
+            self._matcher.settle_all()
+        self.history.record(news, died_at, max(self.history.offset.values(), default=None))
 
     def finish(self) -> None:
         """The run is over: ranks that never said they finished are marked stopped."""
         for st in self._ranks.values():
             if st.state.active:
                 self._stop(st, RankState.STOPPED)
-                st.error = st.error or "no end-of-cell report (interrupted, or the worker died)"
+                if not self.stopped_by:
+                    st.error = st.error or "no end-of-cell report (interrupted, or the worker died)"
         self._matcher.settle_all()
 
     # ------------------------------------------------------------- snapshot
@@ -396,58 +419,53 @@ class RunState:
         (the notebook's ``time.time()``) is when a stall is judged (None: not judged)."""
         ranks = sorted(self._ranks)
         matcher = self._matcher
-        scores = scores_of(list(matcher.blames), ranks)
-        slow = flagged(scores, len(matcher.blames))
+        # A rank that died waits for nobody and is waited for by nobody any more; alone, a
+        # rank is nobody's straggler.
+        live = [r for r in ranks if self._ranks[r].state != RankState.DIED]
+        scores = scores_of(list(matcher.blames), live)
+        slow = flagged(scores, len(matcher.blames)) if len(live) > 1 else []
         flagged_set = set(slow)
         cutoff = matcher.matched - WINDOW  # match numbers of the run's last WINDOW matches
         numbers = [figures(self._ranks[r], cutoff) for r in ranks]
         known = sorted(f[3] for f in numbers if f[3] is not None)  # compute per step
+        moment = common_moment(self._ranks.values())
         out = []
         for r, f in zip(ranks, numbers):
             c = f[3]
             others = median_without(known, c) if c is not None else None
-            out.append(rank_snapshot(r, self._ranks[r], f, now, r in flagged_set,
-                                     scores[r].score, c - others if others is not None else None))
+            score = scores[r].score if r in scores else 0.0
+            out.append(rank_snapshot(r, self._ranks[r], f, now, r in flagged_set, score,
+                                     c - others if others is not None else None, moment))
+        former = tuple(rank_snapshot(r, st, figures(st, cutoff), now, False, 0.0, None)
+                       for r, st in self._former)
         elapsed = (self._t1 - self._t0) if self._t0 is not None and self._t1 is not None else 0.0
         curves: dict[str, dict[int, tuple[tuple[float, float], ...]]] = {}
         for r in ranks:
             st = self._ranks[r]
             for name, pts in st.scalar_points.items():
                 curve = st.scalar_curves.get(name)
-                if curve is None:
-                    curve = st.scalar_curves[name] = tuple(pts)
+                if curve is None:  # a replacement's curve goes on from its predecessors'
+                    before = [p for q, old in self._former if q == r
+                              for p in old.scalar_points.get(name, ())]
+                    curve = st.scalar_curves[name] = tuple(before + pts)
                 curves.setdefault(name, {})[r] = curve
         dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3] / 1e9)
                      for dim, d in sorted(self._dims.items()))
         stall = self.verdict(at) if at is not None else None
-        models, trial = self._setup = self._setup or self._models_and_trial()
+        running = stall is None and any(st.state.active for st in self._ranks.values())
+        models, trial = self._setup = self._setup or models_and_trial(self._ranks)
         return RunSnapshot(tuple(out), tuple(matcher.series[s] for s in sorted(matcher.series)),
                            tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims,
-                           stall=stall, scalar_spread=self._scalar_spread(), models=models,
-                           trial=trial)
-
-    def _models_and_trial(self) -> tuple[tuple[ModelPoint, ...], Optional[TrialPoint]]:
-        """The lowest rank's DDP models (every rank builds the same), and a trial's end over
-        the ranks that reported one."""
-        first = next((st.models for _, st in sorted(self._ranks.items()) if st.models), {})
-        models = tuple(ModelPoint(e["params"], e["tensors"], e["bytes"], e["bucket_cap_mb"],
-                                  e["gradient_as_bucket_view"], e["static_graph"],
-                                  e["comm_hook"], tuple(e["applied"]), tuple(e["explicit"]))
-                       for _, e in sorted(first.items()))
-        ends = [st.trial for st in self._ranks.values() if st.trial is not None]
-        trial = TrialPoint(min(e["steps"] for e in ends), ends[0]["budget"],
-                           all(e["cut"] for e in ends)) if ends else None
-        return models, trial
+                           stall=stall, scalar_spread=self._spread.series(), former=former,
+                           marks=tuple(self.history.marks), stopped_by=self.stopped_by,
+                           models=models, trial=trial, idle_s=self.stall.quiet(at, running))
 
     def _states(self) -> dict[int, RankState]:
         return {r: st.state for r, st in self._ranks.items()}
 
     def verdict(self, at: float) -> Optional[Verdict]:
         """The hang doctor's verdict at ``at`` (None: no stall past the threshold)."""
-        threshold = self.stall.threshold
-        if not self.stall.debugging and (threshold is None or self.stall.idle(at) < threshold):
-            return None  # the usual answer, asked ten times a second: no states to gather
-        return self.stall.verdict(self._ranks, self._states(), at)
+        return self.stall.verdict(self._ranks, self._states, at)
 
     def where(self, at: float) -> Optional[Verdict]:
         """Where each rank was by its last report, threshold or not (for the error a timeout

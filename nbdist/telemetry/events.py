@@ -105,8 +105,9 @@ class ElasticWhat(str, Enum):
     ``BEGIN``: ``world``, ``commit``, ``max_failures``. ``FAILED``: a collective failed
     (``error``, ``commit``). ``HEALED``: back in a group (``commit`` restored,
     ``rolled_back`` commits, ``discarded`` optimizer steps, ``seconds``, ``world_before``,
-    ``world``, ``failures``, ``joined``: the worker that joined). ``STOPPED``: this rank's
-    own ``error`` ended the run.
+    ``world``, ``failures``, ``joined``: the worker that joined; the joiner's own also says
+    ``step``, the job's step its first step is). ``STOPPED``: this rank's own ``error`` ended
+    the run.
     """
 
     BEGIN = "begin"

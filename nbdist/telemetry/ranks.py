@@ -11,18 +11,33 @@ from __future__ import annotations
 import statistics
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from math import fsum
 from typing import Any, Optional
 
 from .columns import summary
 from .events import Event
 from .intervals import bubble_fraction, rate, union_seconds
-from .snapshot import WINDOW, BarState, MemoryPoint, ModelMemory, PipelinePoint, RankSnapshot
+from .snapshot import (
+    WINDOW,
+    BarState,
+    MemoryPoint,
+    ModelMemory,
+    ModelPoint,
+    PipelinePoint,
+    RankSnapshot,
+    TrialPoint,
+)
 from .states import RankState
 
-__all__ = ["RankFold", "Report", "StepComm", "accumulator", "figures", "mean",
-           "median_without", "pipeline_point", "rank_snapshot", "to_ns"]
+__all__ = ["LAG_S", "RankFold", "Report", "StepComm", "accumulator", "common_moment", "figures",
+           "mean", "median_without", "models_and_trial", "pipeline_point", "rank_snapshot", "to_ns"]
+
+#: a running rank whose latest report is this much older than the newest rank's is shown as
+#: of its own report ("as of"); the others are read at one moment (see :func:`common_moment`)
+LAG_S = 2.0
+#: bars kept open per rank (nested loops: an epoch bar around a batch bar)
+MAX_BARS = 4
 
 #: one rank's report of one step, a :class:`~.matching.RankStep`'s fields as a plain tuple (the
 #: garbage collector stops tracking it at once; reports wait for the last rank's, seconds at
@@ -78,7 +93,8 @@ class RankFold:
         self.m_transfer: deque[float] = deque(maxlen=WINDOW)
         self.m_bw: deque[Optional[float]] = deque(maxlen=WINDOW)
         self.bar_id: Optional[int] = None
-        self.bar: Optional[Event] = None
+        self.bar: Optional[Event] = None  # the bar its row shows: the innermost open one
+        self.bars: dict[int, Event] = {}  # open bars by id (an inner bar is made later)
         self.bar_points: deque[tuple[float, float]] = deque(maxlen=WINDOW)
         self.scalars: dict[str, float] = {}
         self.history = history
@@ -99,6 +115,11 @@ class RankFold:
         self.step_bytes: deque[int] = deque(maxlen=WINDOW)
         self.pipes: deque[Event] = deque(maxlen=WINDOW)  # schedule steps
         self.stage_s: dict[str, deque[float]] = {}  # "forward"/"backward" -> per microbatch
+        #: the job's step its step 0 is (a replacement worker counts from 0 in its process)
+        self.offset = 0
+        self.last_step: Optional[int] = None  # the job's index of its latest step
+        self.joined_at: Optional[int] = None  # a replacement: the job's step it joined at
+        self.replaced = False  # a worker a replacement took the place of
         self.models: dict[int, Event] = {}  # DDP model number -> what it runs with, latest
         self.trial: Optional[Event] = None  # a tuning trial's end on this rank
 
@@ -136,6 +157,7 @@ class RankFold:
         neither its exposed communication (unknown, not 0) nor a report to match."""
         exposed = [e if e < s else s for e, s in zip(exposed, lengths)]  # min(), inline
         self.steps += len(ns)
+        self.last_step = ns[-1] + self.offset
         self.t0s.extend(t0s)
         self.t1 = t1s[-1]
         self.step_s.extend(lengths)
@@ -165,9 +187,42 @@ class RankFold:
                 reports.append((step_s, ex, busy, acc.timed_bytes, not acc.untimed))
         return reports, untimed_bytes
 
+    def job_steps(self, ns: Sequence[int]) -> Sequence[int]:
+        """Its step numbers ``ns`` as the job's (the ones the ranks' reports match by)."""
+        off = self.offset
+        return [n + off for n in ns] if off else ns
+
+    def progress(self, e: Event) -> None:
+        """A bar moved. The row shows the innermost bar still open (the latest made), so an
+        epoch bar around a batch bar does not take the row each time it moves."""
+        bars = self.bars
+        if e["done"]:
+            bars.pop(e["bar"], None)
+        else:
+            bars[e["bar"]] = e
+            while len(bars) > MAX_BARS:
+                del bars[min(bars)]
+        shown = bars[max(bars)] if bars else e
+        if shown is not e and self.bar is not None and shown["bar"] == self.bar_id:
+            return  # a bar around the one shown moved
+        if self.bar_id != shown["bar"]:
+            self.bar_id = shown["bar"]
+            self.bar_points.clear()
+        self.bar = shown
+        if shown is e:
+            self.bar_points.append((e["t"], e["n"]))
+
+    def latest(self) -> Optional[float]:
+        """When it last reported progress: its bar's latest move, else its latest step."""
+        if self.bar is not None:
+            return self.bar["t"]
+        return self.t1 if self.steps else None
+
     def log(self, values: Mapping[str, float], step: Optional[int]
             ) -> list[tuple[str, float, float]]:
         """Take logged values; returns each as ``(name, step, value)``."""
+        if step is not None:
+            step += self.offset
         self.scalars.update(values)
         self.scalars_copy = None
         out = []
@@ -182,12 +237,41 @@ class RankFold:
         return out
 
 
+def common_moment(folds: Iterable[RankFold]) -> Optional[float]:
+    """The moment running ranks' counts are read at, so that none looks ahead of another by
+    reporting later: the oldest latest report among them, leaving out ranks more than
+    :data:`LAG_S` behind the newest (those are shown as of their own report)."""
+    times = [t for st in folds if st.state.active and (t := st.latest()) is not None]
+    if not times:
+        return None
+    newest = max(times)
+    return min(t for t in times if t >= newest - LAG_S)
+
+
+def _at(st: RankFold, moment: Optional[float]) -> tuple[int, Optional[int], Optional[float]]:
+    """Its steps, its bar's position, and how far its latest report is behind ``moment``
+    (None: it is read at the moment), with what it reported after ``moment`` left out."""
+    latest = st.latest() if st.state.active else None
+    bar_n = st.bar["n"] if st.bar is not None else None
+    if moment is None or latest is None:
+        return st.steps, bar_n, None
+    if latest < moment:
+        return st.steps, bar_n, moment - latest
+    later = sum(1 for a, s in zip(st.t0s, st.step_s) if a + s > moment)
+    if st.bar is not None:
+        before = [n for t, n in st.bar_points if t <= moment]
+        bar_n = before[-1] if before else (st.bar_points[0][1] if st.bar_points else bar_n)
+    return st.steps - later, bar_n, None
+
+
 def rank_snapshot(r: int, st: RankFold, numbers: tuple, now: Optional[float], straggler: bool,
-                  score: float, gap: Optional[float]) -> RankSnapshot:
+                  score: float, gap: Optional[float], moment: Optional[float] = None
+                  ) -> RankSnapshot:
     """What a snapshot shows of rank ``r``: its :func:`figures` (``numbers``), its bar, memory
     and logged values, and what the run says of it (straggler, score, compute above the
-    others')."""
+    others'); counts as of ``moment`` (:func:`common_moment`)."""
     sps, smp, step_s, compute, exposed, waiting, transfer, bw = numbers
+    steps, bar_n, behind = _at(st, moment)
     bar = None
     if st.bar is not None:
         b = st.bar
@@ -197,7 +281,9 @@ def rank_snapshot(r: int, st: RankFold, numbers: tuple, now: Optional[float], st
             eta = (b["total"] - b["n"]) / rt
             if now is not None:  # count down between progress reports
                 eta = max(0.0, eta - max(0.0, now - b["t"]))
-        bar = BarState(b["desc"], b["n"], b["total"], rt, eta, b["done"])
+        outer = tuple(_bar_label(o) for i, o in sorted(st.bars.items()) if i < b["bar"])
+        bar = BarState(b["desc"], bar_n if bar_n is not None else b["n"], b["total"], rt, eta,
+                       b["done"], outer)
     # Records that did not change are the same objects from one snapshot to the next:
     # less to build, and less for the garbage collector to follow.
     mem = st.memory_point
@@ -210,11 +296,19 @@ def rank_snapshot(r: int, st: RankFold, numbers: tuple, now: Optional[float], st
                                             ModelMemory(**model) if model else None)
     if st.scalars_copy is None:
         st.scalars_copy = dict(st.scalars)
+    last = st.last_step - (st.steps - steps) if st.last_step is not None else None
     return RankSnapshot(
-        r, st.state, st.error, st.steps, sps, smp, step_s, compute, exposed, waiting,
+        r, st.state, st.error, steps, sps, smp, step_s, compute, exposed, waiting,
         transfer, bw, bar, st.scalars_copy, straggler, score, gap, st.free,
         st.free_waiting_ns / 1e9, st.free_transfer_ns / 1e9, memory=mem,
-        bytes_per_step=mean(st.step_bytes), pipeline=pipeline_point(st))
+        bytes_per_step=mean(st.step_bytes), pipeline=pipeline_point(st), last_step=last,
+        joined_at=st.joined_at, replaced=st.replaced, behind_s=behind)
+
+
+def _bar_label(e: Event) -> str:
+    """``epoch 2/3``: a bar around the one a row shows."""
+    total = f"/{e['total']}" if e["total"] is not None else ""
+    return f"{e['desc'] or 'bar'} {e['n']}{total}"
 
 
 def figures(st: RankFold, cutoff: int) -> tuple:
@@ -295,3 +389,18 @@ def pipeline_point(st: RankFold) -> Optional[PipelinePoint]:
         statistics.median(spans),
         statistics.median(fwd) if fwd else None, statistics.median(bwd) if bwd else None,
         statistics.median(e["p2p_wait_s"] for e in st.pipes))
+
+
+def models_and_trial(ranks: dict[int, RankFold]
+                     ) -> tuple[tuple[ModelPoint, ...], Optional[TrialPoint]]:
+    """The lowest rank's DDP models (every rank builds the same), and a trial's end over
+    the ranks that reported one."""
+    first = next((st.models for _, st in sorted(ranks.items()) if st.models), {})
+    models = tuple(ModelPoint(e["params"], e["tensors"], e["bytes"], e["bucket_cap_mb"],
+                              e["gradient_as_bucket_view"], e["static_graph"],
+                              e["comm_hook"], tuple(e["applied"]), tuple(e["explicit"]))
+                   for _, e in sorted(first.items()))
+    ends = [st.trial for st in ranks.values() if st.trial is not None]
+    trial = TrialPoint(min(e["steps"] for e in ends), ends[0]["budget"],
+                       all(e["cut"] for e in ends)) if ends else None
+    return models, trial

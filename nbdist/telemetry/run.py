@@ -16,6 +16,7 @@ from typing import Callable, Optional, Union
 
 from .aggregate import RunState
 from .events import Batch, Event
+from .recovery import Lost, Recovery
 from .snapshot import RunSnapshot
 from .stall import Verdict
 from .trace import write_trace
@@ -74,6 +75,18 @@ class Run:
             self._seq[b["rank"]] = max(self._seq.get(b["rank"], 0), b["seq"])
         return self._state.feed(batches)
 
+    def record(self, news: Union[Lost, Recovery]) -> None:
+        """What elastic training's coordinator wrote: a rank found dead (its row says so from
+        now on), a re-formed group, a replacement that joined; kept at the step it happened,
+        and as a line of the run's notes."""
+        self._state.record(news)
+        self.notes.append(news.line())
+
+    def stopped(self, by: str) -> None:
+        """The notebook is stopping the run (``--timeout 16 s`` or ``interrupt``): ranks the
+        interrupt ends are stopped by that, and say where they were, not ``KeyboardInterrupt``."""
+        self._state.stopped_by = by
+
     def has_all(self, wanted: Mapping[int, int]) -> bool:
         """True once every rank's batches up to ``wanted[rank]`` (its last seq) arrived."""
         return all(self._seq.get(r, 0) >= s for r, s in wanted.items())
@@ -90,8 +103,11 @@ class Run:
         if self._final is not None and now is None:
             return self._final
         end = self.ended if self.ended is not None else time.time()
-        snap = replace(self._state.snapshot(now, at=end), wall_s=max(0.0, end - self.started),
-                       notes=tuple(self.notes))
+        snap = self._state.snapshot(now, at=end)
+        # A stopped run says where each rank was, threshold or not (who held the others).
+        where = self.where() if snap.stopped_by and snap.stall is None else snap.stall
+        snap = replace(snap, wall_s=max(0.0, end - self.started), notes=tuple(self.notes),
+                       stall=where)
         if self.ended is None:
             return snap
         if snap.steps or any(r.memory for r in snap.ranks):

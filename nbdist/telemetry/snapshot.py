@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Optional
 
 from .matching import STRAGGLER_MIN_S
+from .recovery import Mark
 from .stall import Verdict
 from .states import RankState
 from .units import fmt_rate
@@ -58,6 +59,8 @@ class BarState:
     rate: Optional[float]  # items/s
     eta_s: Optional[float]
     done: bool
+    #: the bars open around it, outermost first (``epoch 2/3``)
+    outer: tuple[str, ...] = ()
 
     @property
     def fraction(self) -> Optional[float]:
@@ -208,6 +211,15 @@ class RankSnapshot:
     memory: Optional[MemoryPoint] = None
     bytes_per_step: Optional[float] = None  # mean payload of a step's collectives (recent)
     pipeline: Optional[PipelinePoint] = None
+    #: the job's index of its latest step (a replacement worker's steps keep the job's count)
+    last_step: Optional[int] = None
+    #: a replacement worker: the job's step it joined at
+    joined_at: Optional[int] = None
+    #: a worker a replacement took the place of (its row stays, apart from the replacement's)
+    replaced: bool = False
+    #: its latest report is this many seconds older than the others' (its counts are as of
+    #: then; the other ranks' are read at one moment, so none looks ahead by reporting later)
+    behind_s: Optional[float] = None
 
     @property
     def exposed_fraction(self) -> Optional[float]:
@@ -275,6 +287,14 @@ class RunSnapshot:
     #: name -> ((step, min, median, max), ...) over the ranks that logged it at that step
     scalar_spread: dict[str, tuple[tuple[float, float, float, float], ...]] = field(
         default_factory=dict)
+    #: workers replacements took the place of, each with its own numbers
+    former: tuple[RankSnapshot, ...] = ()
+    #: what happened to the job (a rank died, a replacement joined), at the step it happened
+    marks: tuple[Mark, ...] = ()
+    #: seconds without progress while the run goes on, once worth saying (before any verdict)
+    idle_s: Optional[float] = None
+    #: what stopped the run: ``--timeout 16 s`` or ``interrupt`` (None: it ended by itself)
+    stopped_by: Optional[str] = None
     #: the DDP models the run built, in order, with their communication setting
     models: tuple[ModelPoint, ...] = ()
     #: a tuning trial's end (None: the run was no trial)
@@ -294,6 +314,12 @@ class RunSnapshot:
                                              for r in self.ranks)
 
     @property
+    def has_news(self) -> bool:
+        """Something to show: numbers, a verdict, what happened, or a run that went quiet."""
+        return (self.has_telemetry or bool(self.marks) or self.idle_s is not None
+                or self.stopped_by is not None)
+
+    @property
     def failed(self) -> tuple[RankSnapshot, ...]:
         return tuple(r for r in self.ranks if r.state == RankState.FAILED)
 
@@ -303,8 +329,11 @@ class RunSnapshot:
 
     @property
     def steps(self) -> int:
-        """Steps every rank has completed."""
-        return min((r.steps for r in self.ranks if r.state != RankState.WAITING), default=0)
+        """The job's steps every rank in it has completed (a rank that died and was not
+        replaced counts no more; a replacement counts in the job's steps, from where it
+        joined)."""
+        return min((r.last_step + 1 if r.last_step is not None else 0 for r in self.ranks
+                    if r.state not in (RankState.WAITING, RankState.DIED)), default=0)
 
     @property
     def scalars(self) -> dict[str, float]:
@@ -320,7 +349,7 @@ class RunSnapshot:
     @property
     def diagnosis(self) -> Diagnosis:
         """The straggler (if any), its compute, and the shares of waiting and transfer."""
-        stepped = [r for r in self.ranks if r.step_s]
+        stepped = [r for r in self.ranks if r.step_s and r.state != RankState.DIED]
         w = max((r for r in self.ranks if r.rank in self.stragglers),
                 key=lambda r: r.straggler_score, default=None)
         waiters = [r for r in stepped if w is None or r.rank != w.rank]

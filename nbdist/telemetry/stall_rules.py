@@ -18,6 +18,10 @@ STALL_FLOOR_S = 10.0
 STALL_STEPS = 5.0
 #: steps whose median sets the threshold (the most recent)
 STALL_WINDOW = 20
+#: the least time without progress the dashboard mentions, quietly, before any verdict
+QUIET_FLOOR_S = 2.0
+#: ... or this many median steps, when steps are longer
+QUIET_STEPS = 3.0
 
 
 def stall_threshold(step_s: Iterable[float], override: Optional[float] = None
@@ -38,6 +42,18 @@ def stall_threshold(step_s: Iterable[float], override: Optional[float] = None
     steps = list(step_s)
     median = statistics.median(steps) if steps else 0.0
     return max(STALL_FLOOR_S, STALL_STEPS * median)
+
+
+def quiet_after(step_s: Iterable[float]) -> float:
+    """Seconds without progress after which the dashboard says so ("no step for 3 s"), long
+    before the hang doctor's threshold: :data:`QUIET_STEPS` median steps, at least
+    :data:`QUIET_FLOOR_S`.
+
+    >>> quiet_after([0.1, 0.2]), quiet_after([2.0])
+    (2.0, 6.0)
+    """
+    steps = list(step_s)
+    return max(QUIET_FLOOR_S, QUIET_STEPS * statistics.median(steps)) if steps else QUIET_FLOOR_S
 
 
 def probe_after(threshold: float) -> float:

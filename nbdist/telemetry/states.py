@@ -19,6 +19,9 @@ class RankState(str, Enum):
     STOPPED
         The run ended without an end-of-cell report from it: interrupted, timed out, or its
         worker died.
+    DIED
+        Its worker is gone, as elastic training's coordinator found it (the snapshot carries
+        the cause, e.g. ``SIGKILL``); a replacement worker, if one joins, is a row of its own.
     """
 
     WAITING = "waiting"
@@ -26,6 +29,7 @@ class RankState(str, Enum):
     DONE = "done"
     FAILED = "failed"
     STOPPED = "stopped"
+    DIED = "died"
 
     def __str__(self) -> str:
         return self.value
@@ -37,5 +41,5 @@ class RankState(str, Enum):
 
     @property
     def broken(self) -> bool:
-        """Ended badly (failed or stopped): drawn in the failure colour."""
-        return self in (RankState.FAILED, RankState.STOPPED)
+        """Ended badly (failed, stopped or died): drawn in the failure colour."""
+        return self in (RankState.FAILED, RankState.STOPPED, RankState.DIED)

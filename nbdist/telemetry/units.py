@@ -5,7 +5,7 @@ A leaf module (no nbdist imports), so the fold's records and all views may use i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Optional
 
 
@@ -80,3 +80,39 @@ def fmt_bytes(x: Optional[float]) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.3g} {unit}"
     return f"{x:.0f} B"
+
+
+#: units a column may mix, by family, with their scale: a column is written in one of them
+_FAMILIES = ({"µs": 1e-6, "ms": 1e-3, "s": 1.0}, {"B": 1.0, "kB": 1e3, "MB": 1e6, "GB": 1e9},
+             {"B/s": 1.0, "kB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9})
+
+
+def one_unit(cells: Sequence[str]) -> list[str]:
+    """A column's cells in one unit, the one its largest value is written in, so that rows
+    compare at a glance (``["68.2 ms", "850 µs"]`` → ``["68.2 ms", "0.85 ms"]``), a fraction
+    of it to two decimals at most, so the cell is no wider than the largest. Cells
+    that are not ``<number> <unit>`` of the column's family (``-``, ``Σ 1 s``, ``2:05``)
+    stay as they are.
+
+    >>> one_unit(["19 kB", "370 MB", "0 B", "-"])
+    ['0.02 MB', '370 MB', '0 MB', '-']
+    """
+    parsed: list[Optional[tuple[float, str]]] = []
+    for cell in cells:
+        number, _, unit = cell.partition(" ")
+        try:
+            parsed.append((float(number), unit))
+        except ValueError:
+            parsed.append(None)
+    units = {p[1] for p in parsed if p is not None}
+    family = next((f for f in _FAMILIES if units and units <= f.keys()), None)
+    if family is None or len(units) < 2:
+        return list(cells)
+    top = max((p for p in parsed if p is not None), key=lambda p: abs(p[0] * family[p[1]]))[1]
+
+    def write(x: float, unit: str) -> str:  # as narrow as the largest: "0.32 ms", "<0.01 s"
+        v = x * family[unit] / family[top]
+        if v == 0 or abs(v) >= 1:
+            return f"{v:.3g} {top}"
+        return f"{v:.2f}".rstrip("0") + f" {top}" if abs(v) >= 5e-3 else f"<0.01 {top}"
+    return [cell if p is None else write(*p) for cell, p in zip(cells, parsed)]

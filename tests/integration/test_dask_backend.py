@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -159,9 +160,13 @@ def test_connect_failure_is_a_clear_cluster_error():
 
 
 def test_a_failed_start_keeps_dask_s_error_and_closes_the_cluster(monkeypatch):
-    from distributed.exceptions import WorkerStartTimeoutError
+    import distributed.exceptions
 
     from nbdist.backends.dask import DaskBackend
+
+    # what wait_for_workers raises (a plain TimeoutError before distributed 2025.10)
+    WorkerStartTimeoutError = getattr(distributed.exceptions, "WorkerStartTimeoutError",
+                                      TimeoutError)
 
     def too_slow(self, n_workers, timeout=None):
         raise WorkerStartTimeoutError(1, n_workers, timeout)
@@ -173,6 +178,51 @@ def test_a_failed_start_keeps_dask_s_error_and_closes_the_cluster(monkeypatch):
         b.start(2, 30)
     assert isinstance(info.value.__cause__, WorkerStartTimeoutError)
     assert b.cluster is None and b.client is None  # closed: no worker process is left
+
+
+UNGUARDED = """
+import nbdist
+nbdist.start(2, engine="dask", timeout=60)
+print("sum of ranks", nbdist.run_cell(
+    "import torch, torch.distributed as d; t = torch.tensor([rank]); d.all_reduce(t); t.item()"))
+nbdist.stop()
+"""
+
+
+def _run_script(tmp_path, text: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``text`` as a plain script in its own process group, killed whole on a timeout."""
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the script ran past {timeout} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_script_without_a_main_guard_is_told_the_cause_and_the_fix(tmp_path):
+    t0 = time.monotonic()
+    done = _run_script(tmp_path, UNGUARDED)
+    took = time.monotonic() - t0
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"nbdist.errors.UnguardedScriptError: {tmp_path / 'train.py'}, "
+                           "line 3, starts Dask workers at the top level"), last
+    assert "import the script again" in last and 'if __name__ == "__main__":' in last
+    assert "sum" not in done.stdout and "Nanny failed" not in done.stderr
+    assert took < 60, took  # refused before any worker is spawned, not after a start timeout
+
+
+def test_the_same_script_with_a_main_guard_runs(tmp_path):
+    body = "".join(f"    {line}\n" for line in UNGUARDED.strip().splitlines()[1:])
+    done = _run_script(tmp_path, f"import nbdist\nif __name__ == \"__main__\":\n{body}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sum of ranks 1" in done.stdout, done.stdout  # 0 + 1: both workers in one group
 
 
 def test_status_rows_and_stable_worker_order(dask_session):

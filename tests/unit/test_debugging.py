@@ -27,7 +27,7 @@ from nbdist.faults import signal_number
 from nbdist.session import Session
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
-from nbdist.telemetry.stall import headline, where_lines
+from nbdist.telemetry.stall_text import headline, where_lines
 
 CELL = "<distributed cell [5]>"
 

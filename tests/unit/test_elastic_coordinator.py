@@ -109,6 +109,9 @@ def test_the_survivors_form_the_next_group_and_a_replacement_is_asked_for(setup)
     job.running.discard(1)
     feed(healer, 0, "failed", commit=5, error="RuntimeError: Connection closed by peer",
          world=2)
+    # the dead rank is news the moment the plan goes out, before the survivors healed
+    [lost] = healer.news()
+    assert str(lost) == "rank 1 on hostA (pid 101) died: SIGKILL" and lost.rank == 1
     p = plan(store, 1)
     assert list(p.ranks) == ["0"] and p.ranks["0"].rank == 0 and p.ranks["0"].world_size == 1
     assert p.generation == 10 and p.join_expected and p.abort is None
@@ -118,8 +121,8 @@ def test_the_survivors_form_the_next_group_and_a_replacement_is_asked_for(setup)
     assert healer.membership.generation == 10
     feed(healer, 0, "healed", epoch=1, commit=5, rolled_back=0, discarded=2, seconds=0.1,
          world=1, world_before=2, failures=1, joined=None)
-    [line] = healer.new_lines()
-    assert "rank 1 on hostA (pid 101) died: SIGKILL" in line
+    [line] = healer.new_lines()  # the recovery's line; the death was said once, above
+    assert "re-formed without rank 1" in line and "died" not in line
     assert "rolled back to commit 5 (2 optimizer steps repeated)" in line
     assert "world 2 -> 1" in line
 
@@ -174,11 +177,16 @@ def test_a_new_worker_is_let_in_at_the_next_epoch(setup):
     assert [(p.worker_id, p.world_size) for p in healer.membership.plans] == [(0, 1)]
 
 
-def test_what_was_healed_shows_in_the_run_summary():
+def test_what_was_healed_shows_in_the_run_summary_once():
     from nbdist.display.html import run_summary
+    from nbdist.telemetry.recovery import Lost, Recovery, RecoveryKind
     from nbdist.telemetry.run import Run
 
     run = Run("cell", [0, 1], world_size=2)
-    run.notes.append("nbdist.elastic 10:00:00: rank 1 on hostA (pid 9) died; world 2 -> 1")
+    lost = Lost(1.0, 1, "hostA", 9, "SIGKILL")
+    run.record(lost)
+    run.record(Recovery(2.0, RecoveryKind.FAILURE, [lost], 2, 1, commit=4))
     html = run_summary(run.snapshot())
-    assert "rank 1 on hostA (pid 9) died" in html and "nbdist-notes" in html
+    assert html.count("rank 1 on hostA (pid 9) died: SIGKILL") == 1
+    assert "nbdist-last-event" in html and "re-formed without rank 1" in html
+    assert run.notes == [lost.line(), run.notes[1]] and "world 2 -> 1" in run.notes[1]

@@ -14,10 +14,10 @@ import cloudpickle
 import pytest
 
 from nbdist.errors import ExportError
-from nbdist.export import JobShape, data_name, launch_command, render, write
 from nbdist.history import CellEntry, History, PushEntry, literal_code
 from nbdist.options import ClusterOptions, LaunchOptions
 from nbdist.runtime.env import RankPlan
+from nbdist.torchrun_export import JobShape, data_name, launch_command, render, write
 
 SHAPE = JobShape(world_size=2, nproc_per_node=2)
 
@@ -254,3 +254,15 @@ def test_write_keeps_files_it_did_not_write(tmp_path):
     h2.cell(1, "v = 2")
     again = write(str(mine), h2.entries, [plan(0), plan(1)], ClusterOptions())
     assert again.data_path is None and not (tmp_path / "train.data.pkl").exists()
+
+
+def test_no_public_function_shares_its_name_with_a_submodule():
+    # Importing a submodule binds it to the package's attribute of that name: nbdist.export()
+    # would become a module after its first call (when export.py was nbdist/export.py).
+    import pkgutil
+
+    import nbdist
+
+    modules = {m.name for m in pkgutil.iter_modules(nbdist.__path__)}
+    functions = {n for n in nbdist.__all__ if callable(getattr(nbdist, n))}
+    assert functions & modules == set(), functions & modules

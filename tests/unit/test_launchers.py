@@ -17,6 +17,7 @@ from ipyparallel.cluster.launcher import SSHEngineSetLauncher
 from nbdist.backends.dask import DaskBackend
 from nbdist.backends.launchers import (
     MALLOC_TRIM,
+    _is_main_guard,
     cluster_spec,
     launcher_settings,
     merged,
@@ -326,3 +327,40 @@ def test_importing_dask_jobqueue_keeps_the_kernels_interrupt():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("source, guard", [
+    ('if __name__ == "__main__":\n    main()', True),
+    ("if '__main__' == __name__:\n    main()", True),
+    ('if __name__ == "__main__" and not quiet:\n    main()', True),
+    ("main()", False),
+    ('if __name__ != "x":\n    main()', False),
+    ("if debug:\n    main()", False),
+])
+def test_a_main_guard_is_told_from_other_top_level_statements(source, guard):
+    import ast
+
+    assert _is_main_guard(ast.parse(source).body[0]) is guard
+
+
+def test_a_call_under_pytest_s_guarded_main_is_not_refused():
+    from nbdist.backends.launchers import unguarded_main_call
+
+    assert unguarded_main_call() is None  # pytest's __main__ runs its tests under a guard
+
+
+@pytest.mark.parametrize("given", [{"ipp_profile": "train"}, {"profile": "train"}])
+def test_connect_reaches_the_ipcluster_profile_by_its_name(monkeypatch, given):
+    from nbdist.backends.ipyparallel import IpyparallelBackend
+    from nbdist.errors import ClusterError
+
+    seen = {}
+
+    def client(*args, **kwargs):
+        seen.update(kwargs)
+        raise OSError("no controller here")
+
+    monkeypatch.setattr(ipp, "Client", client)
+    with pytest.raises(ClusterError, match="no controller here"):
+        IpyparallelBackend().connect(1.0, **given)
+    assert seen["profile"] == "train" and "ipp_profile" not in seen

@@ -61,7 +61,7 @@ FORBIDDEN = {
     # Profiles, the session's record and export are pure: files and text in, text out.
     **{m: ("nbdist.session", "nbdist.backends", "nbdist.display", "nbdist.magics",
            "nbdist.runtime", "IPython", "ipywidgets", "torch")
-       for m in ("nbdist.profiles", "nbdist.history", "nbdist.export")},
+       for m in ("nbdist.profiles", "nbdist.history", "nbdist.torchrun_export")},
 }
 # Leaves: stdlib only, so any layer may use them.
 LEAVES = ("nbdist.layout", "nbdist.telemetry.units", "nbdist.telemetry.intervals",

@@ -82,7 +82,7 @@ def test_each_key_sets_one_field_and_the_layout_is_the_documented_one():
     assert len(keys) == len(set(keys))
     assert list(_TREE) == ["cluster", "runtime", "training"]
     assert list(_TREE["cluster"]) == ["engine", "workers", "launcher", "listen", "hosts",
-                                      "resources"]
+                                      "resources", "template"]
     assert list(_TREE["runtime"]) == ["device", "dist_backend", "threads", "timeout", "env",
                                       "working_dir"]
     assert list(_TREE["training"]) == ["output", "telemetry", "collective_timing",

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# not the executed copies nbconvert writes beside a notebook (git ignores them)
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
+                   if not p.name.endswith(".nbconvert.ipynb"))
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,6 +31,10 @@ def test_notebooks_are_stored_without_outputs(path):
             assert cell["outputs"] == [] and cell["execution_count"] is None, cell["source"][:1]
     first = "".join(nb["cells"][0]["source"])
     assert first.startswith("# "), "each notebook opens with a title"
+    # ... and says first what it needs: extras, CPU or GPU, how long it runs
+    needs = first.split("\n\n")[1]
+    assert needs.startswith("**Needs:** `pip install -e \".[notebook"), needs
+    assert "CPU" in needs and re.search(r"about\s\d+ s on 2 cores", needs), needs
 
 
 def test_every_notebook_is_listed_in_the_readme_and_the_badge_opens_one():

@@ -96,7 +96,7 @@ def test_result_constructors():
     engine = results.engine_failure("EngineError: Engine 3 died\nmore")
     assert engine["group_alive"] is False
     assert engine["error"]["evalue"] == "EngineError: Engine 3 died"
-    assert results.pulled(b"x")["ok"] and not results.not_pulled("no")["ok"]
+    assert results.pulled()["ok"] and not results.not_pulled("no")["ok"]
 
 
 def test_error_from_results_names_cause_and_consequence():

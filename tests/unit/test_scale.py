@@ -19,7 +19,7 @@ from nbdist.runtime.capture import MAX_INTERVAL, MIN_INTERVAL, TICK, EventSink, 
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
 from nbdist.telemetry.columns import pack, rows
-from nbdist.telemetry.stall import where_lines
+from nbdist.telemetry.stall_text import where_lines
 
 
 def job(world: int = 6, steps: int = 12) -> dict[int, list[dict]]:
@@ -136,7 +136,8 @@ def test_a_thousand_ranks_read_as_min_median_max_and_named_outliers(thousand):
     assert [r.cells[0] for r in mem_rows][:3] == ["min", "median", "max"]
     assert len(mem_rows) <= 3 + MAX_OUTLIERS + 1
     optimizer = mem_header.index("optimizer")
-    assert [r.cells[optimizer] for r in mem_rows[:3]] == ["200 B", "712 B", "1.22 kB"]
+    # one unit per column: the largest value's
+    assert [r.cells[optimizer] for r in mem_rows[:3]] == ["0.2 kB", "0.71 kB", "1.22 kB"]
     # the whole summary stays small and readable
     text = format_summary(snap)
     assert len(text.splitlines()) < 30 and "rank 700 is 6 ms/step slower" in text
@@ -187,7 +188,8 @@ def test_the_hang_doctor_groups_ranks_that_are_in_the_same_place():
         "rank 63: in time.sleep(0.05) at In [3], line 5; it never reached the all_reduce the "
         "others wait in"]
     row = next(r for r in run_table(snap).rows if r.cells[0] == "63")
-    assert row.cells[-1] == "running, stalled"
+    assert row.cells[-1] == "running · held the others: in time.sleep(0.05) at line 5"
+    assert row.held and not row.broken
 
 
 # ----------------------------------------------------------------- refresh and batching

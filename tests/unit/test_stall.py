@@ -24,10 +24,9 @@ from nbdist.telemetry.stall import (
     FINISHED,
     UNKNOWN,
     WAITING,
-    headline,
-    where_lines,
 )
 from nbdist.telemetry.stall_rules import STALL_FLOOR_S, stall_threshold
+from nbdist.telemetry.stall_text import headline, where_lines
 
 
 def feed(state: RunState, rank: int, *events: dict, seq: int = 1) -> None:

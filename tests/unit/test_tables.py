@@ -129,7 +129,7 @@ def test_one_bandwidth_everywhere():
     snap = aggregate_job({0: 0.010, 1: 0.015})
     bw = "500 kB/s"  # 2000 bytes per step over the 4 ms rank 1 spent in the two all-reduces
     assert [r.cells[RUN_HEADER.index("bandwidth")] for r in run_table(snap).rows] == [bw, bw]
-    assert f"bandwidth {bw}" in diagnosis_phrases(snap)
+    assert f"bandwidth {bw} per rank" in diagnosis_phrases(snap)
     assert f"bandwidth {bw}" in format_line(snap)
     chart = H.bandwidth_chart_svg(snap.series)
     assert f">{bw}<" in chart and "bytes ÷ transfer time" in chart
@@ -165,14 +165,22 @@ def test_many_ranks_become_min_median_max_rows_and_named_outliers():
     assert [row.cells[0] for row in small.rows] == [str(r) for r in range(AGGREGATE_ABOVE)]
 
 
-def test_run_table_columns_have_fixed_widths_and_never_wrap():
+def test_run_table_columns_have_fixed_widths_and_only_the_state_wraps():
     markup = H.run_table_html(failed_run())
-    assert "table-layout:fixed" in markup and f"width:{H.RUN_TABLE_WIDTH}px" in markup
-    assert markup.count("<col ") == len(RUN_HEADER) == len(H.RUN_WIDTHS)
-    cells = re.findall(r"<td style='([^']*)'", markup)
-    assert cells and all("white-space:nowrap" in c for c in cells)
-    # a long value is cut with an ellipsis and shown whole on hover
-    assert "title='failed: ValueError: &lt;bad&gt; &amp;co'" in markup
+    # as wide as the output allows: the state takes what the fixed columns leave, 150 px or more
+    least = sum(w or 150 for w in H.RUN_WIDTHS)
+    assert f"table-layout:fixed;width:100%;min-width:{least}px;max-width:" in markup
+    assert len(re.findall("<col[ >]", markup)) == len(RUN_HEADER) == len(H.RUN_WIDTHS)
+    assert H.RUN_WIDTHS[RUN_HEADER.index("state")] is None
+    rows = re.findall(r"<tr class='nbdist-rank-row[^>]*>(.*?)</tr>", markup)
+    for row in rows:
+        cells = re.findall(r"<td style='([^']*)'", row)
+        assert all("white-space:nowrap" in c for c in cells[:-1])
+        # the verdict wraps, is never cut, and stays on screen when the table scrolls
+        assert "white-space:normal" in cells[-1] and "position:sticky;right:0" in cells[-1]
+    # a value elsewhere that a narrow window may cut is shown whole on hover
+    assert "title='10 steps/s'" in markup and "title='100 kB/s'" in markup
+    assert ">failed: ValueError: &lt;bad&gt; &amp;co<" in markup
 
 
 def test_straggler_and_exposed_communication_colours_differ():

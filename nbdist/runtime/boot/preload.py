@@ -25,6 +25,8 @@ import threading
 import time
 from typing import Optional
 
+from .fork_client import fork_nanny_from_template
+
 #: what a worker imports before it can run a training cell, slowest first
 MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
            "nbdist.runtime.worker", "nbdist.runtime.group", "nbdist.runtime.measure.ddp_hooks",
@@ -91,6 +93,7 @@ def main(argv: list[str]) -> None:
     if spec is not None and spec.submodule_search_locations is not None:
         importlib.import_module(module)
     start()
+    fork_nanny_from_template()  # an engine forked from a worker template: its nanny too
     _complete_connection_file(args)
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -261,7 +261,16 @@ def _extras(ctx: Any) -> dict[str, Any]:
     return {"namespace": namespace, "dropped": dropped, "state": ctx.state, "efn": ctx.efn,
             "args": ctx.args, "kwargs": ctx.kwargs, "source": cell.get("source", ""),
             "filename": cell.get("filename", ""), "line": ctx.resume_line, "index": ctx.index,
-            "key": ctx.key}
+            "key": ctx.key, "step": _next_step()}
+
+
+def _next_step() -> int:
+    """The index this rank's next training step will get: the members' next step is the
+    newcomer's first (a step that collectives opened and no optimizer confirmed yet is it)."""
+    from ..measure.model import telemetry
+
+    st = telemetry.step
+    return st.n if st is not None and st.held is not None else telemetry.steps
 
 
 def _adopt(ctx: Any, commit: tuple, extras: dict[str, Any]) -> int:
@@ -384,7 +393,7 @@ def join(st: Any, plan: Plan, key: str, slot: int, seq_base: int) -> dict[str, A
     ctx.epoch = plan.epoch
     loop.emit(ElasticWhat.HEALED, commit=number, rolled_back=0, discarded=0,
               seconds=time.time() - t0, world=_world(), world_before=_world() - 1,
-              failures=plan.failures, joined=plan.joiner)
+              failures=plan.failures, joined=plan.joiner, step=extras.get("step"))
     st.namespace[RESUME] = lambda: loop.run(announce=False)
     st.cell = {"cell_id": cell_of(key), "filename": extras["filename"],
                "source": extras["source"], "elastic_calls": extras["index"] + 1}

@@ -1,0 +1,50 @@
+"""Logged values over many ranks: per step, their min, median and max (the chart above a few
+ranks). Part of the run's fold (:mod:`.aggregate`); pure."""
+
+from __future__ import annotations
+
+import statistics
+
+#: ``(step, min, median, max)``
+Spread = tuple[float, float, float, float]
+
+
+class ScalarSpread:
+    """The values each rank logged per name and step, the last ``history`` steps of each name;
+    the spread of a step is worked out again at the next :meth:`series` after it changed."""
+
+    def __init__(self, history: int) -> None:
+        self._history = history
+        self._at: dict[str, dict[float, dict[int, float]]] = {}  # name -> step -> rank -> value
+        self._spread: dict[str, dict[float, Spread]] = {}
+        self._series: dict[str, tuple[Spread, ...]] = {}
+        self._dirty: set[tuple[str, float]] = set()
+
+    def add(self, rank: int, name: str, x: float, v: float) -> None:
+        """``rank`` logged ``v`` as ``name`` at step ``x``."""
+        at = self._at.setdefault(name, {})
+        col = at.get(x)
+        if col is None:
+            col = at[x] = {}
+            if len(at) > self._history:
+                oldest = min(at)
+                del at[oldest]
+                self._spread.get(name, {}).pop(oldest, None)
+        col[rank] = v
+        self._dirty.add((name, x))
+
+    def series(self) -> dict[str, tuple[Spread, ...]]:
+        """name -> ``(step, min, median, max)`` per step, oldest first."""
+        changed = set()
+        for name, x in self._dirty:
+            col = self._at[name].get(x)
+            if col is not None:
+                vals = sorted(col.values())
+                self._spread.setdefault(name, {})[x] = (x, vals[0], statistics.median(vals),
+                                                        vals[-1])
+                changed.add(name)
+        self._dirty.clear()
+        for name in changed:
+            by_x = self._spread[name]
+            self._series[name] = tuple(by_x[x] for x in sorted(by_x))
+        return dict(self._series)

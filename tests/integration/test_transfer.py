@@ -1,0 +1,79 @@
+"""Push and pull through real workers on both engines: values come back equal (dtype, shape,
+strides, views), large ones over the notebook's data channel and small ones through the
+engine, and the channel refuses a connection without a live ticket."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+from clusters import ENGINES, start_session
+
+from nbdist.runtime import transfer as wire
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def session(request):
+    s = start_session(request.param)
+    yield s
+    s.stop()
+
+
+BASE = torch.arange(2_000_000, dtype=torch.float32).reshape(1000, 2000)
+VALUES = {
+    "big": torch.randn(3_000_000),  # 12 MB: the data channel
+    "small": torch.arange(10),  # inside the engine's message
+    "transposed": BASE.t(),
+    "strided": BASE[::3, 1::2],
+    "bf16": torch.randn(600_000, dtype=torch.bfloat16),
+    "nested": {"list": [torch.ones(400_000), ("x", 2)], "n": 3},
+}
+
+
+def test_values_pushed_to_every_rank_come_back_equal_from_each(session):
+    session.push(VALUES)
+    session.run_cell("echo = {k: globals()[k] for k in "
+                     "['big', 'small', 'transposed', 'strided', 'bf16', 'nested']}\n"
+                     "big.add_(0)  # the received memory is the worker's to write",
+                     output="quiet")
+    for rank in range(session.world_size):
+        echo = session.pull("echo", rank=rank)
+        for k in ("big", "small", "transposed", "strided", "bf16"):
+            a, b = VALUES[k], echo[k]
+            assert (b.dtype, b.shape, b.stride()) == (a.dtype, a.shape, a.stride()), k
+            assert torch.equal(a, b), k
+        assert torch.equal(echo["nested"]["list"][0], VALUES["nested"]["list"][0])
+        assert echo["nested"]["list"][1] == ("x", 2) and echo["nested"]["n"] == 3
+
+
+def test_a_trained_module_and_a_view_of_a_worker_tensor(session):
+    session.run_cell("import torch\ntorch.manual_seed(rank)\n"
+                     "net = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(),"
+                     " torch.nn.Linear(512, 4))\n"
+                     "whole = torch.arange(4_000_000.)\npart = whole[1000:3_001_000:2]",
+                     output="quiet")
+    net = session.pull("net", rank=1)
+    torch.manual_seed(1)
+    want = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 4))
+    for (k, a), (_, b) in zip(want.state_dict().items(), net.state_dict().items()):
+        assert torch.equal(a, b), k
+    part = session.pull("part")
+    assert part.stride() == (2,) and torch.equal(part, torch.arange(4_000_000.)[1000:3_001_000:2])
+
+
+def test_the_data_channel_serves_only_live_tickets(session):
+    channel = session.transfers.channel(session.membership)
+    assert channel is not None and channel.address[0] == "127.0.0.1"
+    ticket = channel.offer([torch.arange(1000).numpy()])
+    got = wire.fetch(channel.address, ticket, 10)
+    assert bytes(got[0]) == torch.arange(1000).numpy().tobytes()
+    channel.forget(ticket)
+    with pytest.raises(ValueError):  # closed unanswered
+        wire.fetch(channel.address, ticket, 10)
+    with socket.create_connection(channel.address, timeout=10) as conn:
+        conn.sendall(wire.GET + b"\0" * wire.TICKET)
+        assert conn.recv(1) == b""
