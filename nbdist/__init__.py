@@ -34,6 +34,7 @@ __all__ = [
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
     "progress", "log", "export", "save_profile", "load_profile", "dask_client", "mesh",
     "compare", "auto", "ParameterServer", "elastic", "tune", "tune_settings", "tune_reset",
+    "debug", "kill", "hang", "DebuggerQuit",
 ]
 
 
@@ -51,6 +52,10 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module(".elastic", __name__)
+    if name == "DebuggerQuit":
+        from .errors import DebuggerQuit
+
+        return DebuggerQuit
     if name == "ParameterServer":  # worker-side, needs torch
         from .runtime.parameter_server import ParameterServer
 
@@ -157,6 +162,25 @@ def compare(*names: str) -> Any:
         return comparison.to_pandas()
     except ImportError:
         return comparison
+
+
+def debug(rank: Optional[int] = None) -> int:
+    """Post-mortem pdb on the frame where the last cell failed on ``rank`` (default: the
+    first rank that failed), answered in the notebook's input box (``%nbdist debug``).
+    Returns the rank. See ``docs/debugging.md``."""
+    return current_session().debug(rank)
+
+
+def kill(rank: int, signal: str = "SIGKILL", after: Optional[float] = None) -> str:
+    """Kill ``rank``'s worker process from outside, as a real failure (``%nbdist kill``):
+    now, or ``after`` seconds into the next cell. Returns what was done, in words."""
+    return current_session().kill(rank, signal, after=after)
+
+
+def hang(rank: int, seconds: float = 60.0) -> str:
+    """Make ``rank`` hold for ``seconds`` at its next collective, as a hung rank would
+    (``%nbdist hang``). Returns what was done, in words."""
+    return current_session().hang(rank, seconds)
 
 
 def tune(code: str, steps: int = 20, **options: Any) -> Any:

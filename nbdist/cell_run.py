@@ -5,12 +5,16 @@ then polls: each pass moves the event batches received so far into the run's rec
 the screen (:func:`pump`), lets the elastic coordinator decide (when the cell is elastic), and
 checks the cell's time limit. When the calls are done it waits briefly for their last batches,
 closes the view, and turns failed ranks into one :class:`~nbdist.errors.DistributedError`.
+
+Companions work beside the job in the same loop (:class:`Companion`): the debugger's console,
+which answers the ranks' prompts through the kernel's stdin, and faults made on purpose.
 """
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol
 
 from .backends.base import Call, Job, Outcome, poll_until, wait_all
@@ -18,9 +22,9 @@ from .errors import (
     REBUILD_DDP,
     CellInterrupted,
     CellTimeoutError,
-    DistributedError,
     RankFailure,
     RanksRestarted,
+    cell_error,
 )
 from .escalation import stop_ranks
 from .runtime import results
@@ -49,6 +53,22 @@ class RunView(Protocol):
     def close(self, snap: RunSnapshot) -> None: ...
 
 
+class Companion(Protocol):
+    """Works beside a running job in the kernel's loop: it reads the job's event batches
+    (:meth:`feed`) and acts on each pass (:meth:`tick`, which may wait for the user)."""
+
+    def feed(self, batches: Sequence[Batch]) -> None: ...
+
+    def tick(self, running: Collection[int]) -> None:
+        """A pass of the loop; ``running``: the ranks whose calls have not returned."""
+
+    def paused(self) -> float:
+        """Seconds of the job so far that its time limit does not count (waiting for the
+        user at a prompt)."""
+
+    def close(self) -> None: ...
+
+
 class CellName(NamedTuple):
     """How a cell is named: the file in its tracebacks, and ``In [12]`` in error headlines."""
 
@@ -64,16 +84,25 @@ def cell_name(n: int, execution_count: Optional[int] = None) -> CellName:
     return CellName(f"<distributed cell {n}>", None)
 
 
+def cell_label(filename: str) -> Optional[str]:
+    """The label of the cell a :func:`cell_name` filename names (``In [12]``); None for one
+    the kernel did not number, or a filename that is not a cell's."""
+    m = re.fullmatch(r"<distributed cell \[(\d+)\]>", filename)
+    return f"In [{m.group(1)}]" if m else None
+
+
 def pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None,
-         carried: Sequence[Batch] = ()) -> None:
+         carried: Sequence[Batch] = (), companions: Sequence[Companion] = ()) -> None:
     """Move the batches received so far, and those the results ``carried``, into the run's
-    record and onto the screen; the elastic coordinator reads them too, and what it decides
-    goes into the record. The view is asked to redraw on every pass, news or not: its clocks
-    tick (its own rate limit says when it draws)."""
+    record and onto the screen; the elastic coordinator and the companions read them too, and
+    what the coordinator decides goes into the record. The view is asked to redraw on every
+    pass, news or not: its clocks tick (its own rate limit says when it draws)."""
     batches = [*job.drain_events(), *carried]
     if batches:
         view.output(batches)
         run.feed(batches)
+        for c in companions:
+            c.feed(batches)
     news = run.stall_news()  # the hang doctor's verdict appeared or changed: show it now
     if healer is not None:
         healer.feed(batches)
@@ -93,9 +122,10 @@ class CellRun:
     """
 
     def __init__(self, membership: Membership, calls: list[Call], run: Run, view: RunView, *,
-                 healer: Optional[Healer] = None, hint: str = "") -> None:
+                 healer: Optional[Healer] = None, hint: str = "",
+                 companions: Sequence[Companion] = ()) -> None:
         self.membership, self.calls, self.run, self.view = membership, calls, run, view
-        self.healer, self.hint = healer, hint
+        self.healer, self.hint, self.companions = healer, hint, companions
         #: worker -> the rank it reports as (a replacement worker takes the lost rank's slot)
         self.slots: dict[Any, int] = (healer.slots if healer is not None else
                                       {p.worker_id: p.rank for p in membership.plans})
@@ -118,16 +148,20 @@ class CellRun:
         if healer is not None:
             healer.follow(job)
             job = self.job = CompositeJob(job, healer.joiner_jobs)
-        start = time.monotonic()
+        start, companions = time.monotonic(), self.companions
         try:
             while True:
                 done = job.wait(_POLL)
-                pump(job, run, self.view, healer)
+                pump(job, run, self.view, healer, companions=companions)
                 if done and job.wait(0):  # not if the pump let a replacement in just now
                     break
                 if healer is not None and healer.wrap_up_needed(job.pending()):
                     healer.wrap_up()  # training ended before a replacement got in
-                if timeout is not None and time.monotonic() - start > timeout:
+                for c in companions:
+                    c.tick({self.slots.get(w, -1) for w in job.pending()})
+                # time spent at a prompt is the user's, not the cell's
+                paused = sum(c.paused() for c in companions)
+                if timeout is not None and time.monotonic() - start - paused > timeout:
                     run.stopped(f"--timeout {timeout:g} s")
                     late = self._late()
                     restarted = self._interrupt()
@@ -142,6 +176,8 @@ class CellRun:
             raise CellInterrupted(late, run.where(), run.label, run.what, restarted) from None
         finally:
             self._finish()
+            for c in companions:
+                c.close()
         return self._results(job.outcomes())
 
     def _results(self, outcomes: list[Outcome]) -> list[results.CellResult]:
@@ -167,8 +203,8 @@ class CellRun:
             if not any(f.communication for f in failures):
                 hint = ""  # the hint is about collectives; this failure is in the code
             remedy = REBUILD_DDP if group_lost else ""
-            raise DistributedError(failures, what=self.run.what,
-                                   remedy=" ".join(x for x in (hint, remedy) if x))
+            raise cell_error(failures, what=self.run.what,
+                             remedy=" ".join(x for x in (hint, remedy) if x))
         return out
 
     def _late(self) -> list[int]:
@@ -190,16 +226,17 @@ class CellRun:
                       if o.engine_error is None and o.value["seq"]}
 
             def drained() -> bool:
-                pump(job, run, view, healer)
+                pump(job, run, view, healer, companions=self.companions)
                 return run.has_all(wanted)
 
             # Batches arrive on the engine's IO thread, which offers nothing to wait on (a
             # cell that sent none, only the last batch its result carries, waits for nothing)
             poll_until(drained, _EVENT_GRACE, interval=0.001)
             # then each rank's last batch, after all it sent before it
-            pump(job, run, view, healer, [r["tail"] for r in done if r.get("tail")])
+            pump(job, run, view, healer, [r["tail"] for r in done if r.get("tail")],
+                 companions=self.companions)
         else:
-            pump(job, run, view, healer)
+            pump(job, run, view, healer, companions=self.companions)
         run.finish()
         view.close(run.snapshot())
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from .telemetry.stall import clash_sentences, missing_sentence, where_lines
+from .telemetry.stall_text import clash_sentences, missing_sentence, where_lines
 from .telemetry.units import fmt_ranks
 
 if TYPE_CHECKING:
@@ -301,6 +301,40 @@ class DistributedError(NbdistError):
         if self.remedy:
             lines += ["", self.remedy]
         return lines
+
+
+class DebuggerQuit(DistributedError):
+    """``q`` in a rank's debugger ended its cell; the ranks that waited for it in a collective
+    were released, as for any error on a rank. Workers and namespaces stay as they were."""
+
+
+def cell_error(failures: Sequence[RankFailure], what: str = "cell",
+               remedy: str = "") -> DistributedError:
+    """The error of a call that failed on ``failures``: :class:`DebuggerQuit` when ``q`` in a
+    rank's debugger is what ended it, else a :class:`DistributedError`."""
+    err = DistributedError(failures, what, remedy)
+    if all(f.ename == "DebuggerQuit" for f in err.causes):
+        return DebuggerQuit(failures, what, remedy)
+    return err
+
+
+class DebuggerUnavailable(NbdistError):
+    """``%nbdist debug`` cannot open a debugger here; the message says why."""
+
+
+class NothingToDebug(NbdistError):
+    """``%nbdist debug``: no rank (or not the one asked for) kept a failure to inspect."""
+
+    def __init__(self, rank: Optional[int], ranks: Sequence[int]) -> None:
+        self.rank, self.ranks = rank, sorted(ranks)
+        have = (f"rank{'s' if len(self.ranks) > 1 else ''} with one: {fmt_ranks(self.ranks)} "
+                f"(%nbdist debug {self.ranks[0]})" if self.ranks else "no rank has one")
+        if rank is None:
+            text = ("nothing to debug: no rank's last cell failed (a worker keeps its last "
+                    "failure until its next cell)")
+        else:
+            text = f"rank {rank} has no failure to inspect; {have}"
+        super().__init__(text)
 
 
 def where_section(where: Optional[Verdict], label: Optional[str] = None) -> str:

@@ -158,6 +158,23 @@ def build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPars
     p = verb("compare", "_compare", "named runs side by side: speed, traffic, memory per rank")
     p.add_argument("names", nargs="*", metavar="NAME", help="runs to show (default: all named)")
 
+    p = verb("debug", "_debug", "post-mortem pdb on the frame where the last cell failed on a "
+                                "rank, answered here")
+    p.add_argument("rank", nargs="?", type=int, default=None, metavar="RANK",
+                   help="the rank to inspect (default: the first rank that failed)")
+
+    p = verb("kill", "_kill", "kill a rank's worker process from outside, as a real failure")
+    p.add_argument("rank", type=int, metavar="RANK")
+    p.add_argument("--signal", default="SIGKILL", metavar="NAME",
+                   help="the signal, e.g. SIGTERM or 15 (default SIGKILL)")
+    p.add_argument("--after", type=float, default=None, metavar="S",
+                   help="send it S seconds into the next %%%%distributed cell (default: now)")
+
+    p = verb("hang", "_hang", "make a rank hold at its next collective, as a hung rank would")
+    p.add_argument("rank", type=int, metavar="RANK")
+    p.add_argument("--seconds", type=float, default=60.0, metavar="S",
+                   help="how long it holds (default 60); an interrupt ends it sooner")
+
     p = verb("run", "_run_script", "run a torchrun-style script on every worker")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="interrupt the script on every rank after S seconds (default: never)")

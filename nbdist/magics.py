@@ -152,6 +152,15 @@ class NbdistMagics(Magics):
     def _compare(self, session: Session, args: argparse.Namespace) -> Any:
         return session.compare(*args.names)
 
+    def _debug(self, session: Session, args: argparse.Namespace) -> None:
+        session.debug(args.rank)
+
+    def _kill(self, session: Session, args: argparse.Namespace) -> None:
+        _say(session.kill(args.rank, args.signal, after=args.after))
+
+    def _hang(self, session: Session, args: argparse.Namespace) -> None:
+        _say(session.hang(args.rank, args.seconds))
+
     def _tune(self, session: Session, args: argparse.Namespace) -> None:
         print(session.tune_show() if args.action == "show" else session.tune_reset())
 
@@ -309,6 +318,9 @@ NbdistMagics.nbdist.__doc__ = (
     "    %nbdist export train.py            # the cells so far as a torchrun script\n"
     "    %nbdist profile save my.yaml       # this session's options as a profile\n"
     "    %nbdist compare                    # runs named with %%distributed --name, side by side\n"
+    "    %nbdist debug 1                    # pdb on the frame where rank 1's last cell failed\n"
+    "    %nbdist kill 1 --after 3           # SIGKILL rank 1's worker 3 s into the next cell\n"
+    "    %nbdist hang 1 --seconds 30        # rank 1 holds at its next collective for 30 s\n"
     "    %nbdist tune show                  # the DDP setting %%distributed --tune chose\n"
     "    %nbdist stop\n\n"
     + _PARSER.format_help()

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from .backends import get_backend
 from .backends.base import Backend, Call
 from .cell_run import CellRun, cell_name
+from .debug_verbs import DebugVerbs
 from .display import make_run_view, make_start_view
 from .elastic_coordinator import Healer
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
@@ -48,7 +49,7 @@ def _membership(name: str, doc: str) -> Any:
     return property(lambda self: getattr(self.membership, name), doc=doc)
 
 
-class Session:
+class Session(DebugVerbs):
     """A data-parallel job on warm workers: start or connect, then run cells on every rank.
 
     Examples
@@ -284,10 +285,11 @@ class Session:
         shipped = "\n" * max(0, first_line - 1) + code
         ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
         cell_id = f"{self._id}-{number}"
+        link, beside = self._beside(m, cell_id)  # debugger, faults
         elastic = m.store is not None and len(selected) == self.world_size
         # One call for every rank (the lowest one returns the value): the engine packs it once
         args = (shipped, cell.filename, cell_id, self.generation, list(selected), None)
-        kwargs = {"measure": measure, "coordinated": elastic}
+        kwargs = {"measure": measure, "coordinated": elastic, "link": link}
         calls = [Call(self.plans[r].worker_id, rt.run_cell, args, kwargs) for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
                   name=opts.name, stall_after=measure.stall_after)
@@ -300,7 +302,7 @@ class Session:
             hint = PARTIAL_RANKS.format(ranks=", ".join(map(str, selected)))
         healer = (Healer(m, measure, default_max_failures=self.defaults.elastic_max_failures)
                   if elastic else None)
-        cell_run = CellRun(m, calls, run, view, healer=healer, hint=hint)
+        cell_run = CellRun(m, calls, run, view, healer=healer, hint=hint, companions=beside)
         try:
             outcomes = cell_run.wait(opts.timeout)
         finally:

@@ -183,6 +183,11 @@ class Backend(abc.ABC, Generic[ClientT]):
         :meth:`add_worker`."""
         raise ClusterError(f"the {self.name} engine cannot add workers")
 
+    def signal(self, worker: WorkerId, signum: int, pid: Optional[int] = None) -> None:
+        """Send ``signum`` to ``worker``'s process from outside it (``%nbdist kill``), even
+        while it runs a cell; ``pid`` is the process's id as the worker reported it."""
+        raise ClusterError(f"the {self.name} engine cannot signal a worker")
+
     def restart_workers(self, ids: Sequence[WorkerId], timeout: float) -> list[WorkerId]:
         """Replace the processes of workers ``ids`` with fresh ones that take the same place
         in :meth:`worker_ids` (engines with :attr:`can_restart_workers`); returns the workers

@@ -40,6 +40,7 @@ from ..telemetry.events import Batch
 from .base import Backend, Call, Job, Outcome, T, WorkerId, poll_until, signal_text
 from .dask_elsewhere import Elsewhere, new_client
 from .dask_logs import not_restart_lines, quiet_relay_errors
+from .dask_nanny import signal_worker
 from .dask_runner import Runner, publish
 from .launchers import worker_process_config
 from .template_launch import dask_template_options, stop_forkserver
@@ -337,6 +338,10 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
         finally:
             nanny_log.removeFilter(not_restart_lines)
         return [w for w in ids if status.get(w) == "OK"]
+
+    def signal(self, worker: WorkerId, signum: int, pid: Optional[int] = None) -> None:
+        info = self._workers_info().get(worker) or {}
+        signal_worker(self._require(), worker, bool(info.get("nanny")), signum, pid)
 
     def _grow(self, k: int, timeout: float) -> None:
         client, cluster = self._require(), self.cluster

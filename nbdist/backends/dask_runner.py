@@ -75,3 +75,4 @@ def publish(topic: str, batch: Batch) -> None:
         worker = distributed.get_worker()
     # Pickled, because Dask events must be msgpack-serializable and events may hold any value.
     worker.log_event(topic, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
+

@@ -41,6 +41,8 @@ from .remote import (
 from .template_launch import TemplateEngineSetLauncher, start_template
 
 _KEY = "nbdist:"
+# How long the nanny of an engine may take to say it sent a signal.
+_SIGNAL_REPLY_S = 10.0
 # The controller confirms new engines at its next heart beat; ipyparallel's default period
 # (3 s) makes a local start wait for it. Checking more often, with more misses allowed,
 # keeps the same 10 s tolerance for an engine that stops answering.
@@ -296,6 +298,20 @@ class IpyparallelBackend(Backend[ipp.Client]):
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
         if workers:
             self._require().send_signal(signal.SIGINT, targets=list(workers), block=False)
+
+    def signal(self, worker: WorkerId, signum: int, pid: Optional[int] = None) -> None:
+        # The engine's nanny, a process beside it, sends the signal: it arrives while a cell
+        # runs in the engine, and needs no access to its host from here.
+        future = self._require().send_signal(signum, targets=[worker], block=False)
+        try:
+            [reply] = future.result(timeout=_SIGNAL_REPLY_S)
+            why = None if reply["content"].get("status") == "ok" else reply["content"]
+        except Exception as exc:  # no answer: no nanny relays signals for this engine
+            why = f"{type(exc).__name__}: {exc}"
+        if why is not None:
+            raise ClusterError(f"could not signal engine {worker} ({why}); an engine started "
+                               "with --IPEngine.enable_nanny=False cannot be signalled from "
+                               "outside")
 
     def _grow(self, k: int, timeout: float) -> None:
         client, cluster = self._require(), self.cluster

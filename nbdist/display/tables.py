@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..layout import Row, Table
-from ..telemetry.stall import WAITING, headline, where_lines
+from ..telemetry.stall import WAITING
+from ..telemetry.stall_text import headline, where_lines
 from ..telemetry.states import RankState
 from ..telemetry.units import (
     fmt_bytes,

@@ -8,8 +8,8 @@ notebook can wait for exactly the batches that belong to it.
 The notebook receives every rank's batches, so a rank flushes less often the larger the job
 (:func:`flush_interval`), and packs its steps, buckets and memory samples into tables
 (:func:`~nbdist.telemetry.columns.pack`). What cannot wait goes out at the next tick: elastic
-training's news, the hang doctor's report, and the output of the rank whose output the
-notebook shows (:attr:`EventSink.prompt_output`).
+training's news, the hang doctor's report, the debugger's, and the output of the rank whose
+output the notebook shows (:attr:`EventSink.prompt_output`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,17 @@ from contextlib import contextmanager
 from typing import Any, Callable, Optional, TextIO
 
 from ..telemetry.columns import pack
-from ..telemetry.events import ELASTIC, STACK, STREAM, Batch, Event, stream, warning
+from ..telemetry.events import (
+    DEBUGGER,
+    ELASTIC,
+    INPUT,
+    STACK,
+    STREAM,
+    Batch,
+    Event,
+    stream,
+    warning,
+)
 
 Transport = Callable[[Batch], None]
 
@@ -38,7 +48,7 @@ NOTEBOOK_BATCHES_PER_S = 256
 #: ... unless that would hold a rank's events back longer than this (seconds)
 MAX_INTERVAL = 4.0
 #: kinds sent at the next tick, whatever the interval
-URGENT = frozenset({ELASTIC, STACK})
+URGENT = frozenset({ELASTIC, STACK, DEBUGGER, INPUT})
 
 
 def flush_interval(world: int) -> float:
@@ -103,6 +113,14 @@ class EventSink:
                 return None
             self.seq += 1
             return {"rank": self.rank, "seq": self.seq, "events": pack(_coalesce(events))}
+
+    def end_call(self, seq0: int) -> tuple[int, Optional[Batch]]:
+        """A call that began when ``seq0`` batches had been sent ends: its last batch, for
+        its result to carry, and the seq of the last batch it sent before that (0: none, so
+        the notebook waits for nothing)."""
+        tail = self.take()
+        seq = tail["seq"] - 1 if tail is not None else self.seq
+        return (seq if seq > seq0 else 0), tail
 
     def close(self) -> None:
         self._closed = True

@@ -164,14 +164,32 @@ def register_call(tag: str) -> int:
     return ident
 
 
+class _Drained(BaseException):
+    """Stands in for a late interrupt, and lands at once (see :func:`forget_call`)."""
+
+
 def forget_call(ident: int) -> None:
-    """Unregister ``ident`` and drop an interrupt that arrived after the call had finished."""
+    """Unregister ``ident``, the calling thread, and drop an interrupt that arrived after the
+    call had finished.
+
+    A late interrupt is replaced by an exception of ours that is raised and caught here at
+    once. Clearing it instead (``PyThreadState_SetAsyncExc`` with NULL) would leave CPython's
+    "asynchronous exception pending" flag up for good, since only an exception delivered takes
+    it down; while it is up, a traced call (pdb, a coverage tool) spins forever on the
+    interpreter's pending-work check at the call's first instruction (CPython 3.11).
+    """
+    assert ident == threading.get_ident(), "forget_call runs in the thread it registered"
     while True:
         try:
             with _calls_lock:
                 _running.pop(ident, None)
-                # Interrupts are only raised while registered, under this lock: clear a late one.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+                # Interrupts are only raised while registered, under this lock: replace a late
+                # one with ours, which the loop below takes at its first check.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
+                                                           ctypes.py_object(_Drained))
+            while True:
+                pass
+        except _Drained:
             return
         except KeyboardInterrupt:
             continue

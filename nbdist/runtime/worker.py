@@ -8,7 +8,6 @@ module to name the functions it ships, and must not load torch for that.
 
 from __future__ import annotations
 
-import copy
 import os
 import socket
 import sys
@@ -17,9 +16,8 @@ import time
 import types
 from typing import Any, Callable, Optional
 
-from ..telemetry.units import fmt_bytes
+from . import debug, pulling, results, transfer
 from . import env as envmod
-from . import results, transfer
 from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
 from .execute import mimebundle, run_code
@@ -245,13 +243,14 @@ def leave() -> None:
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
              want_result: Optional[bool], grace: float = 3.0, measure: Measure = DEFAULT,
              coordinated: bool = False, slot: Optional[int] = None,
-             keep_cell: bool = False) -> results.CellResult:
+             keep_cell: bool = False, link: Optional[debug.Link] = None
+             ) -> results.CellResult:
     """Run one cell on this rank, among ``peers`` (``want_result`` None: the lowest returns).
 
     ``measure``: what the cell measures (telemetry switches, the hang doctor's threshold);
     ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
     fails; ``slot``: the rank this worker's events report as (a replacement worker takes the
-    slot of the rank it replaces)."""
+    slot of the rank it replaces); ``link``: how the cell's debugger reaches the notebook."""
     from ..telemetry import events
     from . import group
     from .measure import tuning
@@ -291,7 +290,8 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         with interruptible(group.sever) as watch, captured_output(_state.sink), \
                 watching(_state.sink, filename, measure.telemetry, measure.stall_after):
             try:
-                value = run_code(source, filename, _state.namespace)
+                with debug.debugging(link, _state.sink, filename, _debug_store):
+                    value = run_code(source, filename, _state.namespace)
                 if want_result:
                     out["value"] = mimebundle(value)
             except tuning.TrialDone:
@@ -323,17 +323,27 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                     group.teardown(sever=True)
         # The last batch (the end event, the last steps) rides in the result: the notebook
         # then waits for no event message after the results.
-        tail = _state.sink.take()
-        seq = tail["seq"] - 1 if tail is not None else _state.sink.seq
+        seq, tail = _state.sink.end_call(seq0)
         _state.cell = None
         alive = group.generation() is not None and (group.generation() == gen
                                                     or _state.elastic_gen is not None)
         out["elastic_gen"] = _state.elastic_gen
         out["rank"] = plan.rank if _state.plan is None else _state.plan.rank
         _state.elastic_gen = None
-        return results.finish(out, seconds=seconds, group_alive=alive,
-                              seq=seq if seq > seq0 else 0,  # 0: nothing sent to wait for
-                              tail=tail)
+        return results.finish(out, seconds=seconds, group_alive=alive, seq=seq, tail=tail)
+
+
+def _debug_store() -> Any:
+    """The job's store, where the notebook writes the debugger's answers."""
+    assert _state.plan is not None and _state.port is not None
+    return debug.store_client(_state.plan.master_addr, _state.port, _state.timeout)
+
+
+def post_mortem(link: debug.Link) -> results.CellResult:
+    """``%nbdist debug`` on this worker: pdb on its last failed cell (:mod:`.debug`)."""
+    assert _state.sink is not None
+    with _state.lock:
+        return debug.post_mortem_call(link, _state.sink, _debug_store)
 
 
 def push(header: bytes, layout: Optional[list], *buffers: Any,
@@ -346,80 +356,8 @@ def push(header: bytes, layout: Optional[list], *buffers: Any,
 
 
 def pull(name: str, sink: Optional[tuple] = None) -> list[Any]:
-    """``name`` (a dotted path) from the namespace, on CPU, packed: ``[PullResult, header,
-    layout, *buffers]`` (a flat list: each buffer a frame of its own), or ``[PullResult]``
-    saying why not; with ``sink`` (the data channel, the ticket) large buffers go there."""
-    parts = name.split(".")
-    if parts[0] not in _state.namespace:
-        return [results.not_pulled(f"name {parts[0]!r} is not defined on this worker")]
-    obj = _state.namespace[parts[0]]
-    for attr in parts[1:]:
-        try:
-            obj = getattr(obj, attr)
-        except AttributeError:
-            return [results.not_pulled(f"{'.'.join(parts[:parts.index(attr)])} has no "
-                                       f"attribute {attr!r}")]
-    size = _size_hint(obj)
-    if size > MAX_PULL_BYTES:
-        return [results.not_pulled(_too_big(name, size))]
-    try:
-        packed = transfer.pack(_to_cpu(obj))
-    except Exception as exc:  # the user's object, not nbdist: say what cannot travel
-        return [results.not_pulled(
-            f"{name} ({type(obj).__name__}) cannot be sent to the notebook: "
-            f"{type(exc).__name__}: {exc}. Pull the parts that can be pickled, e.g. a "
-            "state_dict() or a tensor")]
-    if packed.nbytes > MAX_PULL_BYTES:
-        return [results.not_pulled(_too_big(name, packed.nbytes))]
-    header, buffers, layout = packed
-    if sink is not None and transfer.channel_bytes(buffers) >= transfer.CHANNEL_MIN:
-        transfer.deliver(tuple(sink[0]), sink[1], buffers, _state.timeout)
-        return [results.pulled(channel=True), header, layout]
-    return [results.pulled(), header, layout, *buffers]
-
-
-#: the largest object ``pull`` sends (pickled); bigger ones are refused with their size
-MAX_PULL_BYTES = 2 << 30
-
-
-def _too_big(name: str, size: int) -> str:
-    return (f"{name} is {fmt_bytes(size)}, over the {fmt_bytes(MAX_PULL_BYTES)} that pull "
-            "sends: pull a part of it (a slice, one tensor), or save it to a file on the "
-            "worker (torch.save) and read that")
-
-
-def _size_hint(obj: Any) -> int:
-    """Bytes of the tensors in ``obj`` (a tensor, a module, or a dict/list of them), known
-    without pickling it."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, torch.nn.Module):
-        return sum(t.numel() * t.element_size()
-                   for t in (*obj.parameters(), *obj.buffers()))
-    if isinstance(obj, dict):
-        return sum(_size_hint(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_size_hint(v) for v in obj)
-    return 0
-
-
-def _to_cpu(obj: Any) -> Any:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, torch.nn.parallel.DistributedDataParallel):
-        obj = obj.module
-    if isinstance(obj, torch.nn.Module):
-        on_cpu = all(t.device.type == "cpu" for t in (*obj.parameters(), *obj.buffers()))
-        return obj if on_cpu else copy.deepcopy(obj).cpu()  # the worker's own stays put
-    if isinstance(obj, dict):
-        return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
+    """``name`` (a dotted path) from the namespace, packed (:func:`.pulling.pull`)."""
+    return pulling.pull(_state.namespace, name, sink, _state.timeout)
 
 
 def run_script(script: str, source: str, argv: list[str], port: int, cwd: str,

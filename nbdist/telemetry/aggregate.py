@@ -25,6 +25,7 @@ from .columns import column, columns, row, rows, summary, summary_column, table_
 from .events import (
     COMM,
     DDP,
+    DEBUGGER,
     ELASTIC,
     END,
     MEMORY,
@@ -163,6 +164,8 @@ class RunState:
             if st.state == RankState.WAITING:
                 st.state = RankState.RUNNING
             return
+        if kind == DEBUGGER:  # stopped for the notebook, or went on: the hang doctor's too
+            self.stall.debugger(rank, e)
         if kind == DDP:  # what a model runs with, and a trial's end: kept apart likewise
             st.models[e["model"]] = e
             self._setup = None
@@ -462,10 +465,7 @@ class RunState:
 
     def verdict(self, at: float) -> Optional[Verdict]:
         """The hang doctor's verdict at ``at`` (None: no stall past the threshold)."""
-        threshold = self.stall.threshold
-        if threshold is None or self.stall.idle(at) < threshold:
-            return None  # the usual answer, asked ten times a second: no states to gather
-        return self.stall.verdict(self._ranks, self._states(), at)
+        return self.stall.verdict(self._ranks, self._states, at)
 
     def where(self, at: float) -> Optional[Verdict]:
         """Where each rank was by its last report, threshold or not (for the error a timeout

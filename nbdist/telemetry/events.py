@@ -28,11 +28,15 @@ END = "end"  # the cell finished on this rank: {"ok", "error", "t"}
 # Elastic training on this rank: {"what": an ElasticWhat's value, "t", "run", "epoch", ...}
 ELASTIC = "elastic"
 STACK = "stack"  # where a rank's cell was when it stopped making progress; see stack()
+# The debugger on a rank (pdb, or input() in a cell): it stopped, left, or skipped a
+# breakpoint; see debugger(). The hang doctor reads these; the notebook's console prints skips.
+DEBUGGER = "debugger"
+INPUT = "input"  # a rank waits for a line typed in the notebook; see input_request()
 TABLE = "table"  # consecutive high-rate events of one rank, as columns; see columns.table()
 DDP = "ddp"  # a DDP model the cell built, and the communication setting it runs with
 TRIAL = "trial"  # a tuning trial ended on this rank: its optimizer steps; see trial()
 TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, STAGE, PIPELINE, END, STACK,
-                       TABLE, DDP, TRIAL})
+                       TABLE, DEBUGGER, DDP, TRIAL})
 #: what a run's record keeps apart from its trace: where ranks were, and what they ran with
 UNTIMED = frozenset({STACK, DDP, TRIAL})
 #: the high-rate kinds a worker packs into tables; every other kind is sent as it is
@@ -210,3 +214,29 @@ def stack(t: float, reason: str, idle_s: float, frames: list[dict[str, Any]], *,
     return {"kind": STACK, "t": t, "reason": reason, "idle_s": idle_s, "frames": frames,
             "collective": collective, "flight": flight, "calls": calls or {}}
 
+
+
+def debugger(state: str, t: float, *, mode: str = "pdb", file: str = "",
+             line: Optional[int] = None, func: str = "", text: str = "") -> Event:
+    """The rank's debugger at ``t``: ``state`` is ``"enter"`` (it stopped and waits for the
+    notebook), ``"leave"`` (it runs again; ``text`` is what it printed since its last prompt)
+    or ``"skip"`` (a ``breakpoint()`` it passed, where no one can answer: ``text`` says why).
+    ``mode`` is ``"pdb"`` or ``"input"`` (an ``input()`` in the cell); ``file``, ``line`` and
+    ``func`` name where the rank stands (the cell's filename, the editor's line)."""
+    return {"kind": DEBUGGER, "state": state, "t": t, "mode": mode, "file": file, "line": line,
+            "func": func, "text": text}
+
+
+def input_request(n: int, prompt: str, *, text: str = "", mode: str = "pdb", file: str = "",
+                  line: Optional[int] = None, func: str = "") -> Event:
+    """The rank's ``n``-th request for a line in this call: ``prompt`` is what the input box
+    shows, ``text`` what the debugger printed since its last prompt (shown before it). The
+    notebook answers at :func:`answer_key`."""
+    return {"kind": INPUT, "n": n, "prompt": prompt, "text": text, "mode": mode, "file": file,
+            "line": line, "func": func}
+
+
+def answer_key(prefix: str, rank: int, n: int) -> str:
+    """The store key where the notebook writes the answer to ``rank``'s ``n``-th request of
+    the call whose debugger keys start with ``prefix``."""
+    return f"{prefix}/{rank}/{n}"

@@ -12,19 +12,24 @@ written here, once.
 (:data:`~nbdist.telemetry.events.PROGRESS_KINDS`). The threshold is
 :func:`~.stall_rules.stall_threshold`: five times the median step, at least 10 s, or the
 user's ``--stall-after``.
+
+A rank in the debugger (or waiting in ``input()``) is not stalled: while one is, the verdict
+says so at once ("rank 1 is in the debugger (line 5)") instead of judging a hang, whatever the
+threshold, and the time it spent there is not counted as time without progress.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from .events import Event
 from .stall_rules import STALL_WINDOW, quiet_after, stall_threshold
 from .states import RankState
-from .units import fmt_bytes, fmt_ranks, fmt_seconds
+from .stopped import DEBUGGING, Stopped, Stops
+from .units import fmt_bytes
 
 #: above this many ranks, ranks whose places read the same share one line
 GROUP_ABOVE = 16
@@ -92,7 +97,7 @@ class Collective:
 @dataclass(frozen=True)
 class RankWhere:
     """Where one rank is: :data:`WAITING` in ``collective``, :data:`ELSEWHERE`,
-    :data:`FINISHED`, :data:`FAILED` or :data:`UNKNOWN`."""
+    :data:`FINISHED`, :data:`FAILED`, :data:`UNKNOWN` or :data:`DEBUGGING`."""
 
     rank: int
     status: str
@@ -128,6 +133,8 @@ class Verdict:
     missing: tuple[int, ...] = ()
     #: collectives of one group and number that ranks called as different ops
     clashes: tuple[tuple[Collective, Collective], ...] = ()
+    #: ranks stopped in the debugger or input(): the run waits for the user, not a hang
+    stopped: tuple[Stopped, ...] = ()
 
     @property
     def hang(self) -> bool:
@@ -141,7 +148,7 @@ class Verdict:
     def key(self) -> tuple:
         """What the verdict says, without the clock: it changes when a rank moves."""
         return tuple((w.rank, w.status, w.collective.key if w.collective else None, w.doing,
-                      w.line) for w in self.ranks)
+                      w.line) for w in self.ranks) + self.stopped
 
 
 # ----------------------------------------------------------------- the judgement
@@ -229,7 +236,7 @@ def judge(ranks: Sequence[RankWhere], idle_s: float,
     missing: set[int] = set()
     for c, waiting in waits:
         for w in ranks:
-            if w.rank in waiting or w.status == UNKNOWN or _passed(w, c):
+            if w.rank in waiting or w.status in (UNKNOWN, DEBUGGING) or _passed(w, c):
                 continue
             if w.collective is not None and w.collective.clashes(c):
                 continue  # it got there, but called another collective: a clash, not absence
@@ -255,6 +262,8 @@ class StallWatch:
         self.step_s: deque[float] = deque(maxlen=STALL_WINDOW)
         self.stacks: dict[int, Event] = {}
         self.ended: dict[int, tuple[float, bool, Optional[str]]] = {}
+        #: ranks stopped in the debugger (or input()) now
+        self.debugging = Stops()
 
     def progress(self, t: float, rank: Optional[int] = None) -> None:
         """``rank`` made progress at ``t`` (a step or collective completed, a bar moved).
@@ -303,6 +312,14 @@ class StallWatch:
 
     def end(self, rank: int, t: float, ok: bool, error: Optional[str]) -> None:
         self.ended[rank] = (t, ok, error)
+        self.debugging.end(rank)
+
+    def debugger(self, rank: int, event: Event) -> None:
+        """``rank`` stopped for the notebook, or went on (a ``debugger`` event). Going on
+        counts as progress: the time it waited for the user is not time without progress."""
+        went_on = self.debugging.feed(rank, event)
+        if went_on is not None:
+            self.progress_t = max(self.progress_t or 0.0, went_on)
 
     @property
     def threshold(self) -> Optional[float]:
@@ -339,7 +356,11 @@ class StallWatch:
         for r in sorted(ranks):
             e = self._fresh(r)
             end = self.ended.get(r)
-            if e is not None:
+            s = self.debugging.of(r)
+            if s is not None:
+                out.append(RankWhere(r, DEBUGGING, line=s.line, reason=s.mode, doing=s.doing))
+                reported = True
+            elif e is not None:
                 out.append(_where(r, e))
                 reported = True
             elif end is not None:
@@ -350,126 +371,30 @@ class StallWatch:
                 out.append(RankWhere(r, UNKNOWN))
         if not reported:
             return None
-        return judge(out, self.idle(at), threshold)
+        v = judge(out, self.idle(at), threshold)
+        return replace(v, stopped=self.debugging.now()) if self.debugging else v
 
-    def verdict(self, ranks: Iterable[int], states: Mapping[int, RankState],
+    def verdict(self, ranks: Iterable[int], states: Callable[[], Mapping[int, RankState]],
                 at: float) -> Optional[Verdict]:
         """The stall verdict at ``at``, or None while there is none to give.
 
         There is one when the threshold is on and has passed, some rank is still running
         (or was interrupted where it stood), and either some rank waits in a collective or
         the run had made progress before: a cell that never steps or communicates is
-        not hung by being slow.
+        not hung by being slow. ``states`` is asked only then: the usual answer, asked ten
+        times a second, is None without gathering them.
         """
+        if self.debugging:  # the run waits for the user: say so, whatever the threshold
+            return self.where(ranks, states(), at)
         threshold = self.threshold
         if threshold is None or self.idle(at) < threshold:
             return None
-        ranks = list(ranks)
-        running = any(states.get(r, RankState.WAITING).active for r in ranks)
+        ranks, states_now = list(ranks), states()
+        running = any(states_now.get(r, RankState.WAITING).active for r in ranks)
         stopped_here = any(e.get("reason") == "interrupt" for e in self.stacks.values())
         if not (running or stopped_here):
             return None
-        v = self.where(ranks, states, at, threshold)
+        v = self.where(ranks, states_now, at, threshold)
         if v is None or not (v.waits or self.progress_t is not None):
             return None
         return v
-
-
-# ----------------------------------------------------------------- how it reads
-def _at(line: Optional[int], label: Optional[str]) -> str:
-    """``In [12], line 6`` or ``cell line 6``."""
-    if line is None:
-        return ""
-    return f"{label}, line {line}" if label else f"cell line {line}"
-
-
-def headline(v: Verdict) -> str:
-    """One line: how long nothing moved, who waits in what, who never reached it."""
-    head = f"no step or collective completed for {fmt_seconds(v.idle_s)}"
-    if v.threshold_s is not None:
-        head += f" (stall threshold {fmt_seconds(v.threshold_s)})"
-    parts = []
-    for c, ranks in v.waits:
-        word = "ranks" if len(ranks) > 1 else "rank"
-        parts.append(f"{word} {fmt_ranks(ranks)} wait{'' if len(ranks) > 1 else 's'} in "
-                     f"{c.describe()}")
-    if v.missing:
-        word = "ranks" if len(v.missing) > 1 else "rank"
-        parts.append(f"{word} {fmt_ranks(v.missing)} never reached it")
-    parts += [clash[:-1] for clash in clash_sentences(v)]
-    if not v.waits:
-        parts.append("no rank is inside a collective")
-    return f"{head}: {'; '.join(parts)}"
-
-
-def rank_line(w: RankWhere, label: Optional[str] = None,
-              missing: Sequence[int] = (), waits: Sequence[Collective] = ()) -> str:
-    """``rank 1: in time.sleep(0.05) at In [12], line 5 (never reached the all_reduce)``."""
-    at = _at(w.line, label)
-    if w.status == WAITING and w.collective is not None:
-        text = f"rank {w.rank}: waiting in {w.collective.describe()}"
-        if at:
-            text += f" at {at}" + (f": {w.code}" if w.code else "")
-        if w.doing and not (w.frames and w.frames[-1].cell):
-            text += f" (in {w.doing})"
-    elif w.status == ELSEWHERE:
-        text = f"rank {w.rank}: in {w.doing or '?'}"
-        inner_is_cell = bool(w.frames) and w.frames[-1].cell
-        if at:
-            text += f" at {at}"
-            if w.code and not (inner_is_cell and w.code == w.doing):
-                text += f": {w.code}"
-    elif w.status == FINISHED:
-        text = f"rank {w.rank}: finished the cell"
-    elif w.status == FAILED:
-        text = f"rank {w.rank}: failed" + (f": {' '.join(w.error.split())}" if w.error else "")
-    else:
-        text = f"rank {w.rank}: no report of where it is"
-    if w.rank in missing and waits:
-        ops = sorted({c.op for c in waits})
-        text += f"; it never reached the {' / '.join(ops)} the others wait in"
-    return text
-
-
-def where_lines(v: Verdict, label: Optional[str] = None,
-                group_above: int = GROUP_ABOVE) -> list[str]:
-    """A line per rank, then the cell's frames of any rank that is inside a function the
-    cell defined (its call chain), indented under it.
-
-    Above ``group_above`` ranks, ranks whose lines say the same are one line
-    (``ranks 0-1022: waiting in all_reduce ...``), so a thousand ranks read in a few lines.
-    """
-    waits = [c for c, _ in v.waits]
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for w in v.ranks:
-        head = rank_line(w, label, v.missing, waits)
-        lines = [head[len(f"rank {w.rank}: "):]]
-        cell = [f for f in w.frames if f.cell]
-        if len(cell) > 1:
-            for f in cell:
-                lines.append(f"    {_at(f.line, label)}, in {f.name}: {f.call or f.code}")
-        key = tuple(lines) if len(v.ranks) > group_above else (str(w.rank), *lines)
-        groups.setdefault(key, []).append(w.rank)
-    out = []
-    for key, ranks in groups.items():
-        lines = key if len(v.ranks) > group_above else key[1:]
-        word = "ranks" if len(ranks) > 1 else "rank"
-        out += [f"{word} {fmt_ranks(ranks)}: {lines[0]}", *lines[1:]]
-    return out
-
-
-def clash_sentences(v: Verdict) -> list[str]:
-    """``all_reduce and broadcast are both collective 5 of group default_pg: ...``."""
-    return [f"{a.op} and {b.op} are both collective {a.seq} of group {a.group}: the ranks "
-            "called different collectives." for a, b in v.clashes]
-
-
-def missing_sentence(v: Verdict) -> str:
-    """``Rank 1 never reached the all_reduce (seq 3) that rank 0 waits in.`` ("" if none)."""
-    if not v.hang:
-        return ""
-    waited = "; ".join(f"{c.describe()} that rank{'s' if len(rs) > 1 else ''} "
-                       f"{fmt_ranks(rs)} wait{'' if len(rs) > 1 else 's'} in"
-                       for c, rs in v.waits)
-    word = "Ranks" if len(v.missing) > 1 else "Rank"
-    return f"{word} {fmt_ranks(v.missing)} never reached the {waited}."

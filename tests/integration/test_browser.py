@@ -8,8 +8,9 @@ in a traceback), then what breaks: a straggler with nested tqdm bars, a rank kil
 replaced in elastic training, a hang with ``--stall-after`` and ``--timeout`` (read again at
 1280 px with the file browser open), a chatty ``--all-output`` cell run twice, the dark
 theme, and the cluster panel (Scale, the Scale box following ``%nbdist scale``, "stopped"
-after ``%nbdist stop``). Screenshots go to ``docs/_static/screenshots/`` (the docs show them,
-so they are never stale); failure screenshots to ``test-artifacts/`` (git-ignored).
+after ``%nbdist stop``); last, in a notebook of its own, a breakpoint on rank 1 answered by
+typing into JupyterLab's input box. Screenshots go to ``docs/_static/screenshots/`` (the docs
+show them, so they are never stale); failure screenshots to ``test-artifacts/`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -788,3 +789,68 @@ def test_cluster_panel_scales_follows_the_cluster_and_says_stopped(nb):
         shot(page, "cluster-failure.png")
         print("the panel's cell shows:", text(panel))
         raise
+
+
+#: rank 1 stops at a breakpoint while rank 0 waits for it in the all_reduce
+BREAKPOINT = """%%distributed
+import torch, torch.distributed as dist
+x = torch.tensor([float(rank + 1)])
+if rank == 1:
+    breakpoint()
+dist.all_reduce(x)
+x.item()
+"""
+
+
+#: the input box JupyterLab shows: it hides a box (and draws it anew below) when output
+#: arrives above it, so for a moment there are two, one of them hiding
+STDIN = ".jp-OutputArea-stdin-item:not(.jp-OutputArea-stdin-hiding) .jp-Stdin"
+
+
+def input_box(out, timeout: float = 60):
+    """The cell's input box, once a prompt of rank 1's pdb is shown in it."""
+    box = out.locator(f"{STDIN} .jp-Stdin-input:not([readonly])")  # answered: read-only
+    wait_for(lambda: box.count() == 1, timeout, "an input box")
+    assert out.locator(f"{STDIN} .jp-Stdin-prompt").inner_text().strip() == "(Pdb rank 1)"
+    return box
+
+
+def answer(out, line: str) -> None:
+    """Type ``line`` into the cell's input box, and wait until the output shows it sent."""
+    box = input_box(out)
+    box.fill(line)
+    box.press("Enter")
+    # JupyterLab replaces the box with the prompt and the line typed
+    wait_for(lambda: f"(Pdb rank 1) {line}" in " ".join(out.inner_text().split()), 60,
+             f"{line!r} to be sent")
+
+
+def test_a_breakpoint_on_rank_1_is_answered_in_jupyterlabs_input_box(browser, lab):
+    page = open_notebook(browser, lab, "debug.ipynb",
+                         ["%load_ext nbdist\n%nbdist start -n 2", BREAKPOINT])
+    out = cell(page, 1).locator(".jp-OutputArea")
+    try:
+        run_cells(page, 0, 1)
+        input_box(out, 240)  # the workers start first
+        answer(out, "p x")
+        wait_for(lambda: "tensor([2.])" in out.inner_text(), 60, "pdb to print x")
+        text = out.inner_text()
+        assert "rank 1 is in the debugger at In [2], line 6" in text, text
+        assert "hang doctor: rank 1 is in the debugger (line 6)" in text, text
+        assert "-> dist.all_reduce(x)" in text, text
+        answer(out, "x = torch.tensor([10.0])")
+        # the screenshot: the session so far, and the input box with "c" typed in it
+        input_box(out).fill("c")
+        doc_shot(out, "debugger.png")
+        answer(out, "c")  # typed again, in case the box was drawn anew meanwhile
+        # rank 1's assignment took part in rank 0's all_reduce: 1 + 10
+        wait_for(lambda: "[*]" not in prompt(page, 1), 120, "the cell to finish")
+        text = out.inner_text()
+        assert "11.0" in text and "Traceback" not in text, text
+    except Exception:
+        shot(page, "debugger-failure.png")
+        (ARTIFACTS / "debugger-failure.html").write_text(out.inner_html())
+        raise
+    finally:
+        stop_cluster(page)
+        page.close()

@@ -41,8 +41,9 @@ def page(site, name: str) -> str:
 
 def test_the_site_has_the_pages_a_newcomer_needs(site):
     for name in ("index", "getting-started", "usage", "clusters", "dask", "profiles",
-                 "telemetry", "strategies", "export", "fault-tolerance", "security", "faq",
-                 "reference", "benchmarks", "troubleshooting", "limits", "gpu", "environment"):
+                 "telemetry", "strategies", "export", "fault-tolerance", "debugging",
+                 "security", "faq", "reference", "benchmarks", "troubleshooting", "limits",
+                 "gpu", "environment"):
         assert (site / f"{name}.html").is_file(), name
     faq = page(site, "faq.html")
     for pitfall in ("fork", "CUDA", "NCCL_DEBUG", "firewall", "daemonic"):

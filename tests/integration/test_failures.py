@@ -83,7 +83,7 @@ def test_enormous_output_is_capped_with_a_notice(cluster, capsys):
 def test_pulling_what_cannot_travel_says_why(cluster):
     s = cluster
     s.run_cell("import threading, torch\nlock = threading.Lock()\n"
-               "import nbdist.runtime.worker as w\nw.MAX_PULL_BYTES = 1000\n"
+               "import nbdist.runtime.pulling as w\nw.MAX_PULL_BYTES = 1000\n"
                "big = torch.zeros(1000)")
     with pytest.raises(NameError, match=r"rank 0: lock \(lock\) cannot be sent .*pickle"):
         s.pull("lock")

@@ -3,7 +3,8 @@
 A bridge on this host joins two namespaces, each with a veth pair and its own hostname, so the
 workers really are two hosts to nbdist: ranks are planned by host, MASTER_ADDR must be rank 0's
 address on the shared network (not loopback), and gloo must talk across the bridge. Traffic
-stays on loopback and the private subnet made here. Needs root and iproute2 (``ip``).
+stays on loopback and the private subnet made here; a breakpoint on the other host is answered
+from here through the notebook's store. Needs root and iproute2 (``ip``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Callable, Optional
 
 import pytest
 
+from nbdist import debugging
 from nbdist.session import Session
 
 ENGINES = ["ipyparallel", "dask"]
@@ -226,7 +228,7 @@ def _logs(tmp: Path) -> str:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_two_hosts_run_one_ddp_job(net, engine, tmp_path):
+def test_two_hosts_run_one_ddp_job(net, engine, tmp_path, monkeypatch):
     if engine == "dask":
         pytest.importorskip("distributed")
     starter = _start_dask if engine == "dask" else _start_ipyparallel
@@ -251,6 +253,16 @@ def test_two_hosts_run_one_ddp_job(net, engine, tmp_path):
                         grad=net.weight.grad.flatten().tolist())
         """), output="quiet", timeout=120)
         infos = [session.pull("info", rank=r) for r in range(2)]
+        # pdb on rank 1, on the other host, answered here (as if typed into the input box)
+        # through the notebook's store on the shared network, while rank 0 waits for it
+        answers = iter(["p t", "t = t * 10", "c"])
+        monkeypatch.setattr(debugging, "stdin_state", lambda: (True, ""))
+        monkeypatch.setattr(debugging, "ask_user", lambda prompt: next(answers))
+        session.run_cell("t = torch.tensor([float(rank + 1)])\nif rank == 1:\n"
+                         "    breakpoint()\ndist.all_reduce(t)\ndebugged = t.item()",
+                         output="quiet", timeout=120)
+        assert next(answers, None) is None  # every line was asked for
+        debugged = session.pull("debugged", rank=0)
     except BaseException:
         print(_logs(tmp_path))
         raise
@@ -272,3 +284,4 @@ def test_two_hosts_run_one_ddp_job(net, engine, tmp_path):
         assert info["sum"] == 3.0
         # DDP averages d(sum(Wx+b))/dW = 2*x over ranks: (2*1 + 2*2) / 2 = 3 per weight.
         assert info["grad"] == [3.0, 3.0, 3.0]
+    assert debugged == 1.0 + 20.0  # rank 1's assignment in pdb took part in the all_reduce

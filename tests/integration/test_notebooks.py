@@ -151,7 +151,9 @@ def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_note
     [died] = [line for line in events if "died" in line]
     assert "rank 1 on " in died and died.endswith("died: SIGKILL"), died
     [reformed] = [line for line in events if "re-formed without rank 1" in line]
-    assert "rolled back to commit 11 (0 optimizer steps repeated), healed in " in reformed
+    # %nbdist kill 1 --after 3: killed a few seconds in, at whichever step that is
+    assert re.search(r"rolled back to commit \d+ \(0 optimizer steps repeated\), healed in ",
+                     reformed), reformed
     assert reformed.endswith("world 2 -> 1"), reformed
     [joined] = [line for line in events if "a replacement worker joined" in line]
     assert "healed from a live peer" in joined and joined.endswith("world 1 -> 2"), joined
@@ -177,9 +179,11 @@ def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_note
     assert "CellTimeoutError: cell ran past --timeout 5 s" in where, where
     assert "Where each rank was when it was interrupted:" in where
     assert re.search(r"rank 0: waiting in all_reduce \(seq \d+, float32 \[4\]\) at "
-                     r"cell line 6: dist\.all_reduce\(t\)", where), where
-    assert re.search(r"rank 1: in time\.sleep\(0\.05\) at cell line 5; it never "
-                     r"reached the all_reduce the others wait in", where), where
+                     r"cell line 2: dist\.all_reduce\(t\)", where), where
+    # %nbdist hang 1 held rank 1 just before the same line
+    assert re.search(r"rank 1: in nbdist\.runtime\.faults\.hang at cell line 2"
+                     r"(: dist\.all_reduce\(t\))?; it never reached the all_reduce the others "
+                     r"wait in", where), where
     assert "Rank 1 never reached the all_reduce" in where
     # and the job runs the next cell at full width
     assert "all_reduce gives 3.0" in outputs_text(cell_with(nb, "all_reduce gives"))

@@ -27,6 +27,7 @@ class Scripted:
     late: list[Batch] = field(default_factory=list)  # drained only after the outcome is in
     hang: bool = False  # runs until interrupted
     ignores_interrupt: bool = False  # ... and even then (stuck in native code)
+    until: Optional[Callable[[], bool]] = None  # runs until this is true (an answer came)
 
 
 def ok(value: Optional[dict] = None, *, seq: int = 0, group_alive: bool = True
@@ -57,7 +58,8 @@ class ScriptedJob(Job):
     def _hung(self) -> list[WorkerId]:
         b = self._backend
         return [w for w, _, s in self._plan
-                if s.hang and (w not in b.interrupted or s.ignores_interrupt)
+                if ((s.hang and (w not in b.interrupted or s.ignores_interrupt))
+                    or (s.until is not None and not s.until() and w not in b.interrupted))
                 and w not in b.restarted]
 
     def wait(self, timeout: Optional[float]) -> bool:
@@ -100,6 +102,8 @@ class ScriptedBackend(Backend):
         self.ids = list(range(100, 100 + n))  # not the ranks: the Session must map them
         self.hostname = hostname
         self.cells: dict[int, Scripted] = {}  # worker id -> what its next run_cell does
+        self.failures: dict[int, dict] = {}  # worker id -> the failure it keeps (%nbdist debug)
+        self.signals: list[tuple[Any, int, Any]] = []  # (worker, signal, pid) sent
         self.interrupted: set[WorkerId] = set()
         self.calls: list[str] = []
         self.submitted: list[Call] = []
@@ -138,7 +142,7 @@ class ScriptedBackend(Backend):
             name = getattr(c.fn, "__name__", "?")
             self.calls.append(name)
             self.submitted.append(c)
-            if name == "run_cell":
+            if name in ("run_cell", "post_mortem"):
                 s = self.cells.pop(c.worker, Scripted())
                 plan.append((c.worker, s.result or ok(), s))
             else:
@@ -159,11 +163,15 @@ class ScriptedBackend(Backend):
                              "threads": 1},
             "status": lambda: {"rank": None, "hostname": self.hostname, "pid": c.worker,
                                "device": "cpu", "group": True, "rss": 2**20},
+            "failure": lambda: self.failures.get(c.worker),
         }
         return answers.get(name, lambda: None)()
 
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
         self.interrupted.update(workers)
+
+    def signal(self, worker: WorkerId, signum: int, pid: Any = None) -> None:
+        self.signals.append((worker, signum, pid))
 
     def restart_workers(self, ids: Sequence[WorkerId], timeout: float) -> list[WorkerId]:
         """A fresh worker (id + 1000) in each one's place; without a nanny, none."""

@@ -77,11 +77,11 @@ def test_the_stop_button_escalates_the_same_way(session, backend, monkeypatch):
     polls = [0]
     pump = cell_run.pump
 
-    def interrupted_on_the_third_poll(job, run, view, healer=None, carried=()):
+    def interrupted_on_the_third_poll(job, run, view, healer=None, carried=(), **kw):
         polls[0] += 1
         if polls[0] == 3:
             raise KeyboardInterrupt
-        pump(job, run, view, healer, carried)
+        pump(job, run, view, healer, carried, **kw)
 
     monkeypatch.setattr(cell_run, "pump", interrupted_on_the_third_poll)
     with pytest.raises(KeyboardInterrupt) as info:

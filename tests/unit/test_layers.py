@@ -46,6 +46,13 @@ FORBIDDEN = {
                                    "nbdist.magics", "IPython", "ipywidgets", "torch"),
     "nbdist.runtime.elastic": ("nbdist.elastic", "nbdist.elastic_coordinator",
                                "nbdist.membership", "nbdist.cell_run", "nbdist.rendezvous"),
+    # The debugger's and faults' notebook halves: rooms the session calls, which never call
+    # back into it nor draw (their few lines are printed), and whose workers' halves never
+    # reach back into them.
+    **{m: ("nbdist.session", "nbdist.magics", "nbdist.display", "IPython", "ipywidgets",
+           "torch") for m in ("nbdist.debugging", "nbdist.faults")},
+    **{m: ("nbdist.debugging", "nbdist.faults", "nbdist.cell_run", "nbdist.membership")
+       for m in ("nbdist.runtime.debug", "nbdist.runtime.faults")},
     "nbdist.errors": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     "nbdist.options": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     # runs on every cell's text: IPython's hook only, nothing heavy

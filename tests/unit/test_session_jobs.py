@@ -86,8 +86,9 @@ def test_cells_take_the_profiles_training_defaults(profile):
     session.start(profile=profile)
     backend = made[0]
     session.run_cell("x = 1")
-    assert backend.kwargs["run_cell"][-1] == {"measure": Measure(telemetry=False),
-                                             "coordinated": False}
+    kwargs = backend.kwargs["run_cell"][-1]
+    assert kwargs["measure"] == Measure(telemetry=False) and kwargs["coordinated"] is False
+    assert not kwargs["link"].stdin  # no store here: no one can answer a breakpoint()
     # the cell's own flags win, and the record travels whole
     session.run_cell("x = 1", telemetry=True, bucket_timing=True, stall_after=5)
     assert backend.kwargs["run_cell"][-1]["measure"] == Measure(telemetry=True, buckets=True,

@@ -24,10 +24,9 @@ from nbdist.telemetry.stall import (
     FINISHED,
     UNKNOWN,
     WAITING,
-    headline,
-    where_lines,
 )
 from nbdist.telemetry.stall_rules import STALL_FLOOR_S, stall_threshold
+from nbdist.telemetry.stall_text import headline, where_lines
 
 
 def feed(state: RunState, rank: int, *events: dict, seq: int = 1) -> None:
@@ -295,11 +294,11 @@ def test_session_interrupt_raises_a_keyboard_interrupt_with_the_reports(
     polls = [0]
     pump = cell_run.pump
 
-    def interrupted_on_the_third_poll(job, run, view, healer=None, carried=()):
+    def interrupted_on_the_third_poll(job, run, view, healer=None, carried=(), **kw):
         polls[0] += 1
         if polls[0] == 3:
             raise KeyboardInterrupt  # the kernel's stop button, while the cell runs
-        pump(job, run, view, healer, carried)
+        pump(job, run, view, healer, carried, **kw)
 
     monkeypatch.setattr(cell_run, "pump", interrupted_on_the_third_poll)
     with pytest.raises(KeyboardInterrupt) as info:

@@ -24,7 +24,8 @@ Used three ways: ``python -m nbdist.runtime.boot.lifeline PID START MODULE [ARGS
 ``MODULE`` as ``__main__`` under the kernel's watch (ipyparallel's local controller and
 engines), ``python -m nbdist.runtime.boot.lifeline --remote MODULE [ARGS...]`` under the
 controller's (ipyparallel's engines on other hosts: :func:`remote_command`); as a Dask preload
-(``dask_setup``), reading the kernel from ``NBDIST_KERNEL``; or :func:`watch` directly.
+(``dask_setup``), reading the kernel from ``NBDIST_KERNEL``, which also keeps Dask's processes
+through an interrupt of the kernel; or :func:`watch` directly.
 Standard library and psutil only.
 """
 
@@ -187,7 +188,14 @@ def _here() -> bool:
 
 def dask_setup(server: object) -> None:
     """Dask preload hook (nannies and workers): watch the kernel named in ``NBDIST_KERNEL``
-    where it runs on this host."""
+    where it runs on this host, and ignore SIGINT.
+
+    Jupyter's stop button sends SIGINT to the kernel's whole process group, which the Dask
+    processes nbdist spawns belong to: it would end them. nbdist interrupts a Dask worker's
+    cell by thread (:func:`nbdist.runtime.interrupt.interrupt_calls`), never by signal.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if _here():
         watch(os.environ[ENV])
 

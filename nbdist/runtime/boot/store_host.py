@@ -4,7 +4,8 @@ The store outlives any rank: a job whose rank 0 dies can re-form its group, whic
 not if rank 0's worker hosted the store. The notebook talks to it over this process's stdin and
 stdout (one JSON request per line, one reply per line), so the notebook itself never imports
 torch; workers reach it as a ``TCPStore`` bound to exactly the address given. When the notebook
-goes away — even killed with SIGKILL — stdin reaches end of file and this process exits.
+goes away — even killed with SIGKILL — stdin reaches end of file and this process exits; an
+interrupt of the kernel (SIGINT to its process group) leaves it running.
 
 ``python -m nbdist.runtime.boot.store_host HOST TIMEOUT`` prints ``{"port": N}`` once the store
 listens, then answers ``{"op": ..., "key": ..., "value": ...}`` for the ops set, get, add,
@@ -20,6 +21,11 @@ import sys
 
 def serve(host: str, timeout: float) -> None:
     import datetime
+    import signal
+
+    # Jupyter's stop button sends SIGINT to the kernel's whole process group, this process
+    # included: it interrupts cells, and must not end the store they re-form their group with.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     from .. import group
 

@@ -58,6 +58,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from .. import faults
 from ..mesh import dim_of
 from . import memory, tuning
 from .hang import watch as hang_watch
@@ -272,6 +273,7 @@ class _DDPTimer:
 
 
 def _forward_pre(module: Any, args: tuple) -> None:
+    faults.hang()  # if %nbdist hang armed it: held before the step's all-reduce
     # Evaluation under no_grad is not a training step.
     grad = torch.is_grad_enabled()
     timer = module._nbdist_timer
@@ -394,6 +396,7 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        faults.hang()  # if %nbdist hang armed it: held before it takes part
         tel = telemetry
         if not tel.enabled:
             return fn(*args, **kwargs)

@@ -80,6 +80,8 @@ class Watch:
         self._last_key: Optional[tuple] = None
         self._interrupted = False
         self._lock = threading.Lock()
+        #: where the cell stands while a debugger (or ``input()``) waits for the notebook
+        self.held: Optional[FrameType] = None
 
     # ------------------------------------------------------------- cell lifecycle
     def begin(self, sink: Any, filename: str, sampling: bool = True,
@@ -97,6 +99,7 @@ class Watch:
         self._next = 0.0
         self._last_key = None
         self._interrupted = False
+        self.held = None
         if sink is not None:
             sink.on_tick = self.tick
         interrupt.set_hook(self.capture_interrupt)
@@ -109,6 +112,19 @@ class Watch:
             sink.on_tick = None
         self.thread = None
         self.op = None
+        self.held = None
+
+    def hold(self, frame: Optional[FrameType]) -> Optional[FrameType]:
+        """The cell stopped at ``frame`` for the debugger: time spent there is no stall (no
+        samples), and an interrupt reports ``frame``, not the debugger's own. Returns what
+        was held before, for :meth:`release` (a prompt inside the debugger nests)."""
+        before, self.held = self.held, frame
+        return before
+
+    def release(self, before: Optional[FrameType]) -> None:
+        """The debugger let the cell run again: its clock of progress starts now."""
+        self.held = before
+        self.last_progress = time.monotonic()
 
     # ------------------------------------------------------------- hot path (any thread)
     def progress(self) -> None:
@@ -136,7 +152,7 @@ class Watch:
     def tick(self) -> None:
         """Called by the event sink's thread about ten times a second: sample the cell's
         stack when it has made no progress for a while (at most every :data:`SAMPLE_S`)."""
-        if not self.sampling or self.thread is None:
+        if not self.sampling or self.thread is None or self.held is not None:
             return
         now = time.monotonic()
         if now < self._next:
@@ -165,7 +181,9 @@ class Watch:
         sink, thread = self.sink, self.thread
         if sink is None or thread is None:
             return
-        if frame is None:
+        if self.held is not None:  # stopped in the debugger: where the cell stands, not pdb
+            frame = self.held
+        elif frame is None:
             frame = sys._current_frames().get(thread)
         if frame is None:
             return
