@@ -33,7 +33,8 @@ STANDALONE = {"README.md", "docs/getting-started.md"}
 #: the pages, in the order a reader meets them; each runs in a fresh notebook
 PAGES = ["README.md", "docs/index.md", "docs/getting-started.md", "docs/usage.md",
          "docs/telemetry.md", "docs/tuning.md", "docs/strategies.md", "docs/parallelism.md",
-         "docs/fault-tolerance.md", "docs/dask.md", "docs/clusters.md", "docs/profiles.md",
+         "docs/fault-tolerance.md", "docs/debugging.md", "docs/dask.md", "docs/clusters.md",
+         "docs/profiles.md",
          "docs/export.md", "docs/faq.md", "docs/troubleshooting.md", "docs/gpu.md"]
 
 
