@@ -4,35 +4,12 @@ every verb, a trailing ``# comment``, connect's old ``--profile``, and the cell'
 from __future__ import annotations
 
 import pytest
-from fakes import ScriptedBackend
 
 pytest.importorskip("IPython")
 
 from IPython.core.error import UsageError  # noqa: E402
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
-from nbdist import session as session_mod  # noqa: E402
 from nbdist.magics import _VERBS, split_line  # noqa: E402
-from nbdist.session import Session  # noqa: E402
-
-
-@pytest.fixture
-def backend() -> ScriptedBackend:
-    return ScriptedBackend(2)
-
-
-@pytest.fixture
-def session(backend, monkeypatch) -> Session:
-    s = Session(backends=lambda engine: backend, stores=None).start(2, timeout=5)
-    monkeypatch.setattr(session_mod, "_default", s)
-    return s
-
-
-@pytest.fixture
-def shell(session):
-    sh = InteractiveShell.instance()
-    sh.run_line_magic("load_ext", "nbdist")
-    return sh
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])

@@ -4,33 +4,15 @@ scripted session: what they pass down, what they show, and bad lines as usage er
 from __future__ import annotations
 
 import pytest
-from fakes import ScriptedBackend
 
 pytest.importorskip("IPython")
 
 from IPython.core.error import UsageError  # noqa: E402
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 import nbdist  # noqa: E402
-from nbdist import session as session_mod  # noqa: E402
 from nbdist.records import TrialRow, TuneResult  # noqa: E402
 from nbdist.runtime.measure.spec import DDPSettings  # noqa: E402
-from nbdist.session import Session  # noqa: E402
 from nbdist.tuning import DEFAULT_STEPS, MIN_STEPS  # noqa: E402
-
-
-@pytest.fixture
-def session(monkeypatch) -> Session:
-    s = Session(backends=lambda engine: ScriptedBackend(2), stores=None).start(2, timeout=5)
-    monkeypatch.setattr(session_mod, "_default", s)
-    return s
-
-
-@pytest.fixture
-def shell(session):
-    sh = InteractiveShell.instance()
-    sh.run_line_magic("load_ext", "nbdist")
-    return sh
 
 
 def result() -> TuneResult:
