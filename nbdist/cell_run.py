@@ -92,11 +92,13 @@ def cell_label(filename: str) -> Optional[str]:
 
 
 def pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None,
-         carried: Sequence[Batch] = (), companions: Sequence[Companion] = ()) -> None:
+         carried: Sequence[Batch] = (), companions: Sequence[Companion] = (),
+         redraw: bool = True) -> None:
     """Move the batches received so far, and those the results ``carried``, into the run's
     record and onto the screen; the elastic coordinator and the companions read them too, and
     what the coordinator decides goes into the record. The view is asked to redraw on every
-    pass, news or not: its clocks tick (its own rate limit says when it draws)."""
+    pass, news or not: its clocks tick (its own rate limit says when it draws); not with
+    ``redraw`` False (the view is closed next, and draws the run's end)."""
     batches = [*job.drain_events(), *carried]
     if batches:
         view.output(batches)
@@ -110,7 +112,8 @@ def pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None,
         for record in healer.news():
             run.record(record)  # the views show it once, each in its medium
             news = True
-    view.refresh(run.snapshot, force=news)
+    if redraw:
+        view.refresh(run.snapshot, force=news)
 
 
 class CellRun:
@@ -152,6 +155,8 @@ class CellRun:
         try:
             while True:
                 done = job.wait(_POLL)
+                if done and (healer is None or not healer.coordinating):
+                    break  # _finish moves what is left onto the screen, in one pass
                 pump(job, run, self.view, healer, companions=companions)
                 if done and job.wait(0):  # not if the pump let a replacement in just now
                     break
@@ -226,17 +231,18 @@ class CellRun:
                       if o.engine_error is None and o.value["seq"]}
 
             def drained() -> bool:
-                pump(job, run, view, healer, companions=self.companions)
+                pump(job, run, view, healer, companions=self.companions, redraw=False)
                 return run.has_all(wanted)
 
             # Batches arrive on the engine's IO thread, which offers nothing to wait on (a
             # cell that sent none, only the last batch its result carries, waits for nothing)
-            poll_until(drained, _EVENT_GRACE, interval=0.001)
+            if wanted:
+                poll_until(drained, _EVENT_GRACE, interval=0.001)
             # then each rank's last batch, after all it sent before it
             pump(job, run, view, healer, [r["tail"] for r in done if r.get("tail")],
-                 companions=self.companions)
+                 companions=self.companions, redraw=False)
         else:
-            pump(job, run, view, healer, companions=self.companions)
+            pump(job, run, view, healer, companions=self.companions, redraw=False)
         run.finish()
         view.close(run.snapshot())
 

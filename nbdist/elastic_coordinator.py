@@ -103,6 +103,12 @@ class Healer:
         self._oom = _oom_kills()
 
     @property
+    def coordinating(self) -> bool:
+        """An elastic run of the cell has begun: what the next events say may change the job
+        (a cell that never calls ``nbdist.elastic.run`` leaves it False)."""
+        return bool(self.runs)
+
+    @property
     def backend(self) -> Backend:
         return self.membership.require()
 

@@ -73,6 +73,20 @@ class Membership:
         if self.stores is not None:
             self.store = self.stores(LOOPBACK, timeout)
 
+    def warming_store(self, progress: Optional[Callable[[int, int], None]], timeout: float
+                      ) -> Callable[[int, int], None]:
+        """``progress`` (a start's "k of n ready"), starting the store at its first call:
+        where the store forks from the workers' template, that is when the template has forked
+        them, and it starts while they register instead of after."""
+
+        def first_warm(k: int, n: int) -> None:
+            if self.store is None:
+                self.warm_store(timeout)
+            if progress is not None:
+                progress(k, n)
+
+        return first_warm
+
     def open_store(self, purpose: str, what: str) -> int:
         """Another store beside the job's (``what``: whose, for errors), on the notebook's
         store process or on rank 0's worker; returns its port."""
@@ -164,14 +178,16 @@ class Membership:
         their ``describe()`` records, also kept in :attr:`infos`."""
         backend = self.require()
         timeout = self.options.timeout
+        # One job, one round trip: each worker runs its two calls in order (the same
+        # arguments for all, which an engine may send as one message).
+        where, channel = (backend.controller_ip,), (backend.transport(),)
         infos: list[WorkerInfo] = self.call(
-            [Call(w, rt.describe, (backend.controller_ip,)) for w in workers], timeout,
-            "describe workers")
+            [Call(w, rt.describe, where) for w in workers]
+            + [Call(w, rt.set_transport, channel) for w in workers], timeout,
+            "describe workers and install the event channel")[:len(workers)]
         for w, info in zip(workers, infos):
             info["worker_id"] = w
             self.infos[w] = info
-        self.call([Call(w, rt.set_transport, (backend.transport(),)) for w in workers],
-                  timeout, "install event channel")
         return infos
 
     def replan(self, workers: Sequence[WorkerId]) -> list[RankPlan]:

@@ -26,6 +26,7 @@ from .cell_run import CellRun, cell_name
 from .debug_verbs import DebugVerbs
 from .display import make_run_view, make_start_view
 from .elastic_coordinator import Healer
+from .end_marks import EndMarks
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
 from .history import History
 from .lifecycle import relaunch
@@ -161,11 +162,15 @@ class Session(DebugVerbs):
         self.stop()
         backend = self._backends(options.engine)
         m = self.membership
-        if target is None and options.launch.local and not forks_store(options):
-            m.warm_store(options.timeout)  # workers on this host reach it on loopback
+        view = make_start_view()  # "k of n ready" while they come up
+        if target is None and options.launch.local:  # workers here reach the store on loopback
+            if forks_store(options):  # from the template, ready once it forked the workers
+                view = m.warming_store(view, options.timeout)
+            else:
+                m.warm_store(options.timeout)
         if target is None:
             backend.launch = options.launch
-            backend.on_ready = make_start_view()  # "k of n ready" while they come up
+            backend.on_ready = view
             backend.start(options.n or 2, options.timeout)
         else:
             backend.connect(options.timeout, **target)
@@ -287,9 +292,12 @@ class Session(DebugVerbs):
         cell_id = f"{self._id}-{number}"
         link, beside = self._beside(m, cell_id)  # debugger, faults
         elastic = m.store is not None and len(selected) == self.world_size
+        if m.store is not None and len(selected) > 1:  # the notebook marks ranks that end
+            beside.append(EndMarks(m.store, cell_id, selected))
         # One call for every rank (the lowest one returns the value): the engine packs it once
         args = (shipped, cell.filename, cell_id, self.generation, list(selected), None)
-        kwargs = {"measure": measure, "coordinated": elastic, "link": link}
+        kwargs = {"measure": measure, "coordinated": elastic, "link": link,
+                  "mark_end": m.store is None}
         calls = [Call(self.plans[r].worker_id, rt.run_cell, args, kwargs) for r in selected]
         run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
                   name=opts.name, stall_after=measure.stall_after)

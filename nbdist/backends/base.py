@@ -28,6 +28,9 @@ T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
+#: how long one of the engine's waits for the next worker lasts while the start view counts
+_PROGRESS_STEP = 0.2
+
 
 @dataclass
 class Call:
@@ -244,7 +247,10 @@ class Backend(abc.ABC, Generic[ClientT]):
                 last = k
             if k >= n or time.monotonic() > deadline:
                 break
-            time.sleep(0.2)  # the engine offers no event for a worker coming up
+            try:  # the engine's own wait for one more: it returns as that one comes up
+                wait(k + 1, timeout=_PROGRESS_STEP)
+            except TimeoutError:
+                pass
         wait(n, timeout=timeout)
 
     def start(self, n: int, timeout: float) -> None:

@@ -27,6 +27,7 @@ from .base import (
     poll_until,
     signal_text,
 )
+from .ipp_events import KEY, ByName, publish
 from .launchers import launcher_settings
 from .remote import (
     Host,
@@ -40,13 +41,14 @@ from .remote import (
 )
 from .template_launch import TemplateEngineSetLauncher, start_template
 
-_KEY = "nbdist:"
 # How long the nanny of an engine may take to say it sent a signal.
 _SIGNAL_REPLY_S = 10.0
-# The controller confirms new engines at its next heart beat; ipyparallel's default period
-# (3 s) makes a local start wait for it. Checking more often, with more misses allowed,
-# keeps the same 10 s tolerance for an engine that stops answering.
-_HEARTBEAT_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=20"]
+# The controller confirms a new engine only once it has answered a heart beat: it sees the
+# answer to one ping at the next, so an engine waits one to two periods after it registers.
+# ipyparallel's default period (3 s) makes a local start wait that long; at 100 ms a start or a
+# replacement is confirmed within 0.2 s. More misses allowed keep the same 10 s tolerance for
+# an engine that stops answering (a ping is a few bytes; the controller's loop stays idle).
+_HEARTBEAT_ARGS = ["--HeartMonitor.period=100", "--HeartMonitor.max_heartmonitor_misses=100"]
 
 
 def _returncode_text(code: Optional[int]) -> Optional[str]:
@@ -99,14 +101,6 @@ def _launcher_exit(launcher: Any) -> Optional[str]:
     return _returncode_text(code) if isinstance(code, int) else None
 
 
-def publish(batch: Batch) -> None:
-    """Worker side: send one event batch over the engine's IOPub channel."""
-    from ipyparallel.datapub import publish_data
-
-    # Unique keys, because the client merges data messages into one dict per request.
-    publish_data({f"{_KEY}{batch['rank']}:{batch['seq']}": batch})
-
-
 class _IppJob(Job):
     """One reply future per worker (the children of ipyparallel's AsyncResults: one apply
     to several engines has one each)."""
@@ -144,7 +138,7 @@ class _IppJob(Job):
             # The live dict the client's IO thread updates (the AsyncResult's public metadata
             # parses every timestamp in it with dateutil on each read).
             data = f.output.metadata["data"]
-            for key in [k for k in list(data) if k.startswith(_KEY)]:
+            for key in [k for k in list(data) if k.startswith(KEY)]:
                 batches.append(data.pop(key))
         return batches
 
@@ -291,7 +285,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
             view = self._views.get(targets)
             if view is None:
                 view = self._views[targets] = client[list(targets)]
-            ar = view.apply_async(c.fn, *c.args, **(c.kwargs or {}))
+            ar = view.apply_async(ByName.of(c.fn), *c.args, **(c.kwargs or {}))
             results.extend(zip(targets, ar._children))
         return _IppJob(client, results)
 

@@ -20,6 +20,7 @@ from . import debug, pulling, results, transfer
 from . import env as envmod
 from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
+from .cell_end import end_key
 from .execute import mimebundle, run_code
 from .interrupt import interruptible
 from .measure.hang import enable_flight_recorder, watching
@@ -243,14 +244,15 @@ def leave() -> None:
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
              want_result: Optional[bool], grace: float = 3.0, measure: Measure = DEFAULT,
              coordinated: bool = False, slot: Optional[int] = None,
-             keep_cell: bool = False, link: Optional[debug.Link] = None
-             ) -> results.CellResult:
+             keep_cell: bool = False, link: Optional[debug.Link] = None,
+             mark_end: bool = True) -> results.CellResult:
     """Run one cell on this rank, among ``peers`` (``want_result`` None: the lowest returns).
 
     ``measure``: what the cell measures (telemetry switches, the hang doctor's threshold);
     ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
     fails; ``slot``: the rank this worker's events report as (a replacement worker takes the
-    slot of the rank it replaces); ``link``: how the cell's debugger reaches the notebook."""
+    slot of the rank it replaces); ``link``: how the cell's debugger reaches the notebook;
+    ``mark_end`` False: the notebook marks this rank's end if it succeeds (:mod:`.cell_end`)."""
     from ..telemetry import events
     from . import group
     from .measure import tuning
@@ -314,9 +316,10 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                                     f"{err['ename']}: {err['evalue']}" if err else None))
         seconds = time.perf_counter() - t0
         if len(peers) > 1:
-            group.mark_done(f"nbdist/cell/{cell_id}/{plan.rank}")
+            if mark_end or not out["ok"]:
+                group.mark_done(end_key(cell_id, plan.rank))
             if not out["ok"] and group.generation() is not None:
-                others = [f"nbdist/cell/{cell_id}/{r}" for r in peers if r != plan.rank]
+                others = [end_key(cell_id, r) for r in peers if r != plan.rank]
                 if not group.wait_for_peers(others, grace):
                     # Peers are still running and may wait on us in a collective forever:
                     # closing our side of the group makes their collective fail now.

@@ -234,7 +234,8 @@ def test_a_backend_tells_the_start_view_as_workers_come_up():
     b.on_ready = lambda k, n: told.append((k, n))
     b.start(3, 30)
     assert told == [(0, 3), (1, 3), (3, 3)]
-    assert waited == [3]  # the engine's own wait follows, to say why not
+    # while counting, the engine's own wait for the next worker; then for all, to say why not
+    assert waited == [1, 2, 2, 3]
 
 
 def test_a_warning_shows_again_in_the_next_cell():
