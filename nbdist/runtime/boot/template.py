@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -174,12 +175,17 @@ def _set_blas_threads(n: int) -> None:
 
 def import_all(modules: tuple[str, ...]) -> None:
     """Import ``modules`` in order; one that fails is left to the worker that needs it (it
-    imports it again and reports the error there)."""
+    imports it again and reports the error there). Then freeze what the imports made out of
+    the cyclic collector's reach (``gc.freeze``): a fork's collections neither walk those
+    objects (a fresh worker's full collections do) nor write to their pages, which the fork
+    shares with the template until written."""
     for name in modules:
         try:
             importlib.import_module(name)
         except Exception:
             pass
+    gc.collect()
+    gc.freeze()
 
 
 def forkserver_supported() -> bool:
