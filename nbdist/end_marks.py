@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
+from .rendezvous import StoreError
 from .runtime.cell_end import end_key
 
 if TYPE_CHECKING:
@@ -26,8 +27,11 @@ class EndMarks:
 
     def tick(self, running: Collection[int]) -> None:
         ended = self.unmarked.difference(running)
-        for rank in sorted(ended):
-            self.store.set(end_key(self.cell_id, rank), b"1")
+        try:
+            for rank in sorted(ended):
+                self.store.set(end_key(self.cell_id, rank), b"1")
+        except StoreError:  # the store is gone: a failed rank then waits out its grace
+            ended = self.unmarked
         self.unmarked -= ended
 
     def paused(self) -> float:

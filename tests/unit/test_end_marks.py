@@ -64,3 +64,20 @@ def test_without_the_notebook_s_store_ranks_mark_themselves(backend):
     session = _session(backend, None)
     session.run_cell("x = 1")
     assert all(c.kwargs["mark_end"] is True for c in backend.submitted[-3:])
+
+
+def test_a_store_that_is_gone_does_not_fail_the_cell(backend):
+    from nbdist.rendezvous import StoreError
+
+    class GoneStore:
+        calls = 0
+
+        def set(self, key, value):
+            GoneStore.calls += 1
+            raise StoreError("the rendezvous store process is gone")
+
+    session = _session(backend, GoneStore())
+    done = iter([False, False, True])
+    backend.script(r2=Scripted(until=lambda: next(done, True)))
+    session.run_cell("x = 1", timeout=5)  # no StoreError: rank 2 ran to its end
+    assert GoneStore.calls == 1  # tried once, then left alone
