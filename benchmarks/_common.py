@@ -131,6 +131,21 @@ def deadline(seconds: float) -> Iterator[None]:
         timer.cancel()
 
 
+def kill_running(script: str) -> list[int]:
+    """SIGKILL every process of this user whose command line runs ``script``; their pids."""
+    import psutil
+
+    killed = []
+    for p in psutil.process_iter(["cmdline", "uids"]):
+        try:
+            if script in (p.info["cmdline"] or ()) and p.info["uids"].real == os.getuid():
+                p.kill()
+                killed.append(p.pid)
+        except (psutil.Error, TypeError):
+            continue
+    return killed
+
+
 def run_torchrun(script: str, args: Sequence[str], nproc: int, timeout: float,
                  env: Optional[dict[str, str]] = None,
                  launcher_args: Sequence[str] = ()) -> tuple[float, str, str]:
@@ -152,7 +167,11 @@ def run_torchrun(script: str, args: Sequence[str], nproc: int, timeout: float,
     except BaseException:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        # torchrun starts each worker in a session of its own: once the launcher is gone they
+        # are orphans that hold its output pipes open (reading them would wait forever)
+        kill_running(script)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=10)
         raise
     if proc.returncode != 0:
         fd, path = tempfile.mkstemp(prefix="torchrun-", suffix=".log")
