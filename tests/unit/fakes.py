@@ -199,3 +199,13 @@ class ScriptedBackend(Backend):
 
     def _close_cluster(self, cluster: Any) -> None:
         pass
+
+
+class FakeStore:
+    """The notebook's store process, as the session writes to it (``set``), in memory."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        self.values[key] = value

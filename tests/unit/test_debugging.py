@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from fakes import Scripted, ScriptedBackend
+from fakes import FakeStore, Scripted, ScriptedBackend
 
 from nbdist import debugging
 from nbdist.debugging import STICKY_S, Console, where
@@ -148,14 +148,6 @@ def test_places_read_as_the_editor_numbers_them():
 
 
 # ----------------------------------------------------------------- on a scripted session
-class FakeStore:
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-
-    def set(self, key: str, value: bytes) -> None:
-        self.values[key] = value
-
-
 @pytest.fixture
 def backend() -> ScriptedBackend:
     return ScriptedBackend(2)

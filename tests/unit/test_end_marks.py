@@ -4,18 +4,10 @@ hosts the store (:mod:`nbdist.runtime.cell_end`); ranks mark themselves elsewher
 from __future__ import annotations
 
 import pytest
-from fakes import Scripted, ScriptedBackend, failed
+from fakes import FakeStore, Scripted, ScriptedBackend, failed
 
 from nbdist.runtime.cell_end import end_key
 from nbdist.session import Session
-
-
-class FakeStore:
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-
-    def set(self, key: str, value: bytes) -> None:
-        self.values[key] = value
 
 
 @pytest.fixture
