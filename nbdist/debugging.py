@@ -62,12 +62,25 @@ def stdin_state() -> tuple[bool, str]:
     kernel = getattr(shell, "kernel", None)
     if kernel is not None:  # ipykernel knows whether this request's front end takes input
         return (True, "") if getattr(kernel, "_allow_stdin", False) else (False, NO_KERNEL_STDIN)
-    try:
-        if sys.stdin is not None and sys.stdin.isatty():
-            return True, ""
-    except ValueError:  # closed
-        pass
+    if _is_tty(sys.stdin):
+        return True, ""
     return False, NO_TERMINAL
+
+
+_tty: tuple[Any, bool] = (None, False)  # the last stdin asked, and whether it is a terminal
+
+
+def _is_tty(stdin: Any) -> bool:
+    """``stdin.isatty()``, asked once per stdin (a system call on every cell otherwise)."""
+    global _tty
+    try:
+        if stdin is None or stdin.closed:
+            return False
+        if _tty[0] is not stdin:
+            _tty = (stdin, stdin.isatty())
+    except (ValueError, AttributeError):  # closed, or not a file
+        return False
+    return _tty[1]
 
 
 def ask_user(prompt: str) -> Optional[str]:

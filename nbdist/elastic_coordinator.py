@@ -100,7 +100,7 @@ class Healer:
         self._printed = 0
         self._known = {p.worker_id for p in plans}  # the engine's workers we have seen
         self.seq_base = 1_000_000
-        self._oom = _oom_kills()
+        self._oom = _oom_kills(fresh_s=_OOM_FRESH_S)
 
     @property
     def coordinating(self) -> bool:
@@ -447,17 +447,30 @@ class Healer:
         return [r.line() for r in self.news()]
 
 
-def _oom_kills() -> int:
-    """The out-of-memory kills this host's cgroup has seen (0 where it cannot be read)."""
+# A reading of the out-of-memory kill count this old serves as the next cell's baseline: a
+# cell run right after another does not open the cgroup's file again before it starts.
+_OOM_FRESH_S = 1.0
+_oom_read: tuple[float, int] = (float("-inf"), 0)  # (monotonic time, count) of the last read
+
+
+def _oom_kills(fresh_s: float = 0.0) -> int:
+    """The out-of-memory kills this host's cgroup has seen (0 where it cannot be read); the
+    last reading where it is under ``fresh_s`` seconds old."""
+    global _oom_read
+    now = time.monotonic()
+    if now - _oom_read[0] < fresh_s:
+        return _oom_read[1]
+    count = 0
     for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
         try:
             with open(path) as f:
-                for line in f:
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
+                count = next((int(line.split()[1]) for line in f
+                              if line.startswith("oom_kill ")), 0)
+            break
         except (OSError, ValueError):
             continue
-    return 0
+    _oom_read = (now, count)
+    return count
 
 
 def _pid_alive(pid: int) -> bool:

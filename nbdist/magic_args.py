@@ -68,6 +68,24 @@ def split_line(line: str) -> list[str]:
         raise UsageError(str(exc)) from None
 
 
+_PARSED: dict[tuple[int, str], argparse.Namespace] = {}  # (parser, line) -> its arguments
+_PARSED_MAX = 64
+
+
+def parse_cached(parser: argparse.ArgumentParser, line: str) -> argparse.Namespace:
+    """``parser.parse_args`` of a magic's line, remembered: a cell magic's line is parsed on
+    every run of the cell (argparse: about 50 µs), and is most often the same few lines. Each
+    call gets its own copy; lines that fail (or ask for help) are not remembered."""
+    key = (id(parser), line)
+    args = _PARSED.get(key)
+    if args is None:
+        args = parser.parse_args(split_line(line))
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[key] = args
+    return argparse.Namespace(**vars(args))
+
+
 def build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The ``%nbdist`` parser and its sub-parser per verb; each verb names its handler."""
     parser = _Parser(prog="nbdist", description="Manage the nbdist cluster.")

@@ -20,6 +20,7 @@ from .magic_args import (
     HelpShown,
     cluster_kwargs,
     dask_security,
+    parse_cached,
     prompt_number,
     split_line,
 )
@@ -218,7 +219,7 @@ class NbdistMagics(Magics):
         docs/fault-tolerance.md.
         """
         try:
-            args = self.distributed.parser.parse_args(split_line(line))
+            args = parse_cached(self.distributed.parser, line)
         except HelpShown:
             return None
         except UsageError as exc:

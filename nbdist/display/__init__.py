@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
@@ -53,9 +54,12 @@ def widgets_available() -> bool:
     shell = get_ipython()
     if shell is None or getattr(shell, "kernel", None) is None:
         return False  # asked first: finding a module's spec on disk costs every cell
+    loaded = sys.modules.get("ipywidgets", False)
+    if loaded is not False:  # imported already, or hidden with sys.modules[...] = None
+        return loaded is not None
     try:
         return importlib.util.find_spec("ipywidgets") is not None
-    except ValueError:  # hidden with sys.modules["ipywidgets"] = None
+    except ValueError:
         return False
 
 

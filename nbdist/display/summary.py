@@ -50,5 +50,7 @@ def register_formatters() -> None:
     if shell is None:
         return
     html = shell.display_formatter.formatters["text/html"]
+    if html.type_printers.get(RunSnapshot) is run_summary and Run in html.type_printers:
+        return  # registered for this shell by an earlier run (it is asked on every cell)
     html.for_type(RunSnapshot, run_summary)
     html.for_type(Run, lambda run: run_summary(run.snapshot()))

@@ -25,3 +25,30 @@ def test_what_has_no_importable_name_travels_as_it_is():
 
     assert ByName.of(local) is local
     assert ByName.of(lambda: 2)() == 2
+
+
+def test_a_bound_call_is_one_small_pickle_that_runs_the_call_where_it_arrives():
+    fn, args, kwargs = ByName.bind(rt.describe, (None,), {"gpus": False})
+    assert (args, kwargs) == ((), {})  # the arguments travel inside the call
+    bufs = serialize_object(fn)
+    assert len(bufs) == 1 and len(bufs[0]) < 300
+    back, _ = deserialize_object(bufs)
+    assert set(back()) >= set(results.WorkerInfo.__annotations__) - {"worker_id"}
+
+
+def test_buffers_stay_arguments_of_their_own_so_ipyparallel_sends_them_uncopied():
+    big = b"x" * (2 << 20)
+    for args in ((big,), ([big],), ({"b": memoryview(big)},)):
+        fn, sent, _ = ByName.bind(rt.describe, args, {})
+        assert isinstance(fn, ByName) and not fn.args and sent == args
+        arg_bufs = serialize_object(sent[0], buffer_threshold=1 << 20)
+        assert any(isinstance(b, (bytes, memoryview)) and len(b) == len(big) for b in arg_bufs)
+    fn, sent, _ = ByName.bind(rt.describe, (), {"data": big})
+    assert not fn.args and not fn.kwargs  # a buffer among the keyword arguments too
+
+
+def test_a_function_without_a_name_is_sent_with_its_arguments_as_they_are():
+    def local(a: int, b: int = 0) -> int:
+        return a + b
+
+    assert ByName.bind(local, (1,), {"b": 2}) == (local, (1,), {"b": 2})
