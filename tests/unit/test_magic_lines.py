@@ -65,3 +65,25 @@ def test_the_cell_is_named_by_the_number_its_prompt_shows(shell, session, monkey
     assert [kw["execution_count"] for kw in seen] == [prompt, prompt + 1]
     assert shell.run_cell("%%distributed\nx = 1\n", store_history=False).success
     assert seen[-1]["execution_count"] is None  # not a numbered cell: no In [n] to name
+
+
+def test_a_cell_magics_line_is_parsed_once_and_each_run_gets_its_own_arguments():
+    import argparse
+
+    from nbdist.magic_args import parse_cached
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--timeout", type=float, default=None)
+    seen = []
+    real = parser.parse_args
+    parser.parse_args = lambda words: seen.append(words) or real(words)  # type: ignore
+    first = parse_cached(parser, "--timeout 5")
+    first.timeout = 99.0  # what a caller does with its copy stays its own
+    again = parse_cached(parser, "--timeout 5")
+    assert again.timeout == 5.0 and again is not first
+    assert seen == [["--timeout", "5"]]  # argparse ran once for the line
+    assert parse_cached(parser, "").timeout is None
+    for _ in range(2):  # a bad line is not remembered: it fails every time
+        with pytest.raises(SystemExit):
+            parse_cached(parser, "--timeout soon")
+    assert len(seen) == 4
