@@ -255,10 +255,10 @@ def test_ddps_timer_times_a_sample_of_short_steps_and_counts_every_steps_bytes(c
         for e in step_events:
             if not e["comm_timed"]:
                 assert e["comm_total_s"] == e["comm_exposed_s"] == 0 and e["bwd"] is None
-        # Steps of these few milliseconds are sampled, each at most once in 20 ms or so
+        # Steps of these few milliseconds are sampled, about one in 0.2 s
         short = [e["t1"] - e["t0"] for e in step_events[10:]]
         if sorted(short)[len(short) // 2] < 0.005:
-            assert len(timed[r]) < steps // 2, sorted(timed[r])
+            assert len(timed[r]) < 10 + (steps - 10) // 4, sorted(timed[r])
     # the ranks pace alike (powers of two): the steps matched across ranks are timed on both
     common = timed[0] & timed[1]
     snap = cluster.last_run

@@ -191,18 +191,20 @@ def _mark_done(rec: _Bucket) -> None:
     hang_watch.progress()
 
 
-#: DDP's timer times at most one step in this many seconds (every step that takes longer)
-TIMED_EVERY_S = 0.02
+#: DDP's timer times at most one step in this many seconds (every step that takes longer):
+#: a timed iteration costs DDP about 0.2-0.5 ms of CPU (its C++ timer and logging, measured on
+#: a 784-512-512-10 MLP), 2-5 % of an 11 ms step timed every time; this keeps it under 0.5 %.
+TIMED_EVERY_S = 0.2
 
 
 class _DDPTimer:
     """Reads a CPU model's last synced iteration from DDP's own timer (see the module doc).
 
     DDP times its first ten iterations, then every ``rate``-th (its runtime-logging sample
-    rate; ``should_collect_runtime_stats`` in its reducer). Storing and reading one
-    iteration's times costs about 60 µs in place, 2 % of a 3 ms step, so :meth:`pace` sets the
-    rate to time about one step every :data:`TIMED_EVERY_S` (a power of two of steps): every
-    step of a model whose steps take longer, a sample of short ones. The other steps go out
+    rate; ``should_collect_runtime_stats`` in its reducer). Timing one iteration costs DDP
+    0.2-0.5 ms of CPU (reading it here: 5 µs), so :meth:`pace` sets the rate to time about one
+    step every :data:`TIMED_EVERY_S` (a power of two of steps): every step of a model whose
+    steps take longer, a sample of short ones. The other steps go out
     with their bytes and without an all-reduce span (``comm_timed=False``);
     ``--bucket-timing`` times them all.
     """
