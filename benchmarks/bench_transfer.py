@@ -9,7 +9,9 @@ On 2 workers that are already running, in one process, interleaved:
   same number of bytes to this one, which ``recv_into``\\ s a buffer;
 * **push to every rank**: the same size from the notebook to both ranks: ``nbdist.push``;
   ``client[:].push`` of the tensor and of the numpy array; raw TCP: this process sends the
-  bytes to each of two helper processes in turn.
+  bytes to each of two helper processes in turn, which receive them into a buffer they
+  touched before the timing, and (a row of its own) into new memory each time, mapped as
+  nbdist maps a large arriving buffer: what delivering a new value costs the receiver.
 
 Throughput is bytes delivered (pull: the tensor; push: the tensor times the ranks) per
 second of wall time, from the call until the value is in place. Each round runs every
@@ -39,7 +41,7 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
 # of 32 bytes, "send N" (it sends N bytes) and "recv N" (it receives N bytes, then answers
 # one byte). Fixed-size commands: a buffered line reader would take bytes of the data.
 HELPER = r"""
-import socket, sys
+import mmap, socket, sys
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
 print(srv.getsockname()[1], flush=True)
 conn, _ = srv.accept(); srv.close()
@@ -58,6 +60,13 @@ while True:
     op, n = bytes(cmd).split(); n = int(n)
     if op == b"send":
         conn.sendall(view[:n])
+    elif op == b"fresh":  # into new memory, mapped as nbdist maps a large arriving buffer
+        new = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        new.madvise(mmap.MADV_HUGEPAGE)
+        mv = memoryview(new)
+        exactly(n, mv)
+        mv.release(); new.close()
+        conn.sendall(b"k")
     else:
         exactly(n, view)
         conn.sendall(b"k")
@@ -91,9 +100,11 @@ def raw_pull(helper: Helper, buf: memoryview) -> None:
         got += helper.sock.recv_into(buf[got:])
 
 
-def raw_push(helpers: list[Helper], data: memoryview) -> None:
+def raw_push(helpers: list[Helper], data: memoryview, op: str = "recv") -> None:
+    """To each helper in turn; ``op`` "fresh": each receives into new memory, as a pushed
+    value must be (the plain variant reuses one buffer it touched before the timing)."""
     for h in helpers:
-        h.sock.sendall(_cmd("recv", len(data)))
+        h.sock.sendall(_cmd(op, len(data)))
         h.sock.sendall(data)
         assert h.sock.recv(1) == b"k"
 
@@ -169,6 +180,8 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
             "push: ipyparallel, tensor": lambda: every.push({"y": payload}, block=True),
             "push: ipyparallel, numpy": lambda: every.push({"y": payload_np}, block=True),
             "push: raw TCP": lambda: raw_push(helpers, memoryview(payload_np).cast("B")),
+            "push: raw TCP, into fresh memory":
+                lambda: raw_push(helpers, memoryview(payload_np).cast("B"), "fresh"),
         }
         if "dask" in sessions:
             d = sessions["dask"]
@@ -211,6 +224,10 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
                 r = gbs(name, c.median(times[name])) / raw
                 print(f"transfer ratio {name} / raw TCP: {r:.2f}x"
                       + (" (target >= 0.5x)" if "nbdist" in name else ""))
+    fresh = gbs("push", c.median(times["push: raw TCP, into fresh memory"]))
+    for name in (k for k in times if k.startswith("push: nbdist")):
+        print(f"transfer ratio {name} / raw TCP into fresh memory: "
+              f"{gbs(name, c.median(times[name])) / fresh:.2f}x")
     return 0
 
 
