@@ -278,8 +278,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
         results = []
         for group in _same_calls(calls):
             c, targets = group[0], [g.worker for g in group]
-            fn, args, kwargs = ByName.bind(c.fn, c.args, c.kwargs or {})
-            results.extend(zip(targets, _apply(client, targets, fn, args, kwargs)))
+            results.extend(zip(targets, _apply(client, targets, *_pack(c))))
         return _IppJob(client, results)
 
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
@@ -435,9 +434,23 @@ def _stop_remote(cluster: ipp.Cluster) -> None:
     cluster.stop_cluster_sync()
 
 
-def _apply(client: ipp.Client, targets: list[WorkerId], fn: Callable[..., Any],
-           args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
-    """Send ``fn(*args, **kwargs)`` to each of ``targets``; one reply future each.
+def _pack(c: Call) -> tuple[Any, list[Any], dict[str, Any]]:
+    """``c`` packed for ipyparallel's apply: the call with its arguments as one pickle where
+    pickle takes them (:meth:`ByName.bind`), else each argument canned as ipyparallel cans it
+    (a lambda or a closure among them travels as its code)."""
+    fn, args, kwargs = ByName.bind(c.fn, c.args, c.kwargs or {})
+    if isinstance(fn, ByName) and (fn.args or fn.kwargs):
+        try:
+            return PrePickled(fn), [], {}
+        except Exception:  # noqa: BLE001 - pickle refused an argument: send them one by one
+            fn, args, kwargs = ByName.of(c.fn), tuple(c.args), dict(c.kwargs or {})
+    return (PrePickled(fn), [PrePickled(a) for a in args],
+            {k: PrePickled(v) for k, v in kwargs.items()})
+
+
+def _apply(client: ipp.Client, targets: list[WorkerId], pf: Any, pargs: list[Any],
+           pkwargs: dict[str, Any]) -> list[Any]:
+    """Send a packed call (:func:`_pack`) to each of ``targets``; one reply future each.
 
     What a DirectView's apply does (the call packed once, one message per engine, through the
     controller's queue), without the view's bookkeeping: its history, its outstanding set and
@@ -445,11 +458,8 @@ def _apply(client: ipp.Client, targets: list[WorkerId], fn: Callable[..., Any],
     send = getattr(client, "send_apply_request", None)
     stream = getattr(client, "_mux_stream", None)
     if send is None or stream is None:  # an ipyparallel without them: through a view
-        return list(client[targets].apply_async(fn, *args, **kwargs)._children)
+        return list(client[targets].apply_async(pf, *pargs, **pkwargs)._children)
     idents, _ = client._build_targets(targets)
-    pf = PrePickled(fn)
-    pargs = [PrePickled(a) for a in args]
-    pkwargs = {k: PrePickled(v) for k, v in kwargs.items()}
     return [send(stream, pf, pargs, pkwargs, metadata={"label": None}, ident=ident)
             for ident in idents]
 

@@ -52,3 +52,29 @@ def test_a_function_without_a_name_is_sent_with_its_arguments_as_they_are():
         return a + b
 
     assert ByName.bind(local, (1,), {"b": 2}) == (local, (1,), {"b": 2})
+
+
+def _engine_runs(packed):
+    """What an engine does with an apply request: unpack the call, run it."""
+    from ipyparallel.serialize import pack_apply_message, unpack_apply_message
+
+    f, args, kwargs = unpack_apply_message(pack_apply_message(*packed))
+    return f(*args, **kwargs)
+
+
+def test_a_call_is_packed_as_one_pickle_or_argument_by_argument_when_pickle_refuses_one():
+    from nbdist.backends.base import Call
+    from nbdist.backends.ipyparallel import _pack
+
+    bound = _pack(Call(0, rt.describe, (None,), {"gpus": False}))
+    assert bound[1:] == ([], {})  # the arguments travel inside the call
+    assert "hostname" in _engine_runs(bound)
+    offset = 5
+    # a closure pickle cannot send by reference: ipyparallel cans it, and the call still runs
+    unbound = _pack(Call(0, rt.describe, (None,), {"gpus": False, "x": lambda: offset}))
+    assert len(unbound[1]) == 1 and set(unbound[2]) == {"gpus", "x"}
+    f, args, kwargs = unbound
+    from ipyparallel.serialize import pack_apply_message, unpack_apply_message
+
+    _, _, sent = unpack_apply_message(pack_apply_message(f, args, kwargs))
+    assert sent["x"]() == 5
