@@ -2,9 +2,10 @@
 
 Both arms run ``workload.train`` (MLP 784-512-512-10, batch 64 per rank, gloo, 1 torch thread
 per rank) as a ``%%distributed`` cell on the same 2 warm workers; only ``telemetry=`` differs.
-With telemetry on, every step is timed, every gradient bucket's all-reduce goes through
-nbdist's comm hook, and the events stream to the notebook and are folded by the aggregator,
-exactly as under a live cell (only the drawing is off: output is ``quiet``). The arms alternate
+With telemetry on, every step is timed, DDP's own timer times the gradient all-reduce of a
+sample of them (docs/telemetry.md), memory is sampled, and the events stream to the notebook
+and are folded by the aggregator, exactly as under a live cell (only the drawing is off:
+output is ``quiet``). The arms alternate
 in pairs (rotating which goes first); the result is the median of the per-pair ratios
 on/off (target >= 0.98), with rank 0's CPU time per run as a second, load-insensitive view.
 
