@@ -191,8 +191,7 @@ def _mark_done(rec: _Bucket) -> None:
     hang_watch.progress()
 
 
-#: DDP's timer times at most one step in this many seconds (every longer step): a timed step
-#: costs DDP 0.2-0.5 ms of CPU (see _DDPTimer), so this keeps it under 0.5 %.
+#: DDP's timer times at most one step in this many seconds (each costs DDP 0.2-0.5 ms of CPU)
 TIMED_EVERY_S = 0.2
 
 
