@@ -71,9 +71,8 @@ class ByName:
     def __getstate__(self) -> tuple[str, str, tuple, dict[str, Any]]:
         return self.module, self.name, self.args, self.kwargs
 
-    def __setstate__(self, state: tuple) -> None:
-        self.module, self.name = state[0], state[1]
-        self.args, self.kwargs = (state[2], state[3]) if len(state) > 2 else ((), {})
+    def __setstate__(self, state: tuple[str, str, tuple, dict[str, Any]]) -> None:
+        self.module, self.name, self.args, self.kwargs = state
 
     def __repr__(self) -> str:
         return f"{self.module}.{self.name}"
