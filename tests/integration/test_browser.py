@@ -288,21 +288,24 @@ def prompt(page, i: int) -> str:
 
 
 def run_cells(page, first: int, last: int) -> None:
-    """Run cells ``first`` to ``last`` with Shift+Enter, retried until they are queued."""
-    deadline = time.monotonic() + 60
-    while prompt(page, first) == "[]:":
-        if time.monotonic() > deadline:
-            raise AssertionError(f"cell {first} never started running")
-        accept_dialog(page)
-        cell(page, first).locator(".jp-InputPrompt").click()
-        page.keyboard.press("Escape")  # command mode: Shift+Enter runs and selects the next
-        for _ in range(first, last + 1):
-            page.keyboard.press("Shift+Enter")
-        try:
-            wait_for(lambda: prompt(page, first) != "[]:", 5, "the cell to be queued")
-        except AssertionError:
-            pass
-    wait_for(lambda: prompt(page, last) != "[]:", 30, f"cell {last} to be queued")
+    """Queue cells ``first`` to ``last`` in order, each with its own Ctrl+Enter.
+
+    One key press per cell, checked before the next: a Shift+Enter sent while JupyterLab is
+    still moving the selection can be lost, leaving a later cell unrun.
+    """
+    for i in range(first, last + 1):
+        deadline = time.monotonic() + 60
+        while prompt(page, i) == "[]:":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cell {i} never started running")
+            accept_dialog(page)
+            cell(page, i).locator(".jp-InputPrompt").click()
+            page.keyboard.press("Escape")  # command mode: Ctrl+Enter runs the selected cell
+            page.keyboard.press("Control+Enter")
+            try:
+                wait_for(lambda i=i: prompt(page, i) != "[]:", 10, f"cell {i} to be queued")
+            except AssertionError:
+                pass
 
 
 def out(page, i: int):
