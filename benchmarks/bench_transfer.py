@@ -7,7 +7,10 @@ On 2 workers that are already running, in one process, interleaved:
   pickles a tensor inside its message), and of the same memory as a numpy array (the type
   ipyparallel sends as a buffer of its own); raw TCP: one helper process ``sendall``\\ s the
   same number of bytes to this one, which ``recv_into``\\ s a buffer;
-* **push to every rank**: the same size from the notebook to both ranks: ``nbdist.push``;
+* **push to every rank**: the same size from the notebook to both ranks: ``nbdist.push``
+  (workers on this machine map one shared copy; timed again with a cell that then reads
+  every byte on each rank, and with the shared copy off, each rank fetching its own over
+  the data channel as a rank on another machine does);
   ``client[:].push`` of the tensor and of the numpy array; raw TCP: this process sends the
   bytes to each of two helper processes in turn, which receive them into a buffer they
   touched before the timing, and (a row of its own) into new memory each time, mapped as
@@ -171,12 +174,29 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
         def checked(got: Any) -> None:
             assert got.shape == payload.shape, got.shape
 
+        def push_streamed(s: Session) -> None:
+            """Each rank fetches its own copy over the data channel, as a rank on another
+            machine does (the shared copy switched off)."""
+            s.transfers.shared = False
+            try:
+                s.push({"y": payload})
+            finally:
+                s.transfers.shared = True
+
+        def push_and_read(s: Session) -> None:
+            """The push, then a cell that reads every byte on each rank: a shared copy's
+            pages are mapped as a rank first touches them."""
+            s.push({"y": payload})
+            s.run_cell("y.sum()", output="quiet")
+
         variants: dict[str, Callable[[], Any]] = {
             "pull: nbdist": lambda: checked(ipp.pull("x", rank=1)),
             "pull: ipyparallel, tensor": lambda: checked(one.pull("x", block=True)),
             "pull: ipyparallel, numpy": lambda: checked(one.pull("x_np", block=True)),
             "pull: raw TCP": lambda: raw_pull(helpers[0], sink),
             "push: nbdist": lambda: ipp.push({"y": payload}),
+            "push: nbdist, then every rank reads it": lambda: push_and_read(ipp),
+            "push: nbdist, data channel": lambda: push_streamed(ipp),
             "push: ipyparallel, tensor": lambda: every.push({"y": payload}, block=True),
             "push: ipyparallel, numpy": lambda: every.push({"y": payload_np}, block=True),
             "push: raw TCP": lambda: raw_push(helpers, memoryview(payload_np).cast("B")),
@@ -187,6 +207,7 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
             d = sessions["dask"]
             variants["pull: nbdist, dask"] = lambda: checked(d.pull("x", rank=1))
             variants["push: nbdist, dask"] = lambda: d.push({"y": payload})
+            variants["push: nbdist, dask, data channel"] = lambda: push_streamed(d)
 
         def after(name: str) -> None:
             if name.startswith("push: nbdist, dask"):

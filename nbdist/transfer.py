@@ -8,8 +8,10 @@ still goes through the engine (it carries the packed value's small pickle and a 
 for the buffers themselves the worker connects to the notebook's :class:`DataChannel`: it
 sends them from the tensors' own memory (:func:`~nbdist.runtime.transfer.deliver`), or
 receives a push's into memory of its own (:func:`~nbdist.runtime.transfer.fetch`), as fast
-as one socket carries them. Small values, and workers that cannot reach the notebook, use
-the engine's own messages (each buffer still a frame of its own, not a copy in a pickle).
+as one socket carries them. A push to workers on the notebook's machine is written once into
+a shared copy they map instead (:mod:`nbdist.runtime.shared_copy`), falling back to the
+channel per worker. Small values, and workers that cannot reach the notebook, use the
+engine's own messages (each buffer still a frame of its own, not a copy in a pickle).
 
 Each transfer has its own random 16-byte ticket, handed to the worker over the engine's
 authenticated channel; a connection without a live ticket is closed unanswered. The channel
@@ -30,6 +32,8 @@ from .backends.base import Call
 from .runtime import results
 from .runtime import transfer as wire
 from .runtime import worker as rt
+from .runtime.env import LOOPBACK
+from .runtime.shared_copy import SharedCopy
 from .runtime.transfer import GET, PUT, TICKET, receive_buffers, recv_exactly, send_buffers
 
 if TYPE_CHECKING:
@@ -123,6 +127,9 @@ class Transfers:
 
     def __init__(self) -> None:
         self._channel: Optional[DataChannel] = None
+        #: push to workers on this machine through one shared copy (False: each worker
+        #: fetches its own over the data channel, as workers on other machines do)
+        self.shared = True
 
     def channel(self, membership: Membership) -> Optional[DataChannel]:
         """The data channel, on the address every worker reaches the notebook at (None
@@ -141,17 +148,23 @@ class Transfers:
         channel = (self.channel(membership) if wire.channel_bytes(buffers) >= wire.CHANNEL_MIN
                    else None)
         ticket = channel.offer(buffers) if channel is not None else None
+        shared = None
         try:
             if channel is None or ticket is None:
                 args, kwargs = (header, layout, *buffers), {}
-            else:  # each worker fetches the buffers itself
-                args, kwargs = (header, layout), {"source": (channel.address, ticket)}
+            else:  # each worker maps the shared copy, or fetches the buffers itself
+                if self.shared and channel.address[0] == LOOPBACK:  # every worker is here
+                    shared = SharedCopy.make(buffers, ticket)
+                spec = shared.spec if shared is not None else None
+                args, kwargs = (header, layout), {"source": (channel.address, ticket, spec)}
             plans = membership.plans
             membership.call([Call(plans[r].worker_id, rt.push, args, kwargs) for r in ranks],
                             membership.options.timeout, "push values")
         finally:
             if ticket is not None:
                 channel.forget(ticket)
+            if shared is not None:  # each worker's mapping keeps what it took
+                shared.close()
         return packed
 
     def pull(self, membership: Membership, name: str, rank: int) -> Any:

@@ -16,7 +16,7 @@ import time
 import types
 from typing import Any, Callable, Optional
 
-from . import debug, pulling, results, transfer
+from . import debug, pulling, results, shared_copy, transfer
 from . import env as envmod
 from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
@@ -351,10 +351,14 @@ def post_mortem(link: debug.Link) -> results.CellResult:
 
 def push(header: bytes, layout: Optional[list], *buffers: Any,
          source: Optional[tuple] = None) -> None:
-    """Put the packed values (a dict) into the namespace; their buffers come with the call
-    or from the notebook's data channel (``source``: its address and the push's ticket)."""
+    """Put the packed values (a dict) into the namespace; their buffers come with the call,
+    or from the notebook's shared copy on this machine, or over its data channel
+    (``source``: the channel's address, the push's ticket and the shared copy's spec)."""
     if source is not None:
-        buffers = tuple(transfer.fetch(tuple(source[0]), source[1], _state.timeout))
+        address, ticket, shared = source
+        views = shared_copy.attach(shared, ticket) if shared is not None else None
+        buffers = (tuple(views) if views is not None
+                   else tuple(transfer.fetch(tuple(address), ticket, _state.timeout)))
     _state.namespace.update(transfer.unpack(header, buffers, layout))
 
 

@@ -77,3 +77,37 @@ def test_the_data_channel_serves_only_live_tickets(session):
     with socket.create_connection(channel.address, timeout=10) as conn:
         conn.sendall(wire.GET + b"\0" * wire.TICKET)
         assert conn.recv(1) == b""
+
+
+#: on a worker: whether tensor ``t``'s memory lies in a mapping of the notebook's shared copy
+IN_SHARED_COPY = """
+def in_shared_copy(t):
+    at = t.untyped_storage().data_ptr()
+    for line in open("/proc/self/maps"):
+        span, *rest = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if lo <= at < hi:
+            return "memfd:nbdist-push" in line
+    return False
+"""
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-copy", "data-channel"])
+def test_a_push_to_workers_on_this_machine_maps_one_copy_and_each_rank_owns_its_value(
+        session, shared):
+    """Workers on the notebook's machine map one copy-on-write copy (or, switched off, each
+    fetch their own over the data channel): a rank's in-place write stays its own."""
+    value = torch.randn(2_000_000)
+    keep = value.clone()
+    session.transfers.shared = shared
+    try:
+        session.push({"pushed": value})
+    finally:
+        session.transfers.shared = True
+    session.run_cell(IN_SHARED_COPY + "mapped = in_shared_copy(pushed)\n"
+                     "if rank == 0:\n    pushed.mul_(-1)\n", output="quiet")
+    for rank in range(session.world_size):
+        assert session.pull("mapped", rank=rank) is shared, rank
+    assert torch.equal(session.pull("pushed", rank=0), -keep)
+    assert torch.equal(session.pull("pushed", rank=1), keep)  # rank 0's write did not reach it
+    assert torch.equal(value, keep)  # nor the notebook's tensor
