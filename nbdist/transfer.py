@@ -8,9 +8,10 @@ still goes through the engine (it carries the packed value's small pickle and a 
 for the buffers themselves the worker connects to the notebook's :class:`DataChannel`: it
 sends them from the tensors' own memory (:func:`~nbdist.runtime.transfer.deliver`), or
 receives a push's into memory of its own (:func:`~nbdist.runtime.transfer.fetch`), as fast
-as one socket carries them. A push to workers on the notebook's machine is written once into
-a shared copy they map instead (:mod:`nbdist.runtime.shared_copy`), falling back to the
-channel per worker. Small values, and workers that cannot reach the notebook, use the
+as one socket carries them. With workers on the notebook's machine the buffers are written
+once into a shared copy the other side maps instead (:mod:`nbdist.runtime.shared_copy`: a
+push's by the notebook, offered as the call's ``source``; a pull's by the rank, offered over
+the channel), falling back to the stream where it cannot be mapped. Small values, and workers that cannot reach the notebook, use the
 engine's own messages (each buffer still a frame of its own, not a copy in a pickle).
 
 Each transfer has its own random 16-byte ticket, handed to the worker over the engine's
@@ -24,17 +25,18 @@ from __future__ import annotations
 import hmac
 import secrets
 import socket
+import struct
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from .backends.base import Call
-from .runtime import results
+from .runtime import results, shared_copy
 from .runtime import transfer as wire
 from .runtime import worker as rt
 from .runtime.env import LOOPBACK
 from .runtime.shared_copy import SharedCopy
-from .runtime.transfer import GET, PUT, TICKET, receive_buffers, recv_exactly, send_buffers
+from .runtime.transfer import GET, PUT, SHARE, TICKET, receive_buffers, recv_exactly, send_buffers
 
 if TYPE_CHECKING:
     from .membership import Membership
@@ -107,19 +109,29 @@ class DataChannel:
                 op, ticket = head[:1], head[1:]
                 with self._lock:
                     out = self._known(self._out, ticket) if op == GET else None
-                    into = self._known(self._in, ticket) if op == PUT else None
+                    into = self._known(self._in, ticket) if op in (PUT, SHARE) else None
                     buffers = self._out[out] if out is not None else None
                 if buffers is not None:
                     send_buffers(conn, buffers)
+                elif into is not None and op == SHARE:  # a worker on this machine
+                    head = recv_exactly(conn, shared_copy.HEAD_SIZE)
+                    spec = shared_copy.decode(head, recv_exactly(
+                        conn, shared_copy.rest_size(head)))
+                    views = shared_copy.attach(spec, into)
+                    if views is not None:
+                        self._arrived(into, views)
+                    conn.sendall(b"k" if views is not None else b"n")  # n: send the bytes
                 elif into is not None:
-                    got = receive_buffers(conn)
-                    with self._lock:
-                        if into in self._in:
-                            self._in[into] = got
-                            self._lock.notify_all()
+                    self._arrived(into, receive_buffers(conn))
                     conn.sendall(b"k")
-            except (OSError, ValueError):
+            except (OSError, ValueError, struct.error):
                 return  # the worker's call reports what went wrong on its side
+
+    def _arrived(self, ticket: bytes, got: list[Any]) -> None:
+        with self._lock:
+            if ticket in self._in:
+                self._in[ticket] = got
+                self._lock.notify_all()
 
 
 class Transfers:

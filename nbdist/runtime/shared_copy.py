@@ -1,18 +1,19 @@
-"""A push's buffers as one shared copy in memory, for the workers on the notebook's machine.
+"""Large buffers as one shared copy in memory, between processes on one machine.
 
 Over the data channel each rank receives its own stream into its own new memory: pushing a
 256 MB tensor to 2 local ranks moves 512 MB through loopback and faults in 512 MB of fresh
-pages on the receiving side. Here the notebook writes the buffers once into an anonymous
-memory file (``memfd_create``) and each worker on the same machine maps that file
-copy-on-write (``MAP_PRIVATE``): reading shares the notebook's pages, and a rank that writes
-to its tensor gets its own copy of just the pages it writes, so each rank still holds a
+pages on the receiving side. Here the sender writes the buffers once into an anonymous
+memory file (``memfd_create``) and each receiver on the same machine maps that file
+copy-on-write (``MAP_PRIVATE``): reading shares the sender's pages, and a receiver that
+writes to its tensor gets its own copy of just the pages it writes, so each still holds a
 value of its own. The file has no name: it is freed with the last mapping, even when the
-notebook dies.
+sender dies. A push is written by the notebook and mapped by every local rank; a pull is
+written by the rank and mapped by the notebook.
 
-A worker reaches the file as ``/proc/<notebook pid>/fd/<fd>``, which the kernel opens only
-for the notebook's own user; the file's first bytes are the push's ticket, so a worker on
+A receiver reaches the file as ``/proc/<sender pid>/fd/<fd>``, which the kernel opens only
+for the sender's own user; the file's first bytes are the transfer's ticket, so a process on
 another machine (or in another PID namespace) that finds some other file there sees no
-match and fetches over the data channel instead. Linux only; stdlib only.
+match, and the bytes go over the data channel instead. Linux only; stdlib only.
 """
 
 from __future__ import annotations
@@ -20,16 +21,18 @@ from __future__ import annotations
 import hmac
 import mmap
 import os
+import struct
 from collections.abc import Sequence
 from typing import Any, Optional
 
-#: ``(pid, fd, offsets, sizes, total)``: where a worker finds a shared copy
+#: ``(pid, fd, offsets, sizes, total)``: where the other side finds a shared copy
 Spec = tuple[int, int, list[int], list[int], int]
+_HEAD = struct.Struct("<QQQQ")  # pid, fd, total, count; then the offsets and sizes
 
 
 class SharedCopy:
-    """The notebook's side: the buffers written once after a page that holds ``ticket``;
-    :attr:`spec` travels to the workers, :meth:`close` once every worker has mapped it."""
+    """The sender's side: the buffers written once after a page that holds ``ticket``;
+    :attr:`spec` travels to the receivers, :meth:`close` once every one has mapped it."""
 
     def __init__(self, buffers: Sequence[Any], ticket: bytes) -> None:
         views = [memoryview(b).cast("B") for b in buffers]
@@ -37,7 +40,7 @@ class SharedCopy:
         for v in views:
             offsets.append(at)
             at += -(-v.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
-        self._fd = os.memfd_create("nbdist-push")  # close-on-exec: no child inherits it
+        self._fd = os.memfd_create("nbdist-transfer")  # close-on-exec: no child inherits it
         try:
             os.ftruncate(self._fd, at)
             _write(self._fd, memoryview(ticket), 0)
@@ -71,9 +74,31 @@ def _write(fd: int, view: memoryview, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
+def encode(spec: Spec) -> bytes:
+    """``spec`` as bytes for a socket (read back with :func:`decode`: no pickle)."""
+    pid, fd, offsets, sizes, total = spec
+    return _HEAD.pack(pid, fd, total, len(offsets)) + struct.pack(
+        f"<{2 * len(offsets)}Q", *offsets, *sizes)
+
+
+def decode(head: bytes, rest: bytes) -> Spec:
+    """The spec from :func:`encode`'s first :data:`HEAD_SIZE` bytes and the rest."""
+    pid, fd, total, count = _HEAD.unpack(head)
+    both = struct.unpack(f"<{2 * count}Q", rest)
+    return pid, fd, list(both[:count]), list(both[count:]), total
+
+
+HEAD_SIZE = _HEAD.size
+
+
+def rest_size(head: bytes) -> int:
+    """How many bytes follow :func:`encode`'s head."""
+    return 16 * _HEAD.unpack(head)[3]
+
+
 def attach(spec: Spec, ticket: bytes) -> Optional[list[memoryview]]:
-    """The buffers of the notebook's shared copy, mapped copy-on-write (writable: a rank's
-    writes stay its own); None where this worker cannot reach that copy."""
+    """The buffers of the other side's shared copy, mapped copy-on-write (writable: a
+    rank's writes stay its own); None where this process cannot reach that copy."""
     pid, fd, offsets, sizes, total = spec
     try:
         f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)

@@ -27,6 +27,10 @@ from typing import Any, Optional
 
 import cloudpickle
 
+from . import shared_copy
+from .env import LOOPBACK
+from .shared_copy import SharedCopy
+
 #: the most out-of-band buffers one packed value keeps (ipyparallel cans a result's items
 #: one by one only up to 64 of them); beyond it the smallest are joined into one
 MAX_BUFFERS = 60
@@ -35,8 +39,9 @@ MIN_BUFFER = 64 * 1024
 #: out-of-band buffers this large in all go over the notebook's data channel, where there is
 #: one (:mod:`nbdist.data_channel`): one TCP stream instead of the engine's messages
 CHANNEL_MIN = 1 << 20
-#: the data channel's operations (fetch a push's buffers, deliver a pull's) and ticket size
-GET, PUT, TICKET = b"G", b"P", 16
+#: the data channel's operations (fetch a push's buffers, deliver a pull's, offer a pull's
+#: shared copy) and ticket size
+GET, PUT, SHARE, TICKET = b"G", b"P", b"S", 16
 _COUNT = struct.Struct("<I")
 
 
@@ -211,9 +216,28 @@ def fetch(address: tuple[str, int], ticket: bytes, timeout: float) -> list[Any]:
 
 def deliver(address: tuple[str, int], ticket: bytes, buffers: Sequence[Any],
             timeout: float) -> None:
-    """A pull's buffers, to the notebook's data channel; returns once it has them all."""
+    """A pull's buffers, to the notebook's data channel; returns once it has them all. A
+    notebook on this machine (the channel on loopback) is offered one shared copy to map
+    first; where it cannot map it, the bytes follow over the channel."""
+    if address[0] == LOOPBACK and _share(address, ticket, buffers, timeout):
+        return
     with socket.create_connection(address, timeout=timeout) as conn:
         conn.sendall(PUT + ticket)
         send_buffers(conn, buffers)
         if recv_exactly(conn, 1) != b"k":
             raise ValueError("the notebook's data channel did not confirm")
+
+
+def _share(address: tuple[str, int], ticket: bytes, buffers: Sequence[Any],
+           timeout: float) -> bool:
+    """Whether the notebook mapped a shared copy of ``buffers`` (closed here once it has:
+    its mapping keeps the file)."""
+    shared = SharedCopy.make(buffers, ticket)
+    if shared is None:
+        return False
+    try:
+        with socket.create_connection(address, timeout=timeout) as conn:
+            conn.sendall(SHARE + ticket + shared_copy.encode(shared.spec))
+            return recv_exactly(conn, 1) == b"k"
+    finally:
+        shared.close()

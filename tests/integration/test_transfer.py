@@ -87,7 +87,7 @@ def in_shared_copy(t):
         span, *rest = line.split(maxsplit=5)
         lo, hi = (int(x, 16) for x in span.split("-"))
         if lo <= at < hi:
-            return "memfd:nbdist-push" in line
+            return "memfd:nbdist-transfer" in line
     return False
 """
 
@@ -111,3 +111,28 @@ def test_a_push_to_workers_on_this_machine_maps_one_copy_and_each_rank_owns_its_
     assert torch.equal(session.pull("pushed", rank=0), -keep)
     assert torch.equal(session.pull("pushed", rank=1), keep)  # rank 0's write did not reach it
     assert torch.equal(value, keep)  # nor the notebook's tensor
+
+
+def _mapped_from_shared_copy(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory, in this (the notebook's) process, is a shared copy's mapping."""
+    namespace: dict = {}
+    exec(IN_SHARED_COPY, namespace)
+    return namespace["in_shared_copy"](t)
+
+
+@pytest.mark.parametrize("mappable", [True, False], ids=["shared-copy", "refused"])
+def test_a_pull_from_a_worker_on_this_machine_maps_its_copy_or_takes_the_bytes(
+        session, monkeypatch, mappable):
+    """A local rank offers the notebook one shared copy; where the notebook cannot map it,
+    the rank sends the bytes over the data channel instead."""
+    from nbdist.runtime import shared_copy
+
+    if not mappable:
+        monkeypatch.setattr(shared_copy, "attach", lambda spec, ticket: None)
+    session.run_cell("import torch\nbig_one = torch.arange(3_000_000.) * (rank + 1)",
+                     output="quiet")
+    got = session.pull("big_one", rank=1)
+    assert torch.equal(got, torch.arange(3_000_000.) * 2)
+    assert _mapped_from_shared_copy(got) is mappable
+    got.add_(1)  # the notebook's to write: the worker's own is untouched
+    assert torch.equal(session.pull("big_one", rank=1), torch.arange(3_000_000.) * 2)
