@@ -2,7 +2,8 @@
 
 On 2 workers that are already running, in one process, interleaved:
 
-* **pull**: a ``--mb`` MiB float32 tensor from rank 1 into the notebook: ``nbdist.pull``;
+* **pull**: a ``--mb`` MiB float32 tensor from rank 1 into the notebook: ``nbdist.pull``
+  (the rank's shared copy mapped; and with the shared copy off, over the data channel);
   ipyparallel's own ``client[1].pull`` of the same tensor on the same engines (ipyparallel
   pickles a tensor inside its message), and of the same memory as a numpy array (the type
   ipyparallel sends as a buffer of its own); raw TCP: one helper process ``sendall``\\ s the
@@ -174,12 +175,12 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
         def checked(got: Any) -> None:
             assert got.shape == payload.shape, got.shape
 
-        def push_streamed(s: Session) -> None:
-            """Each rank fetches its own copy over the data channel, as a rank on another
-            machine does (the shared copy switched off)."""
+        def streamed(s: Session, transfer: Callable[[], Any]) -> None:
+            """``transfer`` over the data channel's streams, as with a rank on another
+            machine (the shared copy switched off)."""
             s.transfers.shared = False
             try:
-                s.push({"y": payload})
+                transfer()
             finally:
                 s.transfers.shared = True
 
@@ -191,12 +192,14 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
 
         variants: dict[str, Callable[[], Any]] = {
             "pull: nbdist": lambda: checked(ipp.pull("x", rank=1)),
+            "pull: nbdist, data channel": lambda: streamed(ipp, lambda: checked(
+                ipp.pull("x", rank=1))),
             "pull: ipyparallel, tensor": lambda: checked(one.pull("x", block=True)),
             "pull: ipyparallel, numpy": lambda: checked(one.pull("x_np", block=True)),
             "pull: raw TCP": lambda: raw_pull(helpers[0], sink),
             "push: nbdist": lambda: ipp.push({"y": payload}),
             "push: nbdist, then every rank reads it": lambda: push_and_read(ipp),
-            "push: nbdist, data channel": lambda: push_streamed(ipp),
+            "push: nbdist, data channel": lambda: streamed(ipp, lambda: ipp.push({"y": payload})),
             "push: ipyparallel, tensor": lambda: every.push({"y": payload}, block=True),
             "push: ipyparallel, numpy": lambda: every.push({"y": payload_np}, block=True),
             "push: raw TCP": lambda: raw_push(helpers, memoryview(payload_np).cast("B")),
@@ -206,8 +209,11 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
         if "dask" in sessions:
             d = sessions["dask"]
             variants["pull: nbdist, dask"] = lambda: checked(d.pull("x", rank=1))
+            variants["pull: nbdist, dask, data channel"] = lambda: streamed(
+                d, lambda: checked(d.pull("x", rank=1)))
             variants["push: nbdist, dask"] = lambda: d.push({"y": payload})
-            variants["push: nbdist, dask, data channel"] = lambda: push_streamed(d)
+            variants["push: nbdist, dask, data channel"] = lambda: streamed(
+                d, lambda: d.push({"y": payload}))
 
         def after(name: str) -> None:
             if name.startswith("push: nbdist, dask"):

@@ -11,8 +11,9 @@ receives a push's into memory of its own (:func:`~nbdist.runtime.transfer.fetch`
 as one socket carries them. With workers on the notebook's machine the buffers are written
 once into a shared copy the other side maps instead (:mod:`nbdist.runtime.shared_copy`: a
 push's by the notebook, offered as the call's ``source``; a pull's by the rank, offered over
-the channel), falling back to the stream where it cannot be mapped. Small values, and workers that cannot reach the notebook, use the
-engine's own messages (each buffer still a frame of its own, not a copy in a pickle).
+the channel), falling back to the stream where it cannot be mapped. Small values, and
+workers that cannot reach the notebook, use the engine's own messages (each buffer still a
+frame of its own, not a copy in a pickle).
 
 Each transfer has its own random 16-byte ticket, handed to the worker over the engine's
 authenticated channel; a connection without a live ticket is closed unanswered. The channel
@@ -52,6 +53,7 @@ class DataChannel:
         self._lock = threading.Condition()
         self._out: dict[bytes, Sequence[Any]] = {}  # ticket -> buffers workers fetch
         self._in: dict[bytes, Optional[list[Any]]] = {}  # ticket -> what came
+        self._streamed: set[bytes] = set()  # tickets whose shared copies are refused
         self._closed = False
         threading.Thread(target=self._accept, name="nbdist-data-channel", daemon=True).start()
 
@@ -64,11 +66,14 @@ class DataChannel:
             self._out[ticket] = buffers
         return ticket
 
-    def expect(self) -> bytes:
-        """A ticket with which one worker delivers buffers; :meth:`take` returns them."""
+    def expect(self, shared: bool = True) -> bytes:
+        """A ticket with which one worker delivers buffers; :meth:`take` returns them.
+        ``shared``: a shared copy the worker offers is mapped (else refused: the bytes)."""
         ticket = secrets.token_bytes(TICKET)
         with self._lock:
             self._in[ticket] = None
+            if not shared:
+                self._streamed.add(ticket)
         return ticket
 
     def take(self, ticket: bytes, timeout: float) -> list[Any]:
@@ -85,6 +90,7 @@ class DataChannel:
         with self._lock:
             self._out.pop(ticket, None)
             self._in.pop(ticket, None)
+            self._streamed.discard(ticket)
 
     def close(self) -> None:
         self._closed = True
@@ -117,7 +123,8 @@ class DataChannel:
                     head = recv_exactly(conn, shared_copy.HEAD_SIZE)
                     spec = shared_copy.decode(head, recv_exactly(
                         conn, shared_copy.rest_size(head)))
-                    views = shared_copy.attach(spec, into)
+                    views = (shared_copy.attach(spec, into) if into not in self._streamed
+                             else None)
                     if views is not None:
                         self._arrived(into, views)
                     conn.sendall(b"k" if views is not None else b"n")  # n: send the bytes
@@ -139,8 +146,8 @@ class Transfers:
 
     def __init__(self) -> None:
         self._channel: Optional[DataChannel] = None
-        #: push to workers on this machine through one shared copy (False: each worker
-        #: fetches its own over the data channel, as workers on other machines do)
+        #: move large values to and from workers on this machine as one shared copy
+        #: (False: over the data channel's streams, as with workers on other machines)
         self.shared = True
 
     def channel(self, membership: Membership) -> Optional[DataChannel]:
@@ -182,7 +189,7 @@ class Transfers:
     def pull(self, membership: Membership, name: str, rank: int) -> Any:
         """``name`` from rank ``rank``'s namespace; NameError (with the rank) if it cannot."""
         channel = self.channel(membership)
-        ticket = channel.expect() if channel is not None else None
+        ticket = channel.expect(self.shared) if channel is not None else None
         sink = (channel.address, ticket) if ticket is not None else None
         timeout = membership.options.timeout
         try:

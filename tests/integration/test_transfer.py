@@ -127,7 +127,7 @@ def test_a_pull_from_a_worker_on_this_machine_maps_its_copy_or_takes_the_bytes(
     the rank sends the bytes over the data channel instead."""
     from nbdist.runtime import shared_copy
 
-    if not mappable:
+    if not mappable:  # the notebook fails to map it
         monkeypatch.setattr(shared_copy, "attach", lambda spec, ticket: None)
     session.run_cell("import torch\nbig_one = torch.arange(3_000_000.) * (rank + 1)",
                      output="quiet")
@@ -136,3 +136,13 @@ def test_a_pull_from_a_worker_on_this_machine_maps_its_copy_or_takes_the_bytes(
     assert _mapped_from_shared_copy(got) is mappable
     got.add_(1)  # the notebook's to write: the worker's own is untouched
     assert torch.equal(session.pull("big_one", rank=1), torch.arange(3_000_000.) * 2)
+
+
+def test_with_the_shared_copy_off_a_pull_takes_the_bytes(session):
+    session.run_cell("import torch\nbig_two = torch.arange(2_000_000.) - rank", output="quiet")
+    session.transfers.shared = False
+    try:
+        got = session.pull("big_two", rank=1)
+    finally:
+        session.transfers.shared = True
+    assert torch.equal(got, torch.arange(2_000_000.) - 1) and not _mapped_from_shared_copy(got)
