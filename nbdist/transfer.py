@@ -53,7 +53,6 @@ class DataChannel:
         self._lock = threading.Condition()
         self._out: dict[bytes, Sequence[Any]] = {}  # ticket -> buffers workers fetch
         self._in: dict[bytes, Optional[list[Any]]] = {}  # ticket -> what came
-        self._streamed: set[bytes] = set()  # tickets whose shared copies are refused
         self._closed = False
         threading.Thread(target=self._accept, name="nbdist-data-channel", daemon=True).start()
 
@@ -66,14 +65,11 @@ class DataChannel:
             self._out[ticket] = buffers
         return ticket
 
-    def expect(self, shared: bool = True) -> bytes:
-        """A ticket with which one worker delivers buffers; :meth:`take` returns them.
-        ``shared``: a shared copy the worker offers is mapped (else refused: the bytes)."""
+    def expect(self) -> bytes:
+        """A ticket with which one worker delivers buffers; :meth:`take` returns them."""
         ticket = secrets.token_bytes(TICKET)
         with self._lock:
             self._in[ticket] = None
-            if not shared:
-                self._streamed.add(ticket)
         return ticket
 
     def take(self, ticket: bytes, timeout: float) -> list[Any]:
@@ -90,7 +86,6 @@ class DataChannel:
         with self._lock:
             self._out.pop(ticket, None)
             self._in.pop(ticket, None)
-            self._streamed.discard(ticket)
 
     def close(self) -> None:
         self._closed = True
@@ -123,8 +118,7 @@ class DataChannel:
                     head = recv_exactly(conn, shared_copy.HEAD_SIZE)
                     spec = shared_copy.decode(head, recv_exactly(
                         conn, shared_copy.rest_size(head)))
-                    views = (shared_copy.attach(spec, into) if into not in self._streamed
-                             else None)
+                    views = shared_copy.attach(spec, into)
                     if views is not None:
                         self._arrived(into, views)
                     conn.sendall(b"k" if views is not None else b"n")  # n: send the bytes
@@ -189,8 +183,8 @@ class Transfers:
     def pull(self, membership: Membership, name: str, rank: int) -> Any:
         """``name`` from rank ``rank``'s namespace; NameError (with the rank) if it cannot."""
         channel = self.channel(membership)
-        ticket = channel.expect(self.shared) if channel is not None else None
-        sink = (channel.address, ticket) if ticket is not None else None
+        ticket = channel.expect() if channel is not None else None
+        sink = (channel.address, ticket, self.shared) if ticket is not None else None
         timeout = membership.options.timeout
         try:
             [[res, *packed]] = membership.call(

@@ -14,7 +14,8 @@ def pull(namespace: dict[str, Any], name: str, sink: Optional[tuple],
          timeout: float) -> list[Any]:
     """``name`` (a dotted path) from the namespace, on CPU, packed: ``[PullResult, header,
     layout, *buffers]`` (a flat list: each buffer a frame of its own), or ``[PullResult]``
-    saying why not; with ``sink`` (the data channel, the ticket) large buffers go there."""
+    saying why not; with ``sink`` (the data channel, the ticket, whether a shared copy may
+    be offered) large buffers go there."""
     parts = name.split(".")
     if parts[0] not in namespace:
         return [results.not_pulled(f"name {parts[0]!r} is not defined on this worker")]
@@ -39,7 +40,8 @@ def pull(namespace: dict[str, Any], name: str, sink: Optional[tuple],
         return [results.not_pulled(_too_big(name, packed.nbytes))]
     header, buffers, layout = packed
     if sink is not None and transfer.channel_bytes(buffers) >= transfer.CHANNEL_MIN:
-        transfer.deliver(tuple(sink[0]), sink[1], buffers, timeout)
+        address, ticket, shared = sink
+        transfer.deliver(tuple(address), ticket, buffers, timeout, shared)
         return [results.pulled(channel=True), header, layout]
     return [results.pulled(), header, layout, *buffers]
 

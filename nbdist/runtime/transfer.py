@@ -215,11 +215,12 @@ def fetch(address: tuple[str, int], ticket: bytes, timeout: float) -> list[Any]:
 
 
 def deliver(address: tuple[str, int], ticket: bytes, buffers: Sequence[Any],
-            timeout: float) -> None:
+            timeout: float, shared: bool = True) -> None:
     """A pull's buffers, to the notebook's data channel; returns once it has them all. A
     notebook on this machine (the channel on loopback) is offered one shared copy to map
-    first; where it cannot map it, the bytes follow over the channel."""
-    if address[0] == LOOPBACK and _share(address, ticket, buffers, timeout):
+    first (unless not ``shared``); where it cannot map it, the bytes follow over the
+    channel."""
+    if shared and address[0] == LOOPBACK and _share(address, ticket, buffers, timeout):
         return
     with socket.create_connection(address, timeout=timeout) as conn:
         conn.sendall(PUT + ticket)
