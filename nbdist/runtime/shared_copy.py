@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import mmap
 import os
+import stat
 import struct
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -101,11 +102,13 @@ def attach(spec: Spec, ticket: bytes) -> Optional[list[memoryview]]:
     rank's writes stay its own); None where this process cannot reach that copy."""
     pid, fd, offsets, sizes, total = spec
     try:
-        f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
+        # non-blocking: what that fd is here may be a pipe, whose open would wait
+        f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK)
     except OSError:  # another machine, another user or PID namespace
         return None
     try:
-        if os.fstat(f).st_size != total:
+        st = os.fstat(f)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != total:
             return None
         m = mmap.mmap(f, total, access=mmap.ACCESS_COPY)
     except (OSError, ValueError):

@@ -61,6 +61,9 @@ def test_a_wrong_ticket_or_an_unreachable_file_is_refused(buffers):
         assert attach((pid, fd, offsets, sizes, total + 4096), TICKET) is None  # another size
         assert attach((pid, 10_000, offsets, sizes, total), TICKET) is None  # no such fd
         assert attach((2 ** 22 + 7, fd, offsets, sizes, total), TICKET) is None  # no such pid
+        r, w = os.pipe()  # a pipe where the file was expected: refused, without waiting
+        assert attach((os.getpid(), r, offsets, sizes, total), TICKET) is None
+        os.close(r), os.close(w)
     finally:
         shared.close()
     assert attach(shared.spec, TICKET) is None  # closed, and nothing else maps it
