@@ -29,6 +29,7 @@ from typing import Any, Optional
 #: ``(pid, fd, offsets, sizes, total)``: where the other side finds a shared copy
 Spec = tuple[int, int, list[int], list[int], int]
 _HEAD = struct.Struct("<QQQQ")  # pid, fd, total, count; then the offsets and sizes
+HEAD_SIZE = _HEAD.size
 
 
 class SharedCopy:
@@ -87,9 +88,6 @@ def decode(head: bytes, rest: bytes) -> Spec:
     pid, fd, total, count = _HEAD.unpack(head)
     both = struct.unpack(f"<{2 * count}Q", rest)
     return pid, fd, list(both[:count]), list(both[count:]), total
-
-
-HEAD_SIZE = _HEAD.size
 
 
 def rest_size(head: bytes) -> int:
