@@ -72,7 +72,7 @@ class EventSink:
         self.transport = transport
         self.interval = interval
         self.seq = 0  # batches sent so far
-        self._pending: list[Event] = []
+        self._pending: list[Any] = []  # events, and (build, args) from defer()
         self._urgent = False  # an event that cannot wait for the interval is pending
         #: this rank's output is the one the notebook shows: send it at the next tick
         self.prompt_output = False
@@ -91,11 +91,31 @@ class EventSink:
             if event["kind"] in URGENT or (self.prompt_output and event["kind"] == STREAM):
                 self._urgent = True
 
+    def defer(self, build: Callable[..., list[Event]], *args: Any) -> None:
+        """Queue events that ``build(*args)`` makes when the batch is sent, on the sending
+        thread, in their place among the others: a training step's event is built there
+        with its neighbours' (the training thread only records the step)."""
+        with self._lock:
+            self._pending.append((build, args))
+
+    def _take_pending(self) -> list[Event]:
+        with self._lock:
+            pending, self._pending, self._urgent = self._pending, [], False
+        events: list[Event] = []
+        for e in pending:
+            if type(e) is tuple:
+                try:
+                    events.extend(e[0](*e[1]))
+                except Exception as exc:  # a telemetry bug must not lose the batch's other events
+                    sys.__stderr__.write(f"nbdist: telemetry error: {exc!r}\n")
+            else:
+                events.append(e)
+        return events
+
     def flush(self) -> int:
         """Send what is pending now; return the sequence number of the last batch sent."""
         with self._send_lock:
-            with self._lock:
-                events, self._pending, self._urgent = self._pending, [], False
+            events = self._take_pending()
             if events and self.transport is not None:
                 self.seq += 1
                 self.transport({"rank": self.rank, "seq": self.seq,
@@ -107,8 +127,7 @@ class EventSink:
         (a cell's last batch travels in its result: one message fewer, nothing to wait for).
         Every earlier batch has been handed to the transport when this returns."""
         with self._send_lock:
-            with self._lock:
-                events, self._pending, self._urgent = self._pending, [], False
+            events = self._take_pending()
             if not events:
                 return None
             self.seq += 1

@@ -69,6 +69,7 @@ class Watch:
         self.last_progress = 0.0  # time.monotonic()
         self.started_ns = 0  # time.time_ns() at the cell's start (Flight Recorder's clock)
         self.steps: deque[float] = deque(maxlen=STALL_WINDOW)
+        self._threshold: Optional[float] = None  # stall_threshold of steps (0.0: off)
         self.calls: dict[str, int] = {}  # op -> collectives of it entered in this cell
         # the collective the cell is inside now (op None: none)
         self.op: Optional[str] = None
@@ -94,6 +95,7 @@ class Watch:
         self.last_progress = time.monotonic()
         self.started_ns = time.time_ns()
         self.steps.clear()
+        self._threshold = None
         self.calls.clear()
         self.op = None
         self._next = 0.0
@@ -132,9 +134,10 @@ class Watch:
         self.last_progress = time.monotonic()
 
     def step(self, seconds: float) -> None:
-        """A step of ``seconds`` ended now (its length sets the threshold)."""
+        """A step took ``seconds`` (its length sets the threshold; its end was a
+        :meth:`progress`). Called when its event is built, on the sending thread."""
         self.steps.append(seconds)
-        self.last_progress = time.monotonic()
+        self._threshold = None
 
     def enter(self, op: str, nbytes: int, dtype: str, t0: float) -> None:
         """The cell enters collective ``op`` (``nbytes`` of ``dtype``) at ``t0``."""
@@ -157,9 +160,13 @@ class Watch:
         now = time.monotonic()
         if now < self._next:
             return
-        threshold = stall_threshold(self.steps, self.override)
+        threshold = self._threshold
+        if threshold is None:  # recomputed after new steps only: a median of the window
+            threshold = self._threshold = stall_threshold(self.steps, self.override) or 0.0
+        if not threshold:
+            return
         idle = now - self.last_progress
-        if threshold is None or idle < probe_after(threshold):
+        if idle < probe_after(threshold):
             return
         self._next = now + SAMPLE_S
         self._sample("stall", None, idle, force=False)

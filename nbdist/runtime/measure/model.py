@@ -248,62 +248,24 @@ class Telemetry:
         for e in st.held or ():
             e["step"] = st.n
             self.emit(e)
-        ready_last, comm_end, total, nbytes = None, None, st.coll_total, 0
-        spans = []
-        timed = True
         if ddp is not None and ddp.comm_end < st.t0:
             ddp = None  # older times: DDP did not time this step's iteration
-        if ddp is None and st.timer is not None:
-            # It synced, untimed (DDP times a sample of short steps; see ddp_hooks): its bytes
-            # are known, its all-reduce's span is not.
-            timed, nbytes = False, st.timer.nbytes
-        if ddp is not None:
-            ready_last, comm_end = ddp.compute_end, ddp.comm_end
-            total += ddp.comm_end - ddp.comm_start
-            nbytes = ddp.nbytes
-            spans.append((ddp.comm_start, ddp.comm_end))
-            self.emit(ev.comm("all_reduce", ddp.comm_start, ddp.comm_end, ddp.nbytes,
-                              step=st.n, dtype=ddp.dtype, measured="ddp"))
-        for b in st.buckets:
-            _resolve_cuda(b)
-            ready_last = b.ready if ready_last is None else max(ready_last, b.ready)
-            if b.op == "local":
-                continue  # the hook sent nothing for this bucket
-            nbytes += b.nbytes
-            if b.done is not None:
-                comm_end = b.done if comm_end is None else max(comm_end, b.done)
-                total += b.done - (b.issued or b.ready)
-                spans.append((b.issued or b.ready, b.done))
-                self.emit(ev.comm(b.op or "all_reduce", b.issued or b.ready, b.done, b.nbytes,
-                                  step=st.n, bucket=b.index, dtype=b.dtype,
-                                  measured="wire" if b.op else "bucket"))
-            else:
-                self.emit(ev.comm(b.op or "all_reduce", b.ready, b.ready, b.nbytes, step=st.n,
-                                  bucket=b.index, dtype=b.dtype, measured="untimed"))
-        exposed = st.coll_exposed
-        if ready_last is not None and len(spans) == 1:  # DDP's timer: one span, no union
-            exposed += max(0.0, spans[0][1] - max(spans[0][0], ready_last))
-        elif ready_last is not None and spans:
-            exposed += exposed_seconds(ready_last, spans)
-        bwd = None
-        if ready_last is not None:
-            start = st.fwd1 or st.t0
-            bwd = (start, max(x for x in (comm_end, ready_last, start) if x is not None))
-        if final:
-            t1 = max(x for x in (t1, comm_end, st.fwd1, st.t0) if x is not None)
-        hang_watch.step(t1 - st.t0)
-        if ddp is not None:
-            nbuckets = ddp.buckets
-            if pace:
-                st.timer.pace(t1 - st.t0)  # type: ignore[union-attr]
-        elif not timed:
-            nbuckets = st.timer.buckets  # type: ignore[union-attr]
-        else:
-            nbuckets = len(st.buckets)
-        self.emit(ev.step(st.n, st.t0, t1, samples=st.samples, comm_total_s=total,
-                          comm_exposed_s=exposed, comm_bytes=nbytes, buckets=nbuckets,
-                          fwd=(st.fwd0, st.fwd1) if st.fwd0 and st.fwd1 else None, bwd=bwd,
-                          source=st.source, comm_timed=timed))
+        if ddp is not None and pace:
+            # Before the backward DDP may time next, so DDP and the timer count alike.
+            st.timer.pace(t1 - st.t0)  # type: ignore[union-attr]
+        sink = self.sink
+        if sink is None:
+            return
+        hang_watch.progress()
+        defer = getattr(sink, "defer", None)
+        if defer is not None and not st.buckets:
+            # The step's events are built when its batch is sent, on the sending thread, a
+            # batch of steps at a time: the training thread only hands the step over. (GPU
+            # buckets are read here: their CUDA events belong to this thread's device.)
+            defer(_step_events, st, t1, final, ddp)
+            return
+        for e in _step_events(st, t1, final, ddp):
+            sink.emit(e)
 
     def _drop_provisional(self) -> None:
         """Give up the open step no optimizer confirmed: its collectives go out unattributed."""
@@ -489,6 +451,66 @@ telemetry = Telemetry()
 
 
 # ----------------------------------------------------------------- helpers
+def _step_events(st: _Step, t1: float, final: bool,
+                 ddp: Optional[DDPTimes]) -> list[dict[str, Any]]:
+    """A closed step's events: its all-reduce (DDP's timer's span, or each bucket's) and the
+    step itself, ending at ``t1`` (``final``: the cell's last, which ends with its comm)."""
+    out = []
+    ready_last, comm_end, total, nbytes = None, None, st.coll_total, 0
+    spans = []
+    timed = True
+    if ddp is None and st.timer is not None:
+        # It synced, untimed (DDP times a sample of short steps; see ddp_hooks): its bytes
+        # are known, its all-reduce's span is not.
+        timed, nbytes = False, st.timer.nbytes
+    if ddp is not None:
+        ready_last, comm_end = ddp.compute_end, ddp.comm_end
+        total += ddp.comm_end - ddp.comm_start
+        nbytes = ddp.nbytes
+        spans.append((ddp.comm_start, ddp.comm_end))
+        out.append(ev.comm("all_reduce", ddp.comm_start, ddp.comm_end, ddp.nbytes,
+                           step=st.n, dtype=ddp.dtype, measured="ddp"))
+    for b in st.buckets:
+        _resolve_cuda(b)
+        ready_last = b.ready if ready_last is None else max(ready_last, b.ready)
+        if b.op == "local":
+            continue  # the hook sent nothing for this bucket
+        nbytes += b.nbytes
+        if b.done is not None:
+            comm_end = b.done if comm_end is None else max(comm_end, b.done)
+            total += b.done - (b.issued or b.ready)
+            spans.append((b.issued or b.ready, b.done))
+            out.append(ev.comm(b.op or "all_reduce", b.issued or b.ready, b.done, b.nbytes,
+                               step=st.n, bucket=b.index, dtype=b.dtype,
+                               measured="wire" if b.op else "bucket"))
+        else:
+            out.append(ev.comm(b.op or "all_reduce", b.ready, b.ready, b.nbytes, step=st.n,
+                               bucket=b.index, dtype=b.dtype, measured="untimed"))
+    exposed = st.coll_exposed
+    if ready_last is not None and len(spans) == 1:  # DDP's timer: one span, no union
+        exposed += max(0.0, spans[0][1] - max(spans[0][0], ready_last))
+    elif ready_last is not None and spans:
+        exposed += exposed_seconds(ready_last, spans)
+    bwd = None
+    if ready_last is not None:
+        start = st.fwd1 or st.t0
+        bwd = (start, max(x for x in (comm_end, ready_last, start) if x is not None))
+    if final:
+        t1 = max(x for x in (t1, comm_end, st.fwd1, st.t0) if x is not None)
+    hang_watch.step(t1 - st.t0)
+    if ddp is not None:
+        nbuckets = ddp.buckets
+    elif not timed:
+        nbuckets = st.timer.buckets  # type: ignore[union-attr]
+    else:
+        nbuckets = len(st.buckets)
+    out.append(ev.step(st.n, st.t0, t1, samples=st.samples, comm_total_s=total,
+                       comm_exposed_s=exposed, comm_bytes=nbytes, buckets=nbuckets,
+                       fwd=(st.fwd0, st.fwd1) if st.fwd0 and st.fwd1 else None, bwd=bwd,
+                       source=st.source, comm_timed=timed))
+    return out
+
+
 def _resolve_cuda(b: _Bucket) -> None:
     """Fill in ``b.done`` from its CUDA events once both have completed."""
     if b.cuda is None or b.done is not None:
