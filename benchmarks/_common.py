@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import signal
@@ -180,3 +181,60 @@ def run_torchrun(script: str, args: Sequence[str], nproc: int, timeout: float,
         raise RuntimeError(f"torchrun exited with {proc.returncode} (full log: {path}):\n"
                            f"{err[-3000:]}")
     return t_launch, out, err
+
+
+class TorchrunServer:
+    """A torchrun job kept running between timed windows: ``script --mode serve`` connects to
+    this benchmark and trains ``steps`` steps each time :meth:`window` asks, answering one
+    JSON line; between windows its ranks wait idle, so another side can run in between."""
+
+    def __init__(self, script: str, args: Sequence[str], nproc: int, timeout: float):
+        self.script, self.timeout = script, timeout
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(timeout)
+        port = self.listener.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), script,
+               "--mode", "serve", "--port", str(port), *args]
+        env = dict(os.environ)
+        env.pop("OMP_NUM_THREADS", None)  # torchrun sets 1 per process when nproc > 1
+        fd, self.log_path = tempfile.mkstemp(prefix="torchrun-", suffix=".log")
+        self.log = os.fdopen(fd, "w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        try:
+            self.conn, _ = self.listener.accept()
+        except BaseException:
+            self.close()
+            raise
+        self.conn.settimeout(timeout)
+        self.reader = self.conn.makefile("r")
+
+    def window(self, steps: int) -> dict[str, Any]:
+        """Have the job train ``steps`` timed steps; its figures (every rank's worst)."""
+        self.conn.sendall(f"{steps}\n".encode())
+        line = self.reader.readline()
+        if not line:
+            self.log.seek(0)
+            raise RuntimeError(f"the torchrun job ended (log: {self.log_path}):\n"
+                               f"{self.log.read()[-3000:]}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        """Tell the job to stop and wait for it; kill it if it does not."""
+        with contextlib.suppress(OSError, AttributeError):
+            self.conn.sendall(b"0\n")
+        try:
+            self.proc.wait(timeout=60)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_running(self.script)  # its workers run in sessions of their own
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+        for f in (getattr(self, "reader", None), getattr(self, "conn", None), self.listener,
+                  self.log):
+            with contextlib.suppress(OSError, AttributeError):
+                f.close()
+        if self.proc.returncode == 0:  # a failed job's log stays, for its error
+            os.unlink(self.log_path)

@@ -1,20 +1,23 @@
-"""Training throughput of one DDP loop run as a ``%%distributed`` cell vs launched by torchrun.
+"""Training throughput of one DDP loop run as ``%%distributed`` cells vs a torchrun job.
 
-Both sides run ``workload.train`` (an MLP 784-512-512-10 on synthetic data, batch 64 per rank,
-gloo, 1 torch thread per rank, fixed seed) and time only the steps after the warm-up, inside
-the loop, reduced to the slowest rank. The sides alternate ``--repeats`` times (rotating which
-goes first) and the medians are compared. nbdist is timed with its defaults (live telemetry
-on, its text view rendered into a discarded buffer) and with ``--no-telemetry``. With several
-engines, each engine gets its own phase (only its cluster alive) with its own torchrun runs.
+Both sides run ``workload.Trainer`` (an MLP 784-512-512-10 on synthetic data, batch 64 per
+rank, gloo, 1 torch thread per rank, fixed seed): the model is built and warmed up once per
+side, then trained in timed windows of ``--steps`` steps, timed inside the loop and reduced to
+the slowest rank. nbdist's windows are cells on warm workers, with its defaults (live
+telemetry on, its text view rendered into a discarded buffer) and with ``--no-telemetry``,
+each side its own model (a model built with telemetry off is never hooked); torchrun's are
+asked of one long-running job (``workload.py --mode serve``), whose ranks wait idle between
+its windows. With several engines, each engine gets its own phase (only its cluster alive)
+with its own torchrun job.
 
-Each round runs every side once, back to back, so a burst of load on this shared machine
-hits a round's sides alike; a round's ratio is nbdist's samples/s over torchrun's of the same
-round. The verdict is the median of the rounds' ratios with telemetry on (goal: at least 0.98
-in each invocation of the benchmark), printed with every round's ratio: one round alone moves
-by 10-20 % here when the machine's neighbours are busy.
+A round runs one window of every side, back to back, rotating which goes first, so a burst of
+load on this shared machine hits a round's sides alike; the sides take turns every few
+seconds instead of every launch. A round's ratio is nbdist's samples/s over torchrun's in the
+same round. The verdict is the median of the rounds' ratios with telemetry on (goal: at least
+0.98 in each invocation of the benchmark), printed with every round's ratio.
 
-    python benchmarks/bench_training.py --quick     # both engines, 3 rounds, 100 steps
-    python benchmarks/bench_training.py [--steps 300] [--warmup 20] [--repeats 5] [--engine E]
+    python benchmarks/bench_training.py --quick     # both engines, 5 rounds of 100 steps
+    python benchmarks/bench_training.py [--steps 200] [--warmup 20] [--repeats 15] [--engine E]
 """
 
 from __future__ import annotations
@@ -22,10 +25,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import sys
-import time
 from typing import Any, Callable
 
 try:
@@ -36,27 +37,21 @@ except ImportError:  # run as a script: benchmarks/ is on sys.path
 WORKLOAD = os.path.join(c.HERE, "workload.py")
 
 
-def cell_code(args: argparse.Namespace) -> str:
-    """The ``%%distributed`` cell: import the shared workload and run it."""
+def cell_code(args: argparse.Namespace, key: str, steps: int) -> str:
+    """A ``%%distributed`` cell: one window of ``steps`` on the warm model ``key``."""
     return (
         "import sys\n"
         f"if {c.HERE!r} not in sys.path:\n"
         f"    sys.path.insert(0, {c.HERE!r})\n"
         "import workload\n"
-        f"_bench = workload.train(steps={args.steps}, warmup={args.warmup}, "
-        f"batch={args.batch}, seed={args.seed}, threads={args.threads})\n"
+        f"_bench = workload.window({key!r}, {steps}, warmup={args.warmup}, batch={args.batch}, "
+        f"seed={args.seed}, threads={args.threads})\n"
     )
 
 
-def torchrun_arm(args: argparse.Namespace, n: int) -> Callable[[], dict[str, Any]]:
-    def run() -> dict[str, Any]:
-        _, out, _ = c.run_torchrun(
-            WORKLOAD, ["--mode", "train", "--steps", str(args.steps), "--warmup",
-                       str(args.warmup), "--batch", str(args.batch), "--seed", str(args.seed),
-                       "--threads", str(args.threads)], n, timeout=args.timeout)
-        return parse_result(out)
-
-    return run
+def torchrun_args(args: argparse.Namespace) -> list[str]:
+    return ["--warmup", str(args.warmup), "--batch", str(args.batch), "--seed", str(args.seed),
+            "--threads", str(args.threads)]
 
 
 def run_magic(ip: Any, flags: str, code: str) -> dict[str, Any]:
@@ -68,30 +63,24 @@ def run_magic(ip: Any, flags: str, code: str) -> dict[str, Any]:
     return nbdist.current_session().pull("_bench")
 
 
-def parse_result(out: str) -> dict[str, Any]:
-    for line in out.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"no RESULT line in the script's output:\n{out[-2000:]}")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", "--workers", type=int, default=2, help="ranks (2)")
-    ap.add_argument("--steps", type=int, default=300, help="timed steps per run (300)")
-    ap.add_argument("--warmup", type=int, default=20, help="untimed steps first (20)")
+    ap.add_argument("--steps", type=int, default=200, help="timed steps per window (200)")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps per model first (20)")
     ap.add_argument("--batch", type=int, default=64, help="batch per rank (64)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (1)")
-    ap.add_argument("--repeats", type=int, default=5, help="rounds, each side once a round (5)")
+    ap.add_argument("--repeats", type=int, default=15,
+                    help="rounds, one window of each side a round (15)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine", choices=("ipyparallel", "dask"), action="append", default=None,
                     help="nbdist engine(s); repeat for both (default: both)")
     ap.add_argument("--timeout", type=float, default=1200, help="overall limit, s (1200)")
     ap.add_argument("--quick", action="store_true",
-                    help="3 rounds of 100 timed steps after 10 warm-up")
+                    help="5 rounds of 100 timed steps after 10 warm-up")
     args = ap.parse_args(argv)
     if args.quick:
-        args.steps, args.warmup, args.repeats = 100, 10, 3
+        args.steps, args.warmup, args.repeats = 100, 10, 5
     engines = list(dict.fromkeys(args.engine or ["ipyparallel", "dask"]))
     if "dask" in engines:
         try:
@@ -110,51 +99,58 @@ def _run(args: argparse.Namespace, engines: list[str]) -> int:
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "nbdist")
-    code = cell_code(args)
     results: dict[str, list[dict[str, Any]]] = {}
     baseline: dict[str, str] = {}  # nbdist side -> the torchrun side timed in the same phase
     # One phase per engine, with only that engine's cluster alive, so an idle cluster of the
-    # other engine never competes with the runs; torchrun is timed again in every phase.
+    # other engine never competes with the windows; each phase has its own torchrun job.
     for engine in engines:
         tr = "torchrun" if len(engines) == 1 else f"torchrun (with {engine} phase)"
-        arms: dict[str, Callable[[], dict[str, Any]]] = {}
         c.log(f"starting nbdist on {args.workers} {engine} workers")
         ip.run_line_magic("nbdist", f"start -n {args.workers} --engine {engine} "
                           f"--threads {args.threads} --timeout 120")
+        server = None
         try:
-            for flags in ("", "--no-telemetry"):
+            arms: dict[str, Callable[[int], dict[str, Any]]] = {}
+            for flags, key in (("", "on"), ("--no-telemetry", "off")):
                 name = f"nbdist %%distributed {flags} ({engine})".replace("  ", " ")
-                arms[name] = lambda f=flags: run_magic(ip, f, code)
+                arms[name] = lambda n, f=flags, k=key: run_magic(ip, f, cell_code(args, k, n))
                 baseline[name] = tr
-            arms[tr] = torchrun_arm(args, args.workers)
-            for name in arms:
+            c.log(f"starting the torchrun job for the {engine} phase")
+            server = c.TorchrunServer(WORKLOAD, torchrun_args(args), args.workers,
+                                      timeout=args.timeout)
+            arms[tr] = server.window
+            for name, arm in arms.items():  # build and warm each side's model, untimed
+                arm(args.warmup)
                 results[name] = []
             names = list(arms)
             for rep in range(args.repeats):
                 for name in names[rep % len(names):] + names[:rep % len(names)]:
-                    t0 = time.perf_counter()
-                    r = arms[name]()
+                    r = arms[name](args.steps)
                     results[name].append(r)
-                    c.log(f"run {rep + 1}/{args.repeats} {name}: "
-                          f"{r['samples_per_s']:.0f} samples/s "
-                          f"({time.perf_counter() - t0:.1f} s wall)")
+                    c.log(f"round {rep + 1}/{args.repeats} {name}: "
+                          f"{r['samples_per_s']:.0f} samples/s ({r['seconds']:.2f} s)")
         finally:
-            c.log("stopping the cluster")
+            c.log("stopping the torchrun job and the cluster")
+            if server is not None:
+                server.close()
             ip.run_line_magic("nbdist", "stop")
 
     med = {k: c.median([r["samples_per_s"] for r in v]) for k, v in results.items()}
     cpu = {k: c.median([r["cpu_ms_per_step"] for r in v]) for k, v in results.items()}
     print(f"\nDDP MLP {784}-{512}-{512}-{10}, batch {args.batch}/rank, {args.workers} ranks, gloo, "
-          f"{args.threads} thread/rank, {args.steps} timed steps after {args.warmup} warm-up, "
-          f"{args.repeats} alternating runs per side ({c.machine()})\n")
+          f"{args.threads} thread/rank, windows of {args.steps} timed steps on warm models "
+          f"({args.warmup} warm-up steps each), {args.repeats} rounds ({c.machine()})\n")
     rows = []
     for k, v in results.items():
         sps = [r["samples_per_s"] for r in v]
         rows.append((k, med[k], min(sps), max(sps), 1e3 * c.median([r["seconds"] for r in v])
                      / args.steps, cpu[k], " ".join(f"{x:.0f}" for x in sps)))
-    print(c.table(["side", "median samples/s", "min", "max", "ms/step", "CPU ms/step", "runs"],
+    print(c.table(["side", "median samples/s", "min", "max", "ms/step", "CPU ms/step",
+                   "windows"],
                   rows))
     print("(CPU ms/step: CPU time of the busiest rank's process per timed step, median)\n")
+    print("(torchrun's side: one job, its windows asked in turn; throughput ratio below: of "
+          "the medians)\n")
     for k, base in baseline.items():
         print(f"throughput ratio {k}/torchrun: {med[k] / med[base]:.3f}x "
               f"(CPU per step {cpu[k] / cpu[base]:.3f}x)")

@@ -118,3 +118,51 @@ def test_an_iteration_ddp_did_not_time_goes_out_with_its_bytes_and_no_span(cell)
     assert timer.read_iterations == [1, 2]
     assert timer.paced == [pytest.approx(steps[0]["t1"] - steps[0]["t0"])]
 
+
+
+def test_through_a_real_sink_the_steps_are_built_when_the_batch_goes_out():
+    """With the worker's sink, a step is handed over as it closes and its events are built
+    when the batch is taken, on the sending side: the same events as built at once."""
+    from nbdist.runtime.capture import EventSink
+    from nbdist.telemetry.columns import unpack
+
+    sink = EventSink(0, None, interval=3600)
+    try:
+        t, timer = Telemetry(), ScriptedTimer()
+        t.begin_cell(sink)
+        plain, ptimer = Telemetry(), ScriptedTimer()
+        plain.begin_cell(Sink())
+        for tel, tm in ((t, timer), (plain, ptimer)):
+            t0 = forward(tel, tm)
+            tm.stored = times(t0)
+            forward(tel, tm)
+            forward(tel, tm)
+        assert [type(e) for e in sink._pending] == [tuple, tuple]  # handed over, not built
+        batch = sink.take()
+        got = list(unpack(batch["events"]))
+        want = plain.sink.events
+        strip = [{k: v for k, v in e.items() if k not in ("t0", "t1", "fwd", "bwd")}
+                 for e in want]
+        assert [{k: v for k, v in e.items() if k not in ("t0", "t1", "fwd", "bwd")}
+                for e in got] == strip
+        assert [e["kind"] for e in got] == ["comm", "step", "step"]
+    finally:
+        sink.close()
+
+
+def test_a_deferred_builder_that_fails_loses_only_its_own_events(capfd):
+    from nbdist.runtime.capture import EventSink
+    from nbdist.telemetry import events as ev
+    from nbdist.telemetry.columns import unpack
+
+    sink = EventSink(0, None, interval=3600)
+    try:
+        sink.emit(ev.scalars({"a": 1.0}, 1.0, 1))
+        sink.defer(lambda: 1 / 0)
+        sink.defer(lambda x: [ev.scalars({"b": x}, 2.0, 2)], 2.0)
+        sink.emit(ev.scalars({"c": 3.0}, 3.0, 3))
+        events = list(unpack(sink.take()["events"]))
+        assert [list(e["values"]) for e in events] == [["a"], ["b"], ["c"]]  # in their order
+        assert "ZeroDivisionError" in capfd.readouterr().err
+    finally:
+        sink.close()
