@@ -22,14 +22,18 @@ pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(not template.supported(), reason="worker templates need Linux")]
 
 HAZARDS = textwrap.dedent("""
-    import json, socket, sys, threading
-    from nbdist.runtime.boot.template import fork_hazards
+    import json, socket, sys, threading, time
+    from nbdist.runtime.boot.template import fork_hazards, thread_count
     out = {"alone": fork_hazards()}
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()
     out["thread"] = fork_hazards()
     stop.set(); t.join()
+    # join() returns as the thread finishes in Python; the kernel lists its task a moment more
+    deadline = time.monotonic() + 10
+    while thread_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
     s = socket.socket()
     out["socket"] = fork_hazards()
     out["socket allowed"] = fork_hazards(frozenset([s.fileno()]))

@@ -180,7 +180,7 @@ def _mark_done(rec: _Bucket) -> None:
 
     On CPU that is now. On CUDA the callback runs once the work is queued on the GPU, not
     finished, so it records an event that completes with the work instead; the step reads it
-    when it closes (:func:`~.measure._resolve_cuda`).
+    when it closes (:func:`~.steps.resolve_cuda`).
     """
     if rec.cuda is not None:
         end = torch.cuda.Event(enable_timing=True)
