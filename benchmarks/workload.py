@@ -46,28 +46,6 @@ def step(ddp: Any, opt: Any, loss_fn: Any, x: Any, y: Any) -> float:
     return loss.item()
 
 
-def train(steps: int = 200, warmup: int = 20, batch: int = 64, seed: int = 0,
-          threads: int = 1) -> dict[str, Any]:
-    """Warm up, then time ``steps`` steps; every rank returns the same global figures."""
-    ddp, opt, loss_fn, data = build(batch, seed, threads)
-    for i in range(warmup):
-        step(ddp, opt, loss_fn, *data[i % POOL])
-    dist.barrier()
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    for i in range(steps):
-        loss = step(ddp, opt, loss_fn, *data[i % POOL])
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    # The slowest rank bounds the job: reduce the maximum. CPU time (all threads of the rank's
-    # process) is the load-insensitive view: what a step costs, not how long it waited.
-    t = torch.tensor([elapsed, cpu], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    world = dist.get_world_size()
-    return {"samples_per_s": steps * batch * world / t[0].item(), "seconds": t[0].item(),
-            "cpu_ms_per_step": 1e3 * t[1].item() / steps,
-            "steps": steps, "batch": batch, "world_size": world, "loss": loss,
-            "threads": torch.get_num_threads()}
-
-
 class Trainer:
     """A model, its optimizer and data, built and warmed up once; then timed windows of steps
     on it, as a warm notebook worker or a long-running torchrun job trains in stretches."""
@@ -89,6 +67,8 @@ class Trainer:
         dist.barrier()
         t0, cpu0 = time.perf_counter(), time.process_time()
         loss = self.steps(steps)
+        # The slowest rank bounds the job: reduce the maximum. CPU time (all threads of the
+        # rank's process) is the load-insensitive view: what a step costs, not how long it waited.
         t = torch.tensor([time.perf_counter() - t0, time.process_time() - cpu0],
                          dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -96,6 +76,14 @@ class Trainer:
         return {"samples_per_s": steps * self.batch * world / t[0].item(),
                 "seconds": t[0].item(), "cpu_ms_per_step": 1e3 * t[1].item() / steps,
                 "steps": steps, "batch": self.batch, "world_size": world, "loss": loss}
+
+
+def train(steps: int = 200, warmup: int = 20, batch: int = 64, seed: int = 0,
+          threads: int = 1) -> dict[str, Any]:
+    """Build, warm up, then time ``steps`` steps; every rank returns the same global figures."""
+    out = Trainer(batch, seed, threads, warmup).window(steps)
+    out["threads"] = torch.get_num_threads()
+    return out
 
 
 _trainers: dict[str, Trainer] = {}

@@ -114,6 +114,22 @@ def _model(opts: list[torch.optim.Optimizer]) -> dict[str, Any]:
             "local_elements": local, "state_elements": with_state, "sharding": sharding}
 
 
+_proc: Any = None  # psutil's view of this process (reading its memory: 10 µs; making it: 30)
+
+
+def _process() -> Any:
+    """This process for psutil, made once per process (a worker forked from a template
+    makes its own), or None without psutil."""
+    global _proc
+    if _proc is None or _proc.pid != os.getpid():
+        try:
+            import psutil
+        except ImportError:
+            return None
+        _proc = psutil.Process()
+    return _proc
+
+
 def probe() -> Optional[dict[str, Any]]:
     """:func:`held` plus the process's resident memory, its peak, and the GPU's peak; None
     once every optimizer that stepped is gone (a model and optimizer local to a function):
@@ -130,22 +146,6 @@ def probe() -> Optional[dict[str, Any]]:
     if torch.cuda.is_initialized():  # (it implies is_available(), which costs 20x more)
         out["device_peak"] = torch.cuda.max_memory_allocated()  # since the cell began
     return out
-
-
-_proc: Any = None  # psutil's view of this process (reading its memory: 10 µs; making it: 30)
-
-
-def _process() -> Any:
-    """This process for psutil, made once per process (a worker forked from a template
-    makes its own), or None without psutil."""
-    global _proc
-    if _proc is None or _proc.pid != os.getpid():
-        try:
-            import psutil
-        except ImportError:
-            return None
-        _proc = psutil.Process()
-    return _proc
 
 
 def reset_device_peak() -> None:
