@@ -39,7 +39,7 @@ def _noop() -> None:
 
 def dask_available() -> bool:
     try:
-        return importlib.util.find_spec("nbdist.backends.dask") is not None
+        return importlib.util.find_spec("nbdist.backends.dask.adapter") is not None
     except ImportError:
         return False
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--repeats must be at least 1")
     engines = set(args.engine or ["ipyparallel"])
     if "dask" in engines and not dask_available():
-        c.log("nbdist.backends.dask is not available: skipping the dask engine")
+        c.log("nbdist.backends.dask.adapter is not available: skipping the dask engine")
         engines.discard("dask")
     engines.add("ipyparallel")
 

@@ -240,7 +240,7 @@ def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, ra
     """One run of the notebook's side; CPU and redraw costs of the timed part."""
     import io
 
-    from nbdist.cell_run import pump as pump_batches
+    from nbdist.cell.loop import pump as pump_batches
     from nbdist.display.rank_output import OutputView
     from nbdist.display.run_view import RunView
     from nbdist.display.text import TextDashboard

@@ -55,7 +55,7 @@ def phases() -> Iterator[dict[str, float]]:
     does ("describe workers", "form the process group", ...). Timed by wrapping the two
     methods for the duration; what is left is the notebook's own work between them."""
     from nbdist.backends.base import Backend
-    from nbdist.membership import Membership
+    from nbdist.group.membership import Membership
 
     out: dict[str, float] = {}
     start, call = Backend.start, Membership.call
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = list(dict.fromkeys(args.engine or ["ipyparallel", "dask"]))
     if "dask" in engines:
         try:
-            import nbdist.backends.dask  # noqa: F401
+            import nbdist.backends.dask.adapter  # noqa: F401
         except ImportError as exc:
             c.log(f"dask engine not available ({exc}): skipping it")
             engines.remove("dask")

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = list(dict.fromkeys(args.engine or ["ipyparallel", "dask"]))
     if "dask" in engines:
         try:
-            import nbdist.backends.dask  # noqa: F401
+            import nbdist.backends.dask.adapter  # noqa: F401
         except ImportError as exc:
             c.log(f"dask engine not available ({exc}): skipping it")
             engines.remove("dask")

@@ -23,11 +23,11 @@ from ._extension import load_ipython_extension, unload_ipython_extension
 from ._version import __version__
 
 if TYPE_CHECKING:
+    from .exporter.torchrun import Export
     from .profiles import Profile
     from .records import ClusterStatus, RemoteValue
     from .runtime.measure.spec import DDPSettings
     from .session import Session
-    from .torchrun_export import Export
 
 __all__ = [
     "start", "connect", "stop", "restart", "scale", "status", "run_cell", "run_script", "push",

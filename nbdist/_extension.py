@@ -6,7 +6,7 @@ from typing import Any
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    import nbdist.automode as auto
+    import nbdist.magics.automode as auto
 
     from .magics import NbdistMagics
 
@@ -17,7 +17,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    import nbdist.automode as auto
+    import nbdist.magics.automode as auto
 
     mm = ipython.magics_manager
     mm.magics["line"].pop("nbdist", None)

@@ -9,12 +9,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from .telemetry.stall_text import clash_sentences, missing_sentence, where_lines
+from .telemetry.stall.words import clash_sentences, missing_sentence, where_lines
 from .telemetry.units import fmt_ranks
 
 if TYPE_CHECKING:
     from .runtime.results import CellResult
-    from .telemetry.stall import Verdict
+    from .telemetry.stall.report import Verdict
 
 #: how to get a cluster, for every "no cluster" message
 NO_CLUSTER = ("no nbdist cluster is running. Start one with `%nbdist start -n 2` "
@@ -359,7 +359,7 @@ MAX_NAMES = 12
 @dataclass(frozen=True)
 class RanksRestarted:
     """Ranks an interrupt could not stop, whose worker processes the engine replaced (see
-    :mod:`nbdist.escalation`): their namespaces are gone."""
+    :mod:`nbdist.cell.interrupt`): their namespaces are gone."""
 
     ranks: tuple[int, ...]
     #: seconds the ranks had to stop after the interrupt
@@ -424,7 +424,7 @@ def restarted_section(r: Optional[RanksRestarted]) -> str:
 
 class CellTimeoutError(NbdistError):
     """A cell ran past its ``--timeout``. ``where`` says where each rank was (the hang
-    doctor's :class:`~nbdist.telemetry.stall.Verdict`, None without reports)."""
+    doctor's :class:`~nbdist.telemetry.stall.report.Verdict`, None without reports)."""
 
     def __init__(self, timeout: float, ranks: Sequence[int], hint: str = "",
                  where: Optional[Verdict] = None, label: Optional[str] = None,

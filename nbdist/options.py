@@ -126,7 +126,7 @@ class LaunchOptions:
     go unchanged to the launcher class as keyword arguments or configuration. ``listen`` is
     the address the controller or scheduler binds when workers run on other machines: nbdist
     never leaves loopback unless told. ``template`` forks the workers a local launch starts
-    from one process that has imported torch (see :mod:`nbdist.template`).
+    from one process that has imported torch (see :mod:`nbdist.boot.template`).
     """
 
     launcher: Launcher = _in_profile("cluster.launcher", "local")

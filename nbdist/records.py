@@ -1,7 +1,7 @@
 """Plain records users hold: a cluster's status, a rank's displayed value, runs side by side.
 
-Each record builds its own :class:`~nbdist.layout.Table` and draws it through the leaf
-:mod:`nbdist.layout`, so the records never import the views.
+Each record builds its own :class:`~nbdist.table_layout.Table` and draws it through the leaf
+:mod:`nbdist.table_layout`, so the records never import the views.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import html
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from .layout import (
+from .table_layout import (
     Row,
     Table,
     comparison_html,

@@ -1,7 +1,7 @@
 """The facade that magics, widgets and Python code all call.
 
-A Session composes the job's :class:`~nbdist.membership.Membership` (who is in it: workers,
-rank plans, store, generation) and runs each cell as a :class:`~nbdist.cell_run.CellRun` (the
+A Session composes the job's :class:`~nbdist.group.membership.Membership` (who is in it: workers,
+rank plans, store, generation) and runs each cell as a :class:`~nbdist.cell.loop.CellRun` (the
 cell loop). Commands flow down (Session → backend → worker runtime); results and events flow
 back up: the cell run turns results into errors and feeds events into the run's record
 (:class:`~nbdist.telemetry.run.Run`), whose snapshots the views draw.
@@ -22,26 +22,26 @@ from typing import Any, Callable, Optional
 
 from .backends import get_backend
 from .backends.base import Backend, Call
-from .cell_run import CellRun, cell_name
-from .debug_verbs import DebugVerbs
+from .boot.store_host import StoreHost
+from .boot.template import forks_store
+from .cell.end_marks import EndMarks
+from .cell.loop import CellRun, cell_name
+from .debugger.verbs import DebugVerbs
 from .display import make_run_view, make_start_view
-from .elastic_coordinator import Healer
-from .end_marks import EndMarks
+from .elastic.coordinator import Healer
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
-from .history import History
-from .lifecycle import relaunch
-from .membership import Membership
+from .exporter.history import History
+from .group.membership import Membership
+from .group.relaunch import relaunch
+from .group.transfer import Transfers
 from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
 from .records import ClusterStatus, Comparison, RemoteValue, TuneResult
-from .rendezvous import StoreHost
 from .runtime import worker as rt
 from .runtime.env import count_local_gpus
 from .runtime.measure.spec import DDPSettings, Measure
 from .telemetry.compare import compare
 from .telemetry.run import Run
 from .telemetry.snapshot import RunSnapshot
-from .template import forks_store
-from .transfer import Transfers
 from .tuning import DEFAULT_STEPS, Tuning
 
 
@@ -81,7 +81,7 @@ class Session(DebugVerbs):
         self.history = History()
         #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
         self.named: dict[str, Run] = {}
-        #: pushes and pulls, and their data channel (:mod:`nbdist.transfer`)
+        #: pushes and pulls, and their data channel (:mod:`nbdist.group.transfer`)
         self.transfers = Transfers()
         #: what ``%%distributed --tune`` chose, applied to DDP models built in later cells
         self.tuning = Tuning()
@@ -426,12 +426,12 @@ class Session(DebugVerbs):
         """Write the cells that ran successfully since the group formed as a torchrun script.
 
         Pushed values the cells read go in as code (literals) or in ``<stem>.data.pkl`` next
-        to the script. Returns an :class:`~nbdist.torchrun_export.Export` (its ``command`` is the
+        to the script. Returns an :class:`~nbdist.exporter.torchrun.Export` (its ``command`` is the
         launch line). A file nbdist did not write is not overwritten unless ``force``.
         See ``docs/export.md``.
         """
         from ._version import __version__
-        from .torchrun_export import write
+        from .exporter.torchrun import write
 
         m = self.membership
         m.require()

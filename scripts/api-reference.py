@@ -243,11 +243,11 @@ def python_api() -> list[str]:
 
 
 def records() -> list[str]:
+    from nbdist.exporter.torchrun import Export
     from nbdist.profiles import Profile
     from nbdist.records import ClusterStatus, Comparison, RemoteValue, WorkerRow
     from nbdist.telemetry.compare import RunFigures
     from nbdist.telemetry.snapshot import RunSnapshot
-    from nbdist.torchrun_export import Export
 
     out = ["## Records", "", "What the functions above return; plain values to read.", ""]
     for cls, module in ((ClusterStatus, "records"), (WorkerRow, "records"),

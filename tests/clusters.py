@@ -15,7 +15,7 @@ ENGINES = ["ipyparallel", "dask"]
 def engine_available(engine: str) -> bool:
     if engine == "dask":
         return (importlib.util.find_spec("distributed") is not None
-                and importlib.util.find_spec("nbdist.backends.dask") is not None)
+                and importlib.util.find_spec("nbdist.backends.dask.adapter") is not None)
     return True
 
 

@@ -19,13 +19,13 @@ def get_backend(engine: str) -> Backend:
     check_choice(engine, ENGINES, "engine")
     if engine == "dask":
         try:
-            from .dask import DaskBackend
+            from .dask.adapter import DaskBackend
         except ImportError as exc:
             raise ImportError(
                 f"the dask engine needs the `distributed` package ({exc}); "
                 "install it with: pip install 'nbdist[dask]'"
             ) from None
         return DaskBackend()
-    from .ipyparallel import IpyparallelBackend
+    from .ipyparallel.adapter import IpyparallelBackend
 
     return IpyparallelBackend()

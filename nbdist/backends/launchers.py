@@ -116,7 +116,7 @@ def launcher_settings(launch: LaunchOptions, timeout: float = 300.0,
     from ipyparallel.cluster.launcher import BatchSystemLauncher, find_launcher_class
 
     if launch.launcher == "ssh":
-        from .ipp_ssh import SSHEngines as cls  # noqa: N813 - stops in one command an engine
+        from .ipyparallel.ssh import SSHEngines as cls  # noqa: N813 - stops in one command an engine
     else:
         cls = find_launcher_class(launch.launcher, "engine")
     python = launch.options.get("remote_python") or python or sys.executable
@@ -188,7 +188,7 @@ def cluster_spec(launch: LaunchOptions, n: int, tag: str = "nbdist",
                   "scheduler_options": scheduler,
                   "worker_options": {"nthreads": 1, "death_timeout": DEATH_TIMEOUT,
                                      "preload": [lifeline.__name__]}}
-        spec = ("nbdist.backends.dask_ssh", "SSHWorkers", "asyncssh", kwargs, False)
+        spec = ("nbdist.backends.dask.ssh", "SSHWorkers", "asyncssh", kwargs, False)
     elif launch.launcher in _JOBQUEUE:
         kwargs = {"processes": 1, "scheduler_options": scheduler,
                   "death_timeout": DEATH_TIMEOUT,

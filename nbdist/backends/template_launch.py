@@ -1,4 +1,4 @@
-"""Each engine's place for the worker template (:mod:`nbdist.template`), on this host.
+"""Each engine's place for the worker template (:mod:`nbdist.boot.template`), on this host.
 
 * ipyparallel: :class:`TemplateEngineSetLauncher`, ipyparallel's local engine launcher with
   each engine forked from the cluster's template instead of started as a fresh process. The
@@ -28,15 +28,20 @@ import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 from traitlets import Any as AnyTrait
 
+from ..boot.template import Forked, Refused, Template, fallback_line, supported
 from ..runtime.boot import fork_client
-from ..runtime.boot import template as worker_half
-from ..template import Forked, Refused, Template, fallback_line, supported
+from ..runtime.boot.template import (
+    BASE_MODULES,
+    FORKSERVER_PRELOAD,
+    FRESH,
+    forkserver_supported,
+)
 
 #: what an ipyparallel engine imports besides torch: its own start, kernel and nanny, the
 #: worker half of the adapter, and the widgets tqdm.auto brings in on a kernel (when a rank
 #: joins, its bars are made to report: 0.1-0.2 s of a replacement's heal otherwise)
-IPP_MODULES = (*worker_half.BASE_MODULES, "ipyparallel.engine.app", "ipyparallel.engine.nanny",
-               "ipyparallel.serialize", "ipykernel.ipkernel", "nbdist.backends.ipp_events",
+IPP_MODULES = (*BASE_MODULES, "ipyparallel.engine.app", "ipyparallel.engine.nanny",
+               "ipyparallel.serialize", "ipykernel.ipkernel", "nbdist.backends.ipyparallel.worker",
                "ipywidgets", "tqdm.notebook")
 
 
@@ -106,7 +111,7 @@ class TemplateEngineSetLauncher(LocalEngineSetLauncher):
 # ----------------------------------------------------------------------------- dask
 #: the forkserver's preload: nbdist's (first: it limits the BLAS pool before numpy loads),
 #: then what a Dask worker process imports
-FORKSERVER_PRELOAD = [worker_half.FORKSERVER_PRELOAD, "distributed", "distributed.nanny",
+FORKSERVER_PRELOAD = [FORKSERVER_PRELOAD, "distributed", "distributed.nanny",
                       "distributed.worker"]
 
 
@@ -115,7 +120,7 @@ def use_forkserver() -> Optional[str]:
 
     Returns why it cannot (the workers then start as fresh processes), or None.
     """
-    if not supported() or not worker_half.forkserver_supported():
+    if not supported() or not forkserver_supported():
         return f"worker templates need Linux and Python's forkserver, not {sys.platform}"
     import dask
     from distributed.utils import get_mp_context
@@ -125,7 +130,7 @@ def use_forkserver() -> Optional[str]:
         get_mp_context()  # Dask sets its own preload list once per process: ours replaces it
     server = getattr(multiprocessing.forkserver, "_forkserver", None)
     running = getattr(server, "_forkserver_pid", None) is not None
-    if running and worker_half.FORKSERVER_PRELOAD not in getattr(server, "_preload_modules", ()):
+    if running and FORKSERVER_PRELOAD not in getattr(server, "_preload_modules", ()):
         return ("this process's multiprocessing forkserver was started before, without "
                 "nbdist's preload")
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
@@ -143,7 +148,7 @@ def stop_forkserver(timeout: float = 5.0) -> None:
     with lock:
         pid = getattr(server, "_forkserver_pid", None)
         alive_fd = getattr(server, "_forkserver_alive_fd", None)
-        if pid is None or alive_fd is None or worker_half.FORKSERVER_PRELOAD not in getattr(
+        if pid is None or alive_fd is None or FORKSERVER_PRELOAD not in getattr(
                 server, "_preload_modules", ()):
             return
         os.close(alive_fd)  # the server exits once every holder of this end has closed it
@@ -222,7 +227,7 @@ def _say_if_fresh(nanny: Any) -> None:
     if pid is None:
         return
     with contextlib.suppress(psutil.Error):
-        if worker_half.FRESH in psutil.Process(pid).cmdline():
+        if FRESH in psutil.Process(pid).cmdline():
             print(fallback_line(f"Dask worker (pid {pid})",
                                 "the template was not safe to fork (its log says why)"),
                   file=sys.stderr, flush=True)

@@ -2,7 +2,7 @@
 widgets show.
 
 The views' markup lives here (tables are laid out, and the colours defined, in the leaf
-:mod:`nbdist.layout`, which the records draw through too); the widgets set their values from
+:mod:`nbdist.table_layout`, which the records draw through too); the widgets set their values from
 these functions. Remote text (host names, error messages, progress labels) is always escaped.
 Styles are inline, so a view looks the same in an output, inside a widget and in a saved
 notebook.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING, Optional
 
-from ..layout import (
+from ..table_layout import (
     AXIS,
     BANDWIDTH,
     COMPUTE,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from ..layout import WARNED, WARNED_BACKGROUND
+from ..table_layout import WARNED, WARNED_BACKGROUND
 
 #: ``(stream, text)``: one line of a rank's output, ``stream`` ``"stdout"`` or ``"stderr"``
 OutputLine = tuple[str, str]

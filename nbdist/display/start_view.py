@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
-from ..layout import MUTED
+from ..table_layout import MUTED
 from ..telemetry.units import fmt_seconds
 
 

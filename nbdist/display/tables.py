@@ -1,5 +1,5 @@
 """The run tables and header phrases nbdist shows, as plain strings: text.py and html.py only
-lay them out (through :mod:`nbdist.layout`).
+lay them out (through :mod:`nbdist.table_layout`).
 
 One builder per table, so the text and HTML views cannot drift apart in their headers or in
 how a number is written. Pure: no markup, no IPython; which ranks stand out is the snapshot's
@@ -12,9 +12,9 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ..layout import Row, Table
-from ..telemetry.stall import WAITING
-from ..telemetry.stall_text import headline, where_lines
+from ..table_layout import Row, Table
+from ..telemetry.stall.report import WAITING
+from ..telemetry.stall.words import headline, where_lines
 from ..telemetry.states import RankState
 from ..telemetry.units import (
     fmt_bytes,

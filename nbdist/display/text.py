@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
 import nbdist.display.tables as tables
 
-from ..layout import text_table
+from ..table_layout import text_table
 from ..telemetry.events import STREAM, Batch
 from .refresh import Throttle
 

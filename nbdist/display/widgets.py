@@ -6,7 +6,7 @@ cluster panel refreshes itself while it is shown: a coroutine on the kernel's ow
 function it was given. No thread is started: the status call never runs beside a cell (the loop
 only turns while the kernel is idle), and ipyparallel's and Dask's clients are only ever used
 from the main thread. Markup comes from :mod:`nbdist.display.html`, tables and colours from
-:mod:`nbdist.layout`.
+:mod:`nbdist.table_layout`.
 """
 
 from __future__ import annotations

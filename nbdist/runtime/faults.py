@@ -1,6 +1,6 @@
 """Faults on purpose, a worker's half: ``%nbdist hang RANK`` holds this rank at its next
 collective. (``%nbdist kill`` needs nothing here: the engine signals the process from outside,
-see :mod:`nbdist.faults`.)
+see :mod:`nbdist.debugger.faults`.)
 
 :func:`arm` leaves a number of seconds here; the collective wrappers of
 :mod:`.measure.ddp_hooks` (every ``torch.distributed`` collective a cell calls, and the

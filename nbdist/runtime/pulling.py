@@ -7,7 +7,7 @@ import copy
 from typing import Any, Optional
 
 from ..telemetry.units import fmt_bytes
-from . import results, transfer
+from . import packing, results
 
 
 def pull(namespace: dict[str, Any], name: str, sink: Optional[tuple],
@@ -30,7 +30,7 @@ def pull(namespace: dict[str, Any], name: str, sink: Optional[tuple],
     if size > MAX_PULL_BYTES:
         return [results.not_pulled(_too_big(name, size))]
     try:
-        packed = transfer.pack(_to_cpu(obj))
+        packed = packing.pack(_to_cpu(obj))
     except Exception as exc:  # the user's object, not nbdist: say what cannot travel
         return [results.not_pulled(
             f"{name} ({type(obj).__name__}) cannot be sent to the notebook: "
@@ -39,9 +39,9 @@ def pull(namespace: dict[str, Any], name: str, sink: Optional[tuple],
     if packed.nbytes > MAX_PULL_BYTES:
         return [results.not_pulled(_too_big(name, packed.nbytes))]
     header, buffers, layout = packed
-    if sink is not None and transfer.channel_bytes(buffers) >= transfer.CHANNEL_MIN:
+    if sink is not None and packing.channel_bytes(buffers) >= packing.CHANNEL_MIN:
         address, ticket, shared = sink
-        transfer.deliver(tuple(address), ticket, buffers, timeout, shared)
+        packing.deliver(tuple(address), ticket, buffers, timeout, shared)
         return [results.pulled(channel=True), header, layout]
     return [results.pulled(), header, layout, *buffers]
 

@@ -22,7 +22,7 @@ SKIP = ("nbdist.*",)
 
 
 class Line(Protocol):
-    """What pdb needs of its line to the notebook (:class:`.debug.Line`)."""
+    """What pdb needs of its line to the notebook (:class:`.debugger.Line`)."""
 
     rank: int
     filename: str

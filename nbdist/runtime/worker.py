@@ -16,15 +16,15 @@ import time
 import types
 from typing import Any, Callable, Optional
 
-from . import debug, pulling, results, shared_copy, transfer
+from . import debugger, packing, pulling, results, shared_copy
 from . import env as envmod
 from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
-from .cell_end import end_key
+from .end_marks import end_key
 from .execute import mimebundle, run_code
 from .interrupt import interruptible
-from .measure.hang import enable_flight_recorder, watching
 from .measure.spec import DEFAULT, Measure
+from .measure.stall_probe import enable_flight_recorder, watching
 
 
 class WorkerState:
@@ -244,7 +244,7 @@ def leave() -> None:
 def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int],
              want_result: Optional[bool], grace: float = 3.0, measure: Measure = DEFAULT,
              coordinated: bool = False, slot: Optional[int] = None,
-             keep_cell: bool = False, link: Optional[debug.Link] = None,
+             keep_cell: bool = False, link: Optional[debugger.Link] = None,
              mark_end: bool = True) -> results.CellResult:
     """Run one cell on this rank, among ``peers`` (``want_result`` None: the lowest returns).
 
@@ -292,7 +292,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         with interruptible(group.sever) as watch, captured_output(_state.sink), \
                 watching(_state.sink, filename, measure.telemetry, measure.stall_after):
             try:
-                with debug.debugging(link, _state.sink, filename, _debug_store):
+                with debugger.debugging(link, _state.sink, filename, _debug_store):
                     value = run_code(source, filename, _state.namespace)
                 if want_result:
                     out["value"] = mimebundle(value)
@@ -339,14 +339,14 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
 def _debug_store() -> Any:
     """The job's store, where the notebook writes the debugger's answers."""
     assert _state.plan is not None and _state.port is not None
-    return debug.store_client(_state.plan.master_addr, _state.port, _state.timeout)
+    return debugger.store_client(_state.plan.master_addr, _state.port, _state.timeout)
 
 
-def post_mortem(link: debug.Link) -> results.CellResult:
-    """``%nbdist debug`` on this worker: pdb on its last failed cell (:mod:`.debug`)."""
+def post_mortem(link: debugger.Link) -> results.CellResult:
+    """``%nbdist debug`` on this worker: pdb on its last failed cell (:mod:`.debugger`)."""
     assert _state.sink is not None
     with _state.lock:
-        return debug.post_mortem_call(link, _state.sink, _debug_store)
+        return debugger.post_mortem_call(link, _state.sink, _debug_store)
 
 
 def push(header: bytes, layout: Optional[list], *buffers: Any,
@@ -358,8 +358,8 @@ def push(header: bytes, layout: Optional[list], *buffers: Any,
         address, ticket, shared = source
         views = shared_copy.attach(shared, ticket) if shared is not None else None
         buffers = (tuple(views) if views is not None
-                   else tuple(transfer.fetch(tuple(address), ticket, _state.timeout)))
-    _state.namespace.update(transfer.unpack(header, buffers, layout))
+                   else tuple(packing.fetch(tuple(address), ticket, _state.timeout)))
+    _state.namespace.update(packing.unpack(header, buffers, layout))
 
 
 def pull(name: str, sink: Optional[tuple] = None) -> list[Any]:

@@ -68,7 +68,7 @@ from .snapshot import (
     TrialPoint,
 )
 from .spread import ScalarSpread
-from .stall import StallWatch, Verdict
+from .stall.report import StallWatch, Verdict
 from .states import RankState
 
 __all__ = ["MAX_RECORDED", "STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
@@ -94,7 +94,7 @@ class RunState:
         progress as idle from then.
     stall_after : float, optional
         The user's stall threshold in seconds (0: no stall verdict); default
-        :func:`~nbdist.telemetry.stall.stall_threshold`'s.
+        :func:`~nbdist.telemetry.stall.report.stall_threshold`'s.
     """
 
     def __init__(self, ranks: Iterable[int] = (), history: int = 300,

@@ -1,6 +1,6 @@
 """What elastic training went through in a run, kept as it happened.
 
-The notebook's half of elastic training (:mod:`nbdist.elastic_coordinator`) writes what it
+The notebook's half of elastic training (:mod:`nbdist.elastic.coordinator`) writes what it
 decides as records: a :class:`Lost` rank the moment it finds the rank's worker gone, and a
 :class:`Recovery` when the group re-formed, a replacement joined, or the run stopped. The run's
 record (:class:`~nbdist.telemetry.run.Run`) takes both; its fold keeps each as a :class:`Mark`

@@ -18,7 +18,7 @@ from .aggregate import RunState
 from .events import Batch, Event
 from .recovery import Lost, Recovery
 from .snapshot import RunSnapshot
-from .stall import Verdict
+from .stall.report import Verdict
 from .trace import write_trace
 from .verdicts import NO_CONTEXT, Context, verdicts
 

@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple, Optional
 
 from .matching import STRAGGLER_MIN_S
 from .recovery import Mark
-from .stall import Verdict
+from .stall.report import Verdict
 from .states import RankState
 from .units import fmt_rate
 

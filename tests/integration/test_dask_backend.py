@@ -162,7 +162,7 @@ def test_connect_failure_is_a_clear_cluster_error():
 def test_a_failed_start_keeps_dask_s_error_and_closes_the_cluster(monkeypatch):
     import distributed.exceptions
 
-    from nbdist.backends.dask import DaskBackend
+    from nbdist.backends.dask.adapter import DaskBackend
 
     # what wait_for_workers raises (a plain TimeoutError before distributed 2025.10)
     WorkerStartTimeoutError = getattr(distributed.exceptions, "WorkerStartTimeoutError",

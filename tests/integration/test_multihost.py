@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from nbdist import debugging
+from nbdist.debugger import console as debugging
 from nbdist.session import Session
 
 ENGINES = ["ipyparallel", "dask"]

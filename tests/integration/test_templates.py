@@ -16,9 +16,9 @@ import psutil
 import pytest
 from clusters import ENGINES, check_ddp_matches_union_batch, start_session
 
-from nbdist import template
 from nbdist.backends import template_launch
 from nbdist.backends.base import poll_until
+from nbdist.boot import template
 from nbdist.errors import CellInterrupted, DistributedError
 
 pytestmark = [pytest.mark.timeout(300),

@@ -10,7 +10,7 @@ import pytest
 import torch
 from clusters import ENGINES, start_session
 
-from nbdist.runtime import transfer as wire
+from nbdist.runtime import packing as wire
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -12,8 +12,8 @@ from IPython.core.error import UsageError  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 import nbdist  # noqa: E402
-from nbdist import automode as auto  # noqa: E402
 from nbdist import session as session_mod  # noqa: E402
+from nbdist.magics import automode as auto  # noqa: E402
 from nbdist.session import Session  # noqa: E402
 
 

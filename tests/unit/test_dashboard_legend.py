@@ -19,7 +19,7 @@ from nbdist.display.tables import (
     run_table,
 )
 from nbdist.display.text import format_summary
-from nbdist.layout import RANK_COLOURS, html_table, rank_colour
+from nbdist.table_layout import RANK_COLOURS, html_table, rank_colour
 from nbdist.telemetry.snapshot import MemoryPoint
 from nbdist.telemetry.units import one_unit
 

@@ -20,9 +20,9 @@ from typing import Optional
 
 import pytest
 
-from nbdist.runtime import debug, faults, interrupt, results
+from nbdist.runtime import debugger, faults, interrupt, results
 from nbdist.runtime.execute import run_code
-from nbdist.runtime.measure.hang import watch
+from nbdist.runtime.measure.stall_probe import watch
 from nbdist.telemetry import events as ev
 
 CELL = "<distributed cell [5]>"
@@ -89,10 +89,10 @@ def run(source: str, answers: list[Optional[str]] = (), ns: Optional[dict] = Non
     sink = Sink()
     nb = Notebook(sink, list(answers))
     ns = ns if ns is not None else {"__name__": "__main__", "rank": 1}
-    link = debug.Link("k", stdin, "" if stdin else "a headless run", breakpoint_env)
+    link = debugger.Link("k", stdin, "" if stdin else "a headless run", breakpoint_env)
     err = None
     try:
-        with debug.debugging(link, sink, filename, lambda: nb):
+        with debugger.debugging(link, sink, filename, lambda: nb):
             run_code(source, filename, ns)
     except BaseException as exc:  # the cell's error, as run_cell takes it
         err = exc
@@ -147,13 +147,13 @@ def test_a_function_from_an_earlier_cell_is_listed_from_its_own_source():
 
 def test_q_ends_the_cell_with_debugger_quit_at_the_cells_line():
     nb, _, ns, err = run("x = 1\nbreakpoint()\ny = 2\n", ["q"])
-    assert isinstance(err, debug.DebuggerQuit) and "y" not in ns
+    assert isinstance(err, debugger.DebuggerQuit) and "y" not in ns
     assert str(err) == "rank 1 quit the debugger (q), which ended its cell"
     info = results.error_info(err, CELL)
     assert info["ename"] == "DebuggerQuit" and info["line"] == 3
     assert not info["communication"]
     assert "bdb.py" not in info["traceback"] and "pdb.py" not in info["traceback"]
-    assert debug.failure() is None  # quitting is not a failure to inspect
+    assert debugger.failure() is None  # quitting is not a failure to inspect
 
 
 def test_an_interrupt_at_the_prompt_leaves_pdb_as_a_keyboard_interrupt(monkeypatch):
@@ -218,18 +218,18 @@ def test_a_worker_keeps_its_last_failure_until_its_next_cell_for_post_mortem():
     source = "def f(a):\n    scale = a * 3\n    raise ValueError(scale)\nf(2)\n"
     _, _, _, err = run(source)
     assert isinstance(err, ValueError)
-    kept = debug.failure()
+    kept = debugger.failure()
     assert kept is not None and (kept["ename"], kept["evalue"], kept["line"]) == \
         ("ValueError", "6", 3)
     sink = Sink()
     nb = Notebook(sink, ["p scale", "u", "u", "q"])
-    assert debug.post_mortem(debug.Link("k", True), sink, lambda: nb)
+    assert debugger.post_mortem(debugger.Link("k", True), sink, lambda: nb)
     assert nb.text.startswith("> <distributed cell [5]>(3)f()\n-> raise ValueError(scale)\n"
                               "(Pdb rank 1) p scale\n6\n")
     assert "*** Oldest frame" in nb.text  # the stack starts at the cell, not at nbdist's
     run("x = 1\n")
-    assert debug.failure() is None
-    assert not debug.post_mortem(debug.Link("k", True), Sink(), lambda: nb)
+    assert debugger.failure() is None
+    assert not debugger.post_mortem(debugger.Link("k", True), Sink(), lambda: nb)
 
 
 def test_a_forgotten_call_leaves_tracing_usable_in_its_thread():

@@ -12,8 +12,9 @@ import time
 import pytest
 from fakes import FakeStore, Scripted, ScriptedBackend
 
-from nbdist import debugging
-from nbdist.debugging import STICKY_S, Console, where
+from nbdist.debugger import console as debugging
+from nbdist.debugger.console import STICKY_S, Console, where
+from nbdist.debugger.faults import signal_number
 from nbdist.errors import (
     DebuggerQuit,
     DebuggerUnavailable,
@@ -23,11 +24,10 @@ from nbdist.errors import (
     RankFailure,
     cell_error,
 )
-from nbdist.faults import signal_number
 from nbdist.session import Session
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
-from nbdist.telemetry.stall_text import headline, where_lines
+from nbdist.telemetry.stall.words import headline, where_lines
 
 CELL = "<distributed cell [5]>"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nbdist.backends.base import Call
-from nbdist.backends.ipyparallel import _same_calls
+from nbdist.backends.ipyparallel.adapter import _same_calls
 
 
 def _f() -> None:

@@ -1,4 +1,4 @@
-"""The notebook's decisions during an elastic run (:class:`nbdist.elastic_coordinator.Healer`),
+"""The notebook's decisions during an elastic run (:class:`nbdist.elastic.coordinator.Healer`),
 on fakes: who is in the next group, when to stop, when a replacement gets in."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any, Optional
 import pytest
 
 from nbdist.backends.base import Call, Job, Outcome
-from nbdist.elastic_coordinator import Healer
-from nbdist.membership import Membership
+from nbdist.elastic.coordinator import Healer
+from nbdist.group.membership import Membership
 from nbdist.options import ClusterOptions
 from nbdist.telemetry.events import elastic
 

@@ -1,12 +1,12 @@
 """The notebook marks the end of ranks whose call returned while a peer still runs, where it
-hosts the store (:mod:`nbdist.runtime.cell_end`); ranks mark themselves elsewhere."""
+hosts the store (:mod:`nbdist.runtime.end_marks`); ranks mark themselves elsewhere."""
 
 from __future__ import annotations
 
 import pytest
 from fakes import FakeStore, Scripted, ScriptedBackend, failed
 
-from nbdist.runtime.cell_end import end_key
+from nbdist.runtime.end_marks import end_key
 from nbdist.session import Session
 
 
@@ -59,7 +59,7 @@ def test_without_the_notebook_s_store_ranks_mark_themselves(backend):
 
 
 def test_a_store_that_is_gone_does_not_fail_the_cell(backend):
-    from nbdist.rendezvous import StoreError
+    from nbdist.boot.store_host import StoreError
 
     class GoneStore:
         calls = 0

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from fakes import Scripted, ScriptedBackend
 
-from nbdist import cell_run, escalation
+from nbdist.cell import interrupt as escalation
+from nbdist.cell import loop as cell_run
 from nbdist.errors import (
     CellInterrupted,
     CellTimeoutError,

@@ -14,10 +14,10 @@ import cloudpickle
 import pytest
 
 from nbdist.errors import ExportError
-from nbdist.history import CellEntry, History, PushEntry, literal_code
+from nbdist.exporter.history import CellEntry, History, PushEntry, literal_code
+from nbdist.exporter.torchrun import JobShape, data_name, launch_command, render, write
 from nbdist.options import ClusterOptions, LaunchOptions
 from nbdist.runtime.env import RankPlan
-from nbdist.torchrun_export import JobShape, data_name, launch_command, render, write
 
 SHAPE = JobShape(world_size=2, nproc_per_node=2)
 

@@ -9,7 +9,7 @@ import re
 import pytest
 from synthetic import T0, stack_sleeping, stack_waiting, training_events
 
-from nbdist import layout as L
+from nbdist import table_layout as L
 from nbdist.display import html as H
 from nbdist.display.output_html import OUTPUT_MAX_HEIGHT, output_pre
 from nbdist.display.rank_output import RankLines, merged_lines

@@ -16,8 +16,8 @@ from synthetic import Sink
 from nbdist.backends.base import poll_until
 from nbdist.runtime import interrupt
 from nbdist.runtime.execute import run_code
-from nbdist.runtime.measure import hang
-from nbdist.runtime.measure.hang import Watch, call_text, flight_recorder, stack_frames
+from nbdist.runtime.measure import stall_probe as hang
+from nbdist.runtime.measure.stall_probe import Watch, call_text, flight_recorder, stack_frames
 from nbdist.telemetry.events import STACK
 
 CELL = "<distributed cell 3>"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ipyparallel.serialize import deserialize_object, serialize_object
 
-from nbdist.backends.ipp_events import ByName
+from nbdist.backends.ipyparallel.worker import ByName
 from nbdist.runtime import results
 from nbdist.runtime import worker as rt
 
@@ -64,7 +64,7 @@ def _engine_runs(packed):
 
 def test_a_call_is_packed_as_one_pickle_or_argument_by_argument_when_pickle_refuses_one():
     from nbdist.backends.base import Call
-    from nbdist.backends.ipyparallel import _pack
+    from nbdist.backends.ipyparallel.adapter import _pack
 
     bound = _pack(Call(0, rt.describe, (None,), {"gpus": False}))
     assert bound[1:] == ([], {})  # the arguments travel inside the call

@@ -14,7 +14,7 @@ import ipyparallel as ipp
 import pytest
 from ipyparallel.cluster.launcher import SSHEngineSetLauncher
 
-from nbdist.backends.dask import DaskBackend
+from nbdist.backends.dask.adapter import DaskBackend
 from nbdist.backends.launchers import (
     MALLOC_TRIM,
     _is_main_guard,
@@ -123,7 +123,7 @@ def test_mpi_is_ipyparallels_mpi_launcher(tmp_path):
 def test_dask_ssh_runs_the_scheduler_here_on_listen():
     module, name, package, kwargs, scale = cluster_spec(
         LaunchOptions(launcher="ssh", listen="127.0.0.1", hosts={"a": 2, "b": 1}), 3)
-    assert (module, name, package, scale) == ("nbdist.backends.dask_ssh", "SSHWorkers",
+    assert (module, name, package, scale) == ("nbdist.backends.dask.ssh", "SSHWorkers",
                                               "asyncssh", False)
     assert kwargs["hosts"] == {"a": 2, "b": 1} and kwargs["listen"] == "127.0.0.1"
     assert kwargs["scheduler_options"] == {"host": "127.0.0.1",
@@ -202,7 +202,7 @@ def test_batch_workers_get_nbdists_dask_settings_through_their_environment():
 
 
 def test_ssh_replacements_go_to_the_host_short_of_its_share():
-    from nbdist.backends.dask_ssh import SSHWorkers
+    from nbdist.backends.dask.ssh import SSHWorkers
 
     class Fake:
         hosts = {"a": 2, "b": 2}
@@ -258,7 +258,7 @@ def test_missing_package_from_a_profile_leaves_the_session_stopped(no_jobqueue, 
 def test_the_log_of_an_engine_killed_by_a_signal_is_not_shown(tmp_path, exit_code, shown):
     # nbdist names a killed rank itself; ipyparallel's warning with the engine's own log
     # (registration lines) stays only for an engine that exited with a status of its own.
-    from nbdist.backends.ipyparallel import _KilledEngineLog
+    from nbdist.backends.ipyparallel.adapter import _KilledEngineLog
 
     cluster = ipp.Cluster(n=2, profile_dir=str(tmp_path))
     cluster.log.addFilter(_KilledEngineLog(cluster))
@@ -280,7 +280,7 @@ def test_the_log_of_an_engine_killed_by_a_signal_is_not_shown(tmp_path, exit_cod
 
 
 def test_scaling_an_ipyparallel_cluster_nbdist_did_not_start_names_its_tools():
-    from nbdist.backends.ipyparallel import IpyparallelBackend
+    from nbdist.backends.ipyparallel.adapter import IpyparallelBackend
     from nbdist.errors import ClusterError
 
     backend = IpyparallelBackend()
@@ -296,7 +296,7 @@ def test_engines_of_a_queued_batch_job_count_as_still_to_come():
     # process runs.
     from types import SimpleNamespace
 
-    from nbdist.backends.ipyparallel import IpyparallelBackend
+    from nbdist.backends.ipyparallel.adapter import IpyparallelBackend
 
     class Thread:
         def __init__(self, alive):
@@ -351,7 +351,7 @@ def test_a_call_under_pytest_s_guarded_main_is_not_refused():
 
 @pytest.mark.parametrize("given", [{"ipp_profile": "train"}, {"profile": "train"}])
 def test_connect_reaches_the_ipcluster_profile_by_its_name(monkeypatch, given):
-    from nbdist.backends.ipyparallel import IpyparallelBackend
+    from nbdist.backends.ipyparallel.adapter import IpyparallelBackend
     from nbdist.errors import ClusterError
 
     seen = {}

@@ -16,57 +16,61 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "nbdist"
 
-# module prefix -> prefixes it must never import
+# module or folder prefix -> prefixes it must never import: one rule per room
+UI = ("IPython", "ipywidgets")
 FORBIDDEN = {
     "nbdist.display": ("nbdist.backends", "nbdist.runtime", "nbdist.session", "nbdist.magics",
+                       "nbdist.group", "nbdist.cell", "nbdist.elastic", "nbdist.debugger",
                        "torch"),
-    "nbdist.runtime": ("IPython", "ipywidgets", "ipyparallel", "distributed", "dask",
-                       "nbdist.display", "nbdist.session", "nbdist.magics", "nbdist.backends",
-                       "nbdist.telemetry.aggregate", "nbdist.telemetry.run",
-                       "nbdist.telemetry.trace", "nbdist.telemetry.stall", "nbdist.errors",
-                       "nbdist.options"),
+    "nbdist.runtime": (*UI, "ipyparallel", "distributed", "dask", "nbdist.display",
+                       "nbdist.session", "nbdist.magics", "nbdist.backends", "nbdist.group",
+                       "nbdist.cell", "nbdist.boot", "nbdist.elastic", "nbdist.debugger",
+                       "nbdist.exporter", "nbdist.telemetry.aggregate", "nbdist.telemetry.run",
+                       "nbdist.telemetry.trace", "nbdist.telemetry.stall.report",
+                       "nbdist.errors", "nbdist.options"),
     # the numbers: views draw them, they never draw themselves
     "nbdist.telemetry": ("nbdist.session", "nbdist.backends", "nbdist.runtime", "nbdist.magics",
-                         "nbdist.display", "nbdist.records", "IPython", "ipywidgets", "torch"),
-    # records users hold draw themselves through the leaf nbdist.layout, never the views
+                         "nbdist.display", "nbdist.records", "nbdist.group", "nbdist.cell",
+                         *UI, "torch"),
+    # records users hold draw themselves through the leaf nbdist.table_layout, never the views
     "nbdist.records": ("nbdist.display", "nbdist.session", "nbdist.backends", "nbdist.runtime",
-                       "nbdist.magics", "IPython", "ipywidgets", "torch"),
-    "nbdist.backends": ("nbdist.session", "nbdist.magics", "nbdist.display", "IPython",
-                        "ipywidgets"),
-    "nbdist.session": ("nbdist.magics", "IPython", "ipywidgets"),
-    # The session's rooms: who is in the job, and the cell loop. Views reach the cell loop as
+                       "nbdist.magics", *UI, "torch"),
+    "nbdist.backends": ("nbdist.session", "nbdist.magics", "nbdist.display", "nbdist.group",
+                        "nbdist.cell", "nbdist.elastic", "nbdist.debugger", *UI),
+    # the processes runtime/boot runs: used by backends and the group alike, so below both
+    "nbdist.boot": ("nbdist.session", "nbdist.magics", "nbdist.display", "nbdist.backends",
+                    "nbdist.group", "nbdist.cell", *UI, "torch"),
+    "nbdist.session": ("nbdist.magics", *UI),
+    # The session's rooms: who is in the group, and the cell loop. Views reach the cell loop as
     # objects the session made; neither room draws, nor calls back up into the session.
-    "nbdist.membership": ("nbdist.session", "nbdist.cell_run", "nbdist.elastic_coordinator",
-                          "nbdist.display", "nbdist.magics", "IPython", "ipywidgets", "torch"),
-    "nbdist.cell_run": ("nbdist.session", "nbdist.display", "nbdist.magics", "IPython",
-                        "ipywidgets", "torch"),
+    "nbdist.group": ("nbdist.session", "nbdist.cell", "nbdist.elastic.coordinator",
+                     "nbdist.debugger", "nbdist.display", "nbdist.magics", *UI, "torch"),
+    "nbdist.cell": ("nbdist.session", "nbdist.display", "nbdist.magics", *UI, "torch"),
     # Elastic training: the notebook's half, and the workers' half, which never reaches back
     # into the notebook's modules (nbdist.elastic, its user-facing name, included).
-    "nbdist.elastic_coordinator": ("nbdist.session", "nbdist.cell_run", "nbdist.display",
-                                   "nbdist.magics", "IPython", "ipywidgets", "torch"),
-    "nbdist.runtime.elastic": ("nbdist.elastic", "nbdist.elastic_coordinator",
-                               "nbdist.membership", "nbdist.cell_run", "nbdist.rendezvous"),
+    "nbdist.elastic": ("nbdist.session", "nbdist.cell", "nbdist.display", "nbdist.magics", *UI,
+                       "torch"),
+    "nbdist.runtime.elastic": ("nbdist.elastic",),
     # The debugger's and faults' notebook halves: rooms the session calls, which never call
-    # back into it nor draw (their few lines are printed), and whose workers' halves never
-    # reach back into them.
-    **{m: ("nbdist.session", "nbdist.magics", "nbdist.display", "IPython", "ipywidgets",
-           "torch") for m in ("nbdist.debugging", "nbdist.faults")},
-    **{m: ("nbdist.debugging", "nbdist.faults", "nbdist.cell_run", "nbdist.membership")
-       for m in ("nbdist.runtime.debug", "nbdist.runtime.faults")},
+    # back into it nor draw (their few lines are printed).
+    "nbdist.debugger": ("nbdist.session", "nbdist.magics", "nbdist.display", *UI, "torch"),
     "nbdist.errors": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     "nbdist.options": ("nbdist.session", "nbdist.backends", "nbdist.display", "torch"),
     # runs on every cell's text: IPython's hook only, nothing heavy
-    "nbdist.automode": ("nbdist.session", "nbdist.backends", "nbdist.runtime", "nbdist.display",
-                        "torch", "ipywidgets"),
-    # Profiles, the session's record and export are pure: files and text in, text out.
+    "nbdist.magics.automode": ("nbdist.session", "nbdist.backends", "nbdist.runtime",
+                               "nbdist.display", "torch", "ipywidgets"),
+    # Profiles and the session's record and its export are pure: files and text in, text out.
     **{m: ("nbdist.session", "nbdist.backends", "nbdist.display", "nbdist.magics",
-           "nbdist.runtime", "IPython", "ipywidgets", "torch")
-       for m in ("nbdist.profiles", "nbdist.history", "nbdist.torchrun_export")},
+           "nbdist.runtime", "nbdist.group", "nbdist.cell", *UI, "torch")
+       for m in ("nbdist.profiles", "nbdist.exporter")},
 }
 # Leaves: stdlib only, so any layer may use them.
-LEAVES = ("nbdist.layout", "nbdist.telemetry.units", "nbdist.telemetry.intervals",
-          "nbdist.telemetry.states", "nbdist.telemetry.events", "nbdist.telemetry.stall_rules",
-          "nbdist.runtime.results", "nbdist.runtime.env")
+LEAVES = ("nbdist.table_layout", "nbdist.telemetry.units", "nbdist.telemetry.intervals",
+          "nbdist.telemetry.states", "nbdist.telemetry.events",
+          "nbdist.telemetry.stall.thresholds", "nbdist.runtime.results", "nbdist.runtime.env")
+# Packages whose __init__ only documents the room: importing a leaf inside them stays cheap.
+EMPTY_PACKAGES = ("nbdist.telemetry", "nbdist.telemetry.stall", "nbdist.runtime",
+                  "nbdist.backends.dask", "nbdist.backends.ipyparallel")
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -260,3 +264,11 @@ def test_the_checker_reads_from_dot_import_as_importing_the_package(tmp_path):
         ["pkg", "pkg._extension", "pkg.magics"]]
     (pkg / "magics.py").write_text("import pkg.automode as automode\n")
     assert import_cycles(graph(pkg), _packages(pkg)) == []
+
+
+@pytest.mark.parametrize("package", EMPTY_PACKAGES)
+def test_packages_over_leaves_import_nothing(package):
+    # A worker imports nbdist.telemetry.stall.thresholds or a backend's worker half: the
+    # packages on the way must not pull the notebook's side in with them.
+    path = all_modules()[package]
+    assert imports_of(package, path) == [], f"{package}/__init__.py imports something"

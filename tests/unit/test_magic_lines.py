@@ -70,7 +70,7 @@ def test_the_cell_is_named_by_the_number_its_prompt_shows(shell, session, monkey
 def test_a_cell_magics_line_is_parsed_once_and_each_run_gets_its_own_arguments():
     import argparse
 
-    from nbdist.magic_args import parse_cached
+    from nbdist.magics.parsers import parse_cached
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--timeout", type=float, default=None)

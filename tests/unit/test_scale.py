@@ -19,7 +19,7 @@ from nbdist.runtime.capture import MAX_INTERVAL, MIN_INTERVAL, TICK, EventSink, 
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
 from nbdist.telemetry.columns import pack, rows
-from nbdist.telemetry.stall_text import where_lines
+from nbdist.telemetry.stall.words import where_lines
 
 
 def job(world: int = 6, steps: int = 12) -> dict[int, list[dict]]:

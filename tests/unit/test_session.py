@@ -8,8 +8,9 @@ import time
 import pytest
 from fakes import Scripted, ScriptedBackend, failed, ok
 
-from nbdist import cell_run, escalation
 from nbdist.backends.base import Outcome
+from nbdist.cell import interrupt as escalation
+from nbdist.cell import loop as cell_run
 from nbdist.errors import (
     REBUILD_DDP,
     CellTimeoutError,

@@ -15,7 +15,7 @@ from nbdist.errors import (
     OptionError,
     ProfileError,
 )
-from nbdist.history import CellEntry, PushEntry
+from nbdist.exporter.history import CellEntry, PushEntry
 from nbdist.options import Measure
 from nbdist.profiles import load_profile, to_options
 from nbdist.session import Session

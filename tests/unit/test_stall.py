@@ -9,7 +9,7 @@ import pytest
 from fakes import Scripted, ScriptedBackend
 from synthetic import T0, stack_sleeping, stack_waiting
 
-from nbdist import cell_run
+from nbdist.cell import loop as cell_run
 from nbdist.display import html as H
 from nbdist.display.text import TextDashboard, format_summary
 from nbdist.errors import CellInterrupted, CellTimeoutError
@@ -18,15 +18,15 @@ from nbdist.session import Session
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
 from nbdist.telemetry.run import Run
-from nbdist.telemetry.stall import (
+from nbdist.telemetry.stall.report import (
     ELSEWHERE,
     FAILED,
     FINISHED,
     UNKNOWN,
     WAITING,
 )
-from nbdist.telemetry.stall_rules import STALL_FLOOR_S, stall_threshold
-from nbdist.telemetry.stall_text import headline, where_lines
+from nbdist.telemetry.stall.thresholds import STALL_FLOOR_S, stall_threshold
+from nbdist.telemetry.stall.words import headline, where_lines
 
 
 def feed(state: RunState, rank: int, *events: dict, seq: int = 1) -> None:

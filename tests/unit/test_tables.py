@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 
 from synthetic import T0, ddp_job, job_batches, training_events
 
-from nbdist import layout as L
+from nbdist import table_layout as L
 from nbdist.display import html as H
 from nbdist.display.html import run_summary
 from nbdist.display.tables import AGGREGATE_ABOVE, RUN_HEADER, diagnosis_phrases, run_table

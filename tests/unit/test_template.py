@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from nbdist import template
+from nbdist.boot import template
 from nbdist.runtime.boot import template as worker_half
 
 pytestmark = [pytest.mark.timeout(60),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from nbdist.runtime import transfer
+from nbdist.runtime import packing as transfer
 
 
 def roundtrip(obj, readonly: bool = False, max_buffers: int = transfer.MAX_BUFFERS):

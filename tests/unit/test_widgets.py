@@ -11,7 +11,7 @@ import re  # noqa: E402
 
 from synthetic import T0, training_events  # noqa: E402
 
-from nbdist import layout as L  # noqa: E402
+from nbdist import table_layout as L  # noqa: E402
 from nbdist.display import display_medium, make_run_view, set_display  # noqa: E402
 from nbdist.display import html as H  # noqa: E402
 from nbdist.display.refresh import Throttle  # noqa: E402

@@ -1,5 +1,5 @@
 """Asking a worker template (:mod:`.template`) for a process: from the notebook
-(:mod:`nbdist.template`), and from an engine forked from it, for the engine's own nanny.
+(:mod:`nbdist.boot.template`), and from an engine forked from it, for the engine's own nanny.
 
 A request is one connection to the template's Unix socket: a JSON line (``argv``, ``env``,
 ``cwd``) sent with three file descriptors, the child's stdin, stdout and stderr. The reply is

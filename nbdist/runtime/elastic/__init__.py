@@ -5,5 +5,5 @@
   (its keys, each membership as a ``Plan``) and how state moves between ranks;
 - :mod:`.loop`: an ``elastic.run`` call on one rank: call, fail, re-form, heal, call again.
 
-The notebook's half is :mod:`nbdist.elastic_coordinator`.
+The notebook's half is :mod:`nbdist.elastic.coordinator`.
 """

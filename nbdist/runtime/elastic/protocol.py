@@ -1,6 +1,6 @@
 """The protocol of elastic training between the workers and the notebook, spelled once.
 
-The notebook (:mod:`nbdist.elastic_coordinator`) decides who is in the group (it sees which
+The notebook (:mod:`nbdist.elastic.coordinator`) decides who is in the group (it sees which
 workers are alive) and writes each membership as a *plan* into the job's rendezvous store,
 which lives in a process of the notebook's own so that no rank's death takes it down. Workers
 report what happens to them as ``elastic`` events (:class:`~nbdist.telemetry.events.

@@ -61,8 +61,8 @@ from torch.optim.optimizer import (
 from .. import faults
 from ..mesh import dim_of
 from . import memory, tuning
-from .hang import watch as hang_watch
 from .model import DDPTimes, _Bucket, telemetry
+from .stall_probe import watch as hang_watch
 
 # The collectives a cell, FSDP2 (all_gather_single, reduce_scatter_single) or ZeRO (broadcast)
 # calls through ``torch.distributed``; timed wherever they are looked up at call time.

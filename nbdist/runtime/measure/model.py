@@ -69,8 +69,8 @@ import time
 from typing import Any, Callable, Optional
 
 from ...telemetry import events as ev
-from .hang import watch as hang_watch
 from .spec import DEFAULT, Measure
+from .stall_probe import watch as hang_watch
 from .steps import DDPTimer, DDPTimes, _Bucket, _Step, step_events
 from .tensors import batch_size
 

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Optional, Protocol
 
 from ...telemetry import events as ev
 from ...telemetry.intervals import exposed_seconds
-from .hang import watch as hang_watch
+from .stall_probe import watch as hang_watch
 
 
 class _Bucket:

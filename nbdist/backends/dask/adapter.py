@@ -1,0 +1,480 @@
+"""Dask engine: an embedded ``LocalCluster``, or any running Dask scheduler.
+
+Each worker holds one nbdist runner, a Dask actor; each nbdist call is one call of that actor,
+proxied through the scheduler, and runs in the worker's task thread pool, so the worker's event
+loop (heartbeats, event forwarding, interrupts) stays free while a cell runs. Worker state lives
+in module globals of the worker process and so persists across calls.
+Events travel as Dask events: the worker logs them under a topic private to this backend and the
+client is subscribed to that topic.
+
+This module is the notebook's side; what runs inside the workers is :mod:`.dask_runner`, and
+how clusters are launched is :mod:`.launchers` (and :mod:`.dask_elsewhere`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import ipaddress
+import json
+import logging
+import pickle
+import re
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import distributed
+from distributed.actor import Actor
+from distributed.comm.addressing import get_address_host_port
+
+from ...errors import ClusterError
+from ...runtime import packing
+from ...runtime.interrupt import interrupt_calls
+from ...runtime.packing import Packed
+from ...telemetry.events import Batch
+from ..base import Backend, Call, Job, Outcome, T, WorkerId, poll_until, signal_text
+from ..launchers import worker_process_config
+from ..template_launch import dask_template_options, stop_forkserver
+from .elsewhere import Elsewhere, new_client
+from .logs import not_restart_lines, quiet_relay_errors
+from .nanny import signal_worker
+from .worker import Runner, publish
+
+# How long a connect may take to find whether anything listens at the scheduler's address.
+_PROBE_TIMEOUT = 5.0
+# How often a running job asks the scheduler which workers are still alive.
+_LIVENESS_INTERVAL = 1.0
+_BESIDE_TIMEOUT = 10.0  # how long a call beside a worker's busy task may take
+_LEFT = "the worker left the cluster (its process died, or it lost the scheduler)"
+
+
+class _RunnerRef:
+    """Client side: one worker's runner actor."""
+
+    def __init__(self, client: distributed.Client, worker: WorkerId, created: Any):
+        self.created = created  # the actor's future: kept, or Dask drops the actor
+        self.ready = False  # True once the actor was made
+        # Bound to nbdist's client, not to whichever Dask client is this process's default.
+        with client.as_current():
+            self.actor = Actor(Runner, worker, created.key)
+
+    def release(self) -> None:
+        """Let Dask forget the actor now. The handle holds a future of its own, which would
+        otherwise go only when a garbage collection finds the handle."""
+        self.created.release()
+        own = getattr(self.actor, "_future", None)
+        if own is not None:
+            own.release()
+
+
+class _DaskJob(Job):
+    """Actor calls in flight; each call's coroutine on the client's event loop files its
+    outcome here and wakes :meth:`wait`."""
+
+    def __init__(self, backend: DaskBackend, workers: list[WorkerId]):
+        self._backend = backend
+        self._workers = workers
+        self._done: dict[int, Outcome] = {}
+        self._cond = threading.Condition()
+        self._dead: dict[WorkerId, str] = {}
+        self._checked = time.monotonic()  # first check after an interval: most calls are quick
+
+    async def _run(self, i: int, runner: _RunnerRef, payload: Packed) -> None:
+        """On the client's event loop: make the call ``i`` and file its outcome."""
+        w = self._workers[i]
+        try:
+            if not runner.ready:  # a worker's first call waits until its runner is made
+                await runner.created
+                runner.ready = True
+            header, buffers, layout = payload  # buffers: each a frame of Dask's own
+            ok, value = await runner.actor.call(header, layout, *buffers)
+            outcome = Outcome(w, value=value) if ok else Outcome(w, engine_error=value)
+        except OSError:  # the scheduler's connection to the worker closed mid-call
+            outcome = Outcome(w, engine_error=f"worker {w}: {_LEFT}")
+        except Exception as exc:
+            outcome = Outcome(w, engine_error=f"{type(exc).__name__}: {exc}")
+        with self._cond:
+            self._done[i] = outcome
+            self._cond.notify_all()
+
+    def _unfinished(self) -> list[WorkerId]:
+        return [w for i, w in enumerate(self._workers)
+                if i not in self._done and w not in self._dead]
+
+    def _check_liveness(self) -> None:
+        """A call on a worker that died never finishes in Dask (the scheduler holds it for
+        that worker)."""
+        now = time.monotonic()
+        if now - self._checked < _LIVENESS_INTERVAL:
+            return
+        self._checked = now
+        with self._cond:
+            unfinished = self._unfinished()
+        if not unfinished:
+            return
+        try:
+            live = set(self._backend.live_workers())
+            why = _LEFT
+        except Exception as exc:
+            live, why = set(), f"lost contact with the scheduler: {exc}"
+        gone = [w for w in unfinished if w not in live]
+        with self._cond:
+            for w in gone:
+                self._dead[w] = why
+        self._backend._forget_runners(gone)
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._check_liveness()
+            left = _LIVENESS_INTERVAL
+            if deadline is not None:
+                left = min(left, deadline - time.monotonic())
+            with self._cond:
+                if not self._unfinished():
+                    return True
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+
+    def pending(self) -> list[WorkerId]:
+        with self._cond:
+            return self._unfinished()
+
+    def outcomes(self) -> list[Outcome]:
+        with self._cond:
+            return [self._done[i] if i in self._done else
+                    Outcome(w, engine_error=f"worker {w}: {self._dead.get(w, 'no answer')}")
+                    for i, w in enumerate(self._workers)]
+
+    def drain_events(self) -> list[Batch]:
+        return self._backend._drain()
+
+
+class DaskBackend(Elsewhere, Backend[distributed.Client]):
+    """Workers are Dask workers; the channel is the scheduler's, with Dask's own security."""
+
+    name = "dask"
+    _launchers = "dask-jobqueue, dask-kubernetes, ..."
+    cluster: Optional[distributed.LocalCluster]
+
+    def __init__(self) -> None:
+        self._tag = f"nbdist-{uuid.uuid4().hex[:12]}"
+        self._topic = f"{self._tag}-events"
+        self._events: deque[bytes] = deque()
+        self._runners: dict[WorkerId, _RunnerRef] = {}
+        self._size = 0  # workers the cluster nbdist started should have
+        self._forkserver = False  # workers fork from the template (use_forkserver)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _start(self, n: int, timeout: float) -> None:
+        self._size = n
+        if not self.launch.local:
+            self._start_elsewhere(n, timeout)
+            return
+        quiet_relay_errors()
+        nanny = dask_template_options() if self.launch.template else {}
+        self._forkserver = bool(nanny)
+        with worker_process_config():
+            # Loopback only, dashboard included; workers are spawned, or forked from the
+            # worker template (a forkserver that imported torch), never from the kernel.
+            # No memory limit: Dask's nanny must not kill or pause a training process.
+            self.cluster = distributed.LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
+                memory_limit=0, **nanny)
+            self.client = new_client(self.cluster, timeout=timeout)
+            self._await_workers(self.client.nthreads, n, timeout, self.client.wait_for_workers)
+
+    def start(self, n: int, timeout: float) -> None:
+        super().start(n, timeout)
+        self._subscribe()
+
+    def connect(self, timeout: float, address: Any = None, scheduler_file: Optional[str] = None,
+                security: Any = None, **ignored: Any) -> None:
+        """Attach to a scheduler by ``address`` (or a Dask cluster object) or ``scheduler_file``.
+
+        ``security`` is a :class:`distributed.security.Security` (TLS) for remote schedulers.
+        """
+        if address is None and scheduler_file is None:
+            raise ClusterError("connecting to Dask needs a scheduler address "
+                               "(tcp://HOST:8786) or a scheduler file")
+        kwargs: dict[str, Any] = {"timeout": timeout}
+        if security is not None:
+            kwargs["security"] = security
+        target = address if address is not None else f"scheduler file {scheduler_file}"
+        _check_reachable(address, scheduler_file)
+        try:
+            if address is not None:
+                self.client = new_client(address, **kwargs)
+            else:
+                self.client = new_client(scheduler_file=scheduler_file, **kwargs)
+            self.client.wait_for_workers(1, timeout=timeout)
+        except Exception as exc:
+            self.stop()
+            raise ClusterError(
+                f"could not connect to the Dask scheduler at {target} with at least one worker "
+                f"within {timeout:g} s: {type(exc).__name__}: {exc}. Check that the scheduler "
+                "and its workers are running and reachable from here (and the TLS settings)."
+            ) from exc
+        self.owns_cluster = False
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        client = self._require()
+        host, _ = get_address_host_port(client.scheduler.address)
+        self.controller_ip = host
+        client.subscribe_topic(self._topic, self._on_event)
+
+    def _on_event(self, event: tuple[float, Any]) -> None:
+        # Runs on the client's event-loop thread; deque appends are thread-safe.
+        self._events.append(event[1])
+
+    def _drain(self) -> list[Batch]:
+        out = []
+        while True:
+            try:
+                blob = self._events.popleft()
+            except IndexError:
+                return out
+            out.append(pickle.loads(blob))
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            if self._forkserver:  # its workers are gone: the template goes too
+                self._forkserver = False
+                stop_forkserver()
+
+    def _close_client(self, client: distributed.Client) -> None:
+        self._events.clear()
+        self._runners.clear()
+        try:
+            client.unsubscribe_topic(self._topic)
+        finally:
+            client.close()
+
+    # ------------------------------------------------------------------ workers
+    def _workers_info(self) -> dict[str, Any]:
+        """Every worker the scheduler knows, asked now.
+
+        Not ``Client.scheduler_info()``: it returns a cache that the client's own periodic
+        refresh may replace, between the fetch and the return, with one holding no workers.
+        """
+        client = self._require()
+        return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+    def live_workers(self) -> list[str]:
+        return list(self._workers_info())
+
+    def worker_ids(self) -> list[WorkerId]:
+        info = self._workers_info()
+        self._forget_runners([w for w in self._runners if w not in info])
+        return sorted(info, key=lambda addr: _worker_order(addr, info[addr].get("name")))
+
+    def submit(self, calls: Sequence[Call]) -> Job:
+        client = self._require()
+        job = _DaskJob(self, [c.worker for c in calls])
+        for i, c in enumerate(calls):
+            payload = packing.pack((self._tag, c.fn, c.args, c.kwargs))
+            client.loop.add_callback(job._run, i, self._runner(client, c.worker), payload)
+        return job
+
+    def _runner(self, client: distributed.Client, worker: WorkerId) -> _RunnerRef:
+        """The runner actor on ``worker``, made (not waited for) on the first call there."""
+        runner = self._runners.get(worker)
+        if runner is None:
+            created = client.submit(Runner, actor=True, workers=[worker],
+                                    allow_other_workers=False, pure=False,
+                                    key=f"{self._tag}-runner-{uuid.uuid4().hex}")
+            runner = self._runners[worker] = _RunnerRef(client, worker, created)
+        return runner
+
+    def _forget_runners(self, workers: Sequence[WorkerId]) -> None:
+        """Release the runners of workers that are gone or going (Dask would otherwise hold
+        their actors' tasks for them)."""
+        for w in workers:
+            runner = self._runners.pop(w, None)
+            if runner is not None:
+                runner.release()
+
+    def interrupt(self, workers: Sequence[WorkerId]) -> None:
+        self.run_beside(workers, interrupt_calls, self._tag)
+
+    can_restart_workers = True
+
+    def run_beside(self, workers: Sequence[WorkerId], fn: Callable[..., T], *args: Any
+                   ) -> dict[WorkerId, T]:
+        """``Client.run``, on each worker's event loop (not behind the busy task), bounded: a
+        loop that cannot run (a thread holding the GIL in native code) must not hold us."""
+        if not workers:
+            return {}
+        client = self._require()
+        try:  # Client.run has no time limit of its own; Client.sync gives its coroutine one
+            out = client.sync(client._run, fn, *args, workers=list(workers), on_error="return",
+                              callback_timeout=_BESIDE_TIMEOUT)
+        except Exception:
+            return {}
+        return {w: v for w, v in out.items() if not isinstance(v, BaseException)}
+
+    def restart_workers(self, ids: Sequence[WorkerId], timeout: float) -> list[WorkerId]:
+        """Dask's nanny restart: each nanny kills its worker's process if it does not close in
+        4 s, then starts one under the same name (the same rank). No nanny: stopped only."""
+        client = self._require()
+        self._forget_runners(ids)
+        local = self.cluster is not None and self.launch.local  # its nannies run here
+        nanny_log = logging.getLogger("distributed.nanny")
+        nanny_log.addFilter(not_restart_lines)  # the cell's error says it, by rank
+        try:
+            with worker_process_config() if local else contextlib.nullcontext():
+                status = client.restart_workers(list(ids), timeout=timeout,
+                                                raise_for_error=False)
+        finally:
+            nanny_log.removeFilter(not_restart_lines)
+        return [w for w in ids if status.get(w) == "OK"]
+
+    def signal(self, worker: WorkerId, signum: int, pid: Optional[int] = None) -> None:
+        info = self._workers_info().get(worker) or {}
+        signal_worker(self._require(), worker, bool(info.get("nanny")), signum, pid)
+
+    def _grow(self, k: int, timeout: float) -> None:
+        client, cluster = self._require(), self.cluster
+        assert cluster is not None  # scale() checked
+        want = len(self.worker_ids()) + k
+        self._size = want
+        with worker_process_config(local=self.launch.local):
+            cluster.scale(want)
+            client.wait_for_workers(want, timeout=timeout)
+
+    def _add_worker(self, known: set) -> None:
+        cluster = self.cluster
+        assert cluster is not None  # add_worker() checked
+        # A nanny starts a new worker process when its worker dies: where every nanny of the
+        # cluster's full size is there to do that, there is nothing to ask. Otherwise (a lost
+        # nanny, or one closed while it restarted its worker) the cluster gets back to size.
+        # (Not the scheduler's count plus one: right after a death it may still list the dead
+        # worker, and the cluster would grow past its size.)
+        size = self._size or len(self.live_workers()) + 1
+        workers = getattr(cluster, "workers", {})
+        restarting = [w for w in workers.values() if getattr(w, "status", None) is not None
+                      and str(w.status).endswith(("running", "init", "starting"))]
+        if len(restarting) >= size:
+            if not self.launch.local:
+                self._replace_when_dropped(size)
+            return
+        with worker_process_config(local=self.launch.local):
+            cluster.scale(max(size, len(getattr(cluster, "worker_spec", ()) or ())))
+
+    def exit_cause(self, worker: WorkerId, pid: Optional[int],
+                   wait: float = 1.0) -> Optional[str]:
+        """Read from the nannies' logs, which note how each worker process they ran ended
+        (a nanny notices within a fraction of a second; wait that long for it)."""
+        client = self.client
+        if pid is None or client is None:
+            return None
+
+        def logged() -> Optional[str]:
+            return next((cause for lines in client.get_worker_logs(nanny=True).values()
+                         for _level, line in lines if (cause := _nanny_exit(line, pid))), None)
+
+        try:  # the nanny's log line is what we wait for; nothing signals it
+            return poll_until(logged, wait)
+        except Exception:  # the cluster cannot say; the death itself is the news
+            return None
+
+    def _retire(self, ids: Sequence[WorkerId], timeout: float) -> None:
+        cluster = self.cluster
+        assert cluster is not None  # scale() checked
+        if not hasattr(cluster, "scale_down"):  # e.g. KubeCluster: it picks the workers to go
+            cluster.scale(len(self.worker_ids()) - len(ids))
+            return
+        info = self._workers_info()
+        self._size = max(0, len(info) - len(ids))
+        self._forget_runners(ids)
+        # Dask's own verb: it drops the workers from the cluster's spec (so they are not
+        # started again) and returns once their nannies have closed. Its graceful retire
+        # step passes worker names where the scheduler expects addresses, so it retires
+        # nothing here and the nannies simply stop their workers; nbdist keeps no Dask data
+        # on them (results are released once read), so nothing is lost.
+        cluster.sync(cluster.scale_down, [info[a]["name"] for a in ids if a in info],
+                     callback_timeout=timeout)
+
+    def transport(self) -> Callable[[Batch], None]:
+        return functools.partial(publish, self._topic)
+
+    def dask_client(self) -> distributed.Client:
+        # nbdist's own client: its calls and the user's Dask work share the workers' pools.
+        return self._require()
+
+    def describe(self) -> str:
+        if self.client is None:
+            return "dask (not connected)"
+        where = self.client.scheduler.address
+        if self.cluster is None:
+            return f"dask ({where})"
+        return f"dask ({type(self.cluster).__name__} {where})"
+
+
+def _check_reachable(address: Any, scheduler_file: Optional[str]) -> None:
+    """Fail in seconds, with a hint, where nothing listens at the scheduler's address.
+
+    Dask's client retries a refused connection until its timeout (300 s by default) before
+    saying anything; a plain TCP connect tells at once.
+    """
+    if address is None and scheduler_file is not None:
+        try:
+            with open(scheduler_file, encoding="utf-8") as f:
+                address = json.load(f)["address"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ClusterError(f"cannot read the Dask scheduler file {scheduler_file}: {exc}. "
+                               "The scheduler writes it when started with "
+                               "--scheduler-file") from exc
+    if not isinstance(address, str) or not address.startswith(("tcp://", "tls://")):
+        return  # a cluster object, or a transport a socket cannot probe (inproc, ucx)
+    host, port = get_address_host_port(address)
+    try:
+        socket.create_connection((host, port), timeout=_PROBE_TIMEOUT).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ClusterError(
+            f"nothing answers at {address} ({reason}). Check that the Dask scheduler is "
+            "running there (it prints 'Scheduler at: tcp://HOST:PORT' when it starts) and "
+            "that this machine can reach that host and port.") from exc
+
+
+def _worker_order(addr: str, name: Any) -> tuple:
+    """Sort key: host (numerically when an IP), then the worker's numeric name, then port.
+
+    LocalCluster names workers 0, 1, 2, ...; ordering by name keeps existing workers' ranks
+    when the cluster grows, where random ports would reshuffle them.
+    """
+    host, port = get_address_host_port(addr)
+    try:
+        host_key: tuple = (0, int(ipaddress.ip_address(host)), "")
+    except ValueError:
+        host_key = (1, 0, host)
+    try:
+        name_key: tuple = (0, int(name))
+    except (TypeError, ValueError):
+        name_key = (1, 0)
+    return (*host_key, *name_key, port)
+
+
+_NANNY_EXIT = re.compile(r"Worker process (\d+) (?:was killed by signal (\d+)|exited with "
+                         r"status (-?\d+))")
+
+
+def _nanny_exit(line: str, pid: int) -> Optional[str]:
+    """A nanny's log line about worker process ``pid`` ending, as ``"SIGKILL"``."""
+    m = _NANNY_EXIT.search(line)
+    if not m or int(m.group(1)) != pid:
+        return None
+    if m.group(2) is not None:
+        return signal_text(int(m.group(2)))
+    return f"exit status {m.group(3)}"

@@ -1,0 +1,278 @@
+"""The cell loop: one job of per-rank calls, from submission to results or one error.
+
+:class:`CellRun` submits the calls through the job's :class:`~nbdist.group.membership.Membership`,
+then polls: each pass moves the event batches received so far into the run's record and onto
+the screen (:func:`pump`), lets the elastic coordinator decide (when the cell is elastic), and
+checks the cell's time limit. When the calls are done it waits briefly for their last batches,
+closes the view, and turns failed ranks into one :class:`~nbdist.errors.DistributedError`.
+
+Companions work beside the job in the same loop (:class:`Companion`): the debugger's console,
+which answers the ranks' prompts through the kernel's stdin, and faults made on purpose.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol
+
+from ..backends.base import Call, Job, Outcome, poll_until, wait_all
+from ..errors import (
+    REBUILD_DDP,
+    CellInterrupted,
+    CellTimeoutError,
+    RankFailure,
+    RanksRestarted,
+    cell_error,
+)
+from ..runtime import results
+from ..telemetry.events import Batch
+from ..telemetry.run import Run
+from ..telemetry.snapshot import RunSnapshot
+from .interrupt import stop_ranks
+
+if TYPE_CHECKING:
+    from ..elastic.coordinator import Healer
+    from ..group.membership import Membership
+
+# After a cell ends, how long we wait for its last output batches to arrive.
+_EVENT_GRACE = 3.0
+# How often the kernel looks at a running job: output and the dashboard move at this pace.
+_POLL = 0.1
+
+
+class RunView(Protocol):
+    """Where a run is shown while it runs (``display.make_run_view`` makes one): the
+    cell loop hands it output and snapshots, and knows nothing of the medium."""
+
+    def output(self, batches: Iterable[Batch]) -> None: ...
+
+    def refresh(self, snapshot: Callable[[], RunSnapshot], force: bool = False) -> None: ...
+
+    def close(self, snap: RunSnapshot) -> None: ...
+
+
+class Companion(Protocol):
+    """Works beside a running job in the kernel's loop: it reads the job's event batches
+    (:meth:`feed`) and acts on each pass (:meth:`tick`, which may wait for the user)."""
+
+    def feed(self, batches: Sequence[Batch]) -> None: ...
+
+    def tick(self, running: Collection[int]) -> None:
+        """A pass of the loop; ``running``: the ranks whose calls have not returned."""
+
+    def paused(self) -> float:
+        """Seconds of the job so far that its time limit does not count (waiting for the
+        user at a prompt)."""
+
+    def close(self) -> None: ...
+
+
+class CellName(NamedTuple):
+    """How a cell is named: the file in its tracebacks, and ``In [12]`` in error headlines."""
+
+    filename: str
+    label: Optional[str]
+
+
+def cell_name(n: int, execution_count: Optional[int] = None) -> CellName:
+    """``<distributed cell [12]>`` / ``In [12]`` where the kernel numbers the cell, else the
+    session's own count ``<distributed cell 3>`` and no label."""
+    if execution_count is not None:
+        return CellName(f"<distributed cell [{execution_count}]>", f"In [{execution_count}]")
+    return CellName(f"<distributed cell {n}>", None)
+
+
+def cell_label(filename: str) -> Optional[str]:
+    """The label of the cell a :func:`cell_name` filename names (``In [12]``); None for one
+    the kernel did not number, or a filename that is not a cell's."""
+    m = re.fullmatch(r"<distributed cell \[(\d+)\]>", filename)
+    return f"In [{m.group(1)}]" if m else None
+
+
+def pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None,
+         carried: Sequence[Batch] = (), companions: Sequence[Companion] = (),
+         redraw: bool = True) -> None:
+    """Move the batches received so far, and those the results ``carried``, into the run's
+    record and onto the screen; the elastic coordinator and the companions read them too, and
+    what the coordinator decides goes into the record. The view is asked to redraw on every
+    pass, news or not: its clocks tick (its own rate limit says when it draws); not with
+    ``redraw`` False (the view is closed next, and draws the run's end)."""
+    batches = [*job.drain_events(), *carried]
+    if batches:
+        view.output(batches)
+        run.feed(batches)
+        for c in companions:
+            c.feed(batches)
+    news = run.stall_news()  # the hang doctor's verdict appeared or changed: show it now
+    if healer is not None:
+        healer.feed(batches)
+        healer.tick()
+        for record in healer.news():
+            run.record(record)  # the views show it once, each in its medium
+            news = True
+    if redraw:
+        view.refresh(run.snapshot, force=news)
+
+
+class CellRun:
+    """Per-rank ``calls`` running as one job, streamed into ``run`` and ``view``.
+
+    With a ``healer``, ``nbdist.elastic.run`` calls in the cell are coordinated (see
+    :mod:`nbdist.elastic.coordinator`): it may re-form the group in the membership while the
+    cell runs. ``hint`` is added to a time-out's message.
+    """
+
+    def __init__(self, membership: Membership, calls: list[Call], run: Run, view: RunView, *,
+                 healer: Optional[Healer] = None, hint: str = "",
+                 companions: Sequence[Companion] = ()) -> None:
+        self.membership, self.calls, self.run, self.view = membership, calls, run, view
+        self.healer, self.hint, self.companions = healer, hint, companions
+        #: worker -> the rank it reports as (a replacement worker takes the lost rank's slot)
+        self.slots: dict[Any, int] = (healer.slots if healer is not None else
+                                      {p.worker_id: p.rank for p in membership.plans})
+        self.job: Optional[Job] = None
+        #: ranks an interrupt could not stop, whose processes the engine replaced
+        self.restarted: Optional[RanksRestarted] = None
+
+    @property
+    def reformed(self) -> bool:
+        """An elastic run, or the restart of ranks an interrupt could not stop, formed a new
+        group during the cell."""
+        return self.restarted is not None or (self.healer is not None
+                                              and self.healer.final() is not None)
+
+    def wait(self, timeout: Optional[float]) -> list[results.CellResult]:
+        """Run the calls to the end (or ``timeout`` seconds) and return each call's result,
+        in call order; raise one error naming every rank that failed."""
+        run, healer = self.run, self.healer
+        job = self.job = self.membership.submit(self.calls)
+        if healer is not None:
+            healer.follow(job)
+            job = self.job = CompositeJob(job, healer.joiner_jobs)
+        start, companions = time.monotonic(), self.companions
+        try:
+            while True:
+                done = job.wait(_POLL)
+                if done and (healer is None or not healer.coordinating):
+                    break  # _finish moves what is left onto the screen, in one pass
+                pump(job, run, self.view, healer, companions=companions)
+                if done and job.wait(0):  # not if the pump let a replacement in just now
+                    break
+                if healer is not None and healer.wrap_up_needed(job.pending()):
+                    healer.wrap_up()  # training ended before a replacement got in
+                for c in companions:
+                    c.tick({self.slots.get(w, -1) for w in job.pending()})
+                # time spent at a prompt is the user's, not the cell's
+                paused = sum(c.paused() for c in companions)
+                if timeout is not None and time.monotonic() - start - paused > timeout:
+                    run.stopped(f"--timeout {timeout:g} s")
+                    late = self._late()
+                    restarted = self._interrupt()
+                    self._finish()  # with where each rank said it was
+                    raise CellTimeoutError(timeout, late, self.hint, run.where(), run.label,
+                                           restarted)
+        except KeyboardInterrupt:
+            run.stopped("interrupt")
+            late = self._late()
+            restarted = self._interrupt()
+            self._finish()
+            raise CellInterrupted(late, run.where(), run.label, run.what, restarted) from None
+        finally:
+            self._finish()
+            for c in companions:
+                c.close()
+        return self._results(job.outcomes())
+
+    def _results(self, outcomes: list[Outcome]) -> list[results.CellResult]:
+        final = self.healer.final() if self.healer is not None else None
+        if final is not None:
+            # The job is now the elastic run's last membership: calls of workers it lost are
+            # not failures of the cell (it carried on without them).
+            members = set(final.members)
+            outcomes = [o for o in outcomes if o.worker in members or o.engine_error is None]
+        out = [o.value if o.engine_error is None else results.engine_failure(o.engine_error)
+               for o in outcomes]
+        # The engine failed these calls: their worker may be gone; check before the next job.
+        self.membership.distrust([o.worker for o in outcomes if o.engine_error is not None])
+        group_lost = any(not r["group_alive"] for r in out)
+        if group_lost:
+            self.membership.invalidate()
+        hosts = {w: i["hostname"] for w, i in self.membership.infos.items()}
+        failures = [RankFailure.from_result(self.slots[o.worker], hosts.get(o.worker, "?"), r,
+                                            cell=self.run.label)
+                    for o, r in zip(outcomes, out) if not r["ok"]]
+        if failures:
+            hint = self.hint
+            if not any(f.communication for f in failures):
+                hint = ""  # the hint is about collectives; this failure is in the code
+            remedy = REBUILD_DDP if group_lost else ""
+            raise cell_error(failures, what=self.run.what,
+                             remedy=" ".join(x for x in (hint, remedy) if x))
+        return out
+
+    def _late(self) -> list[int]:
+        assert self.job is not None
+        return sorted(self.slots[w] for w in self.job.pending())
+
+    def _finish(self) -> None:
+        """Show every batch the finished calls sent (their results say how many), then close.
+
+        The run's record counts what was already drained while the calls ran: a rank that
+        finished early may have had its last batch drained before the others returned.
+        """
+        run, view, healer, job = self.run, self.view, self.healer, self.job
+        if run.ended is not None or job is None:
+            return  # finished already (a timeout or an interrupt shows its view first)
+        if not job.pending():
+            done = [o.value for o in job.outcomes() if o.engine_error is None]
+            wanted = {self.slots.get(o.worker): o.value["seq"] for o in job.outcomes()
+                      if o.engine_error is None and o.value["seq"]}
+
+            def drained() -> bool:
+                pump(job, run, view, healer, companions=self.companions, redraw=False)
+                return run.has_all(wanted)
+
+            # Batches arrive on the engine's IO thread, which offers nothing to wait on (a
+            # cell that sent none, only the last batch its result carries, waits for nothing)
+            if wanted:
+                poll_until(drained, _EVENT_GRACE, interval=0.001)
+            # then each rank's last batch, after all it sent before it
+            pump(job, run, view, healer, [r["tail"] for r in done if r.get("tail")],
+                 companions=self.companions, redraw=False)
+        else:
+            pump(job, run, view, healer, companions=self.companions, redraw=False)
+        run.finish()
+        view.close(run.snapshot())
+
+    def _interrupt(self) -> Optional[RanksRestarted]:
+        """Stop the ranks still running; the group is out of date from now on (formed again
+        at once where ranks that did not stop were restarted)."""
+        assert self.job is not None
+        self.membership.invalidate()
+        self.restarted = stop_ranks(self.membership, self.job, self.slots)
+        return self.restarted
+
+
+class CompositeJob(Job):
+    """The cell's job plus the jobs of replacement workers that join it (``joiners``: the
+    elastic coordinator's list, which grows while the cell runs), waited on as one."""
+
+    def __init__(self, first: Job, joiners: list[tuple[Any, Job]]) -> None:
+        self.first, self.joiners = first, joiners
+
+    def _all(self) -> list[Job]:
+        return [self.first] + [j for _, j in self.joiners]
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        return wait_all(self._all(), timeout)
+
+    def pending(self) -> list[Any]:
+        return [w for j in self._all() for w in j.pending()]
+
+    def outcomes(self) -> list[Outcome]:
+        return [o for j in self._all() for o in j.outcomes()]
+
+    def drain_events(self) -> list[Batch]:
+        return [b for j in self._all() for b in j.drain_events()]
