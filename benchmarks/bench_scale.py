@@ -49,7 +49,7 @@ TARGET_WORLD, TARGET_PERCENT = 1024, 10.0
 
 
 # ----------------------------------------------------------------- the synthetic job
-class Job:
+class Submission:
     """What ``world`` DDP ranks send while they train: events per rank, in time order.
 
     Every step lasts ``1 / rate`` seconds on every rank (they leave each all-reduce together);
@@ -127,7 +127,7 @@ class Wire:
         return list(data.values())
 
 
-def messages(job: Job, seconds: float, wire: str, tick: float, transport: Wire
+def messages(job: Submission, seconds: float, wire: str, tick: float, transport: Wire
              ) -> Iterator[list[list[bytes]]]:
     """The messages the notebook receives in each ``tick`` of simulated time.
 
@@ -251,7 +251,7 @@ def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, ra
     ranks = list(range(world))
     # Event times lie a day ahead: the hang doctor judges idleness on the notebook's real
     # clock, which must not see a stall when the simulation runs slower than real time.
-    job = Job(world, rate, buckets, t0=time.time() + 86_400.0, seed=seed)
+    job = Submission(world, rate, buckets, t0=time.time() + 86_400.0, seed=seed)
     sent = {"messages": 0, "bytes": 0}
     if view == "widget":
         sent = _json_comms()

@@ -14,7 +14,7 @@ from .telemetry.units import fmt_ranks
 
 if TYPE_CHECKING:
     from .runtime.results import CellResult
-    from .telemetry.stall.report import Verdict
+    from .telemetry.stall.report import StallReport
 
 #: how to get a cluster, for every "no cluster" message
 NO_CLUSTER = ("no nbdist cluster is running. Start one with `%nbdist start -n 2` "
@@ -337,7 +337,7 @@ class NothingToDebug(NbdistError):
         super().__init__(text)
 
 
-def where_section(where: Optional[Verdict], label: Optional[str] = None) -> str:
+def where_section(where: Optional[StallReport], label: Optional[str] = None) -> str:
     """The "where was each rank" part of a timeout's or an interrupt's error ("" without
     reports): a line per rank, then the ranks that never reached the collective."""
     if where is None:
@@ -424,10 +424,10 @@ def restarted_section(r: Optional[RanksRestarted]) -> str:
 
 class CellTimeoutError(NbdistError):
     """A cell ran past its ``--timeout``. ``where`` says where each rank was (the hang
-    doctor's :class:`~nbdist.telemetry.stall.report.Verdict`, None without reports)."""
+    doctor's :class:`~nbdist.telemetry.stall.report.StallReport`, None without reports)."""
 
     def __init__(self, timeout: float, ranks: Sequence[int], hint: str = "",
-                 where: Optional[Verdict] = None, label: Optional[str] = None,
+                 where: Optional[StallReport] = None, label: Optional[str] = None,
                  restarted: Optional[RanksRestarted] = None) -> None:
         self.ranks = list(ranks)
         self.timeout = timeout
@@ -446,7 +446,7 @@ class CellInterrupted(KeyboardInterrupt):
     names the ranks that were interrupted and says where each one was (``where``).
     """
 
-    def __init__(self, ranks: Sequence[int], where: Optional[Verdict] = None,
+    def __init__(self, ranks: Sequence[int], where: Optional[StallReport] = None,
                  label: Optional[str] = None, what: str = "cell",
                  restarted: Optional[RanksRestarted] = None) -> None:
         self.ranks = list(ranks)

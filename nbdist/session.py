@@ -28,7 +28,7 @@ from .cell.end_marks import EndMarks
 from .cell.loop import CellRun, cell_name
 from .debugger.verbs import DebugVerbs
 from .display import make_run_view, make_start_view
-from .elastic.coordinator import Healer
+from .elastic.coordinator import Coordinator
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
 from .exporter.history import History
 from .group.membership import Membership
@@ -308,7 +308,7 @@ class Session(DebugVerbs):
         hint = ""
         if len(selected) < self.world_size:
             hint = PARTIAL_RANKS.format(ranks=", ".join(map(str, selected)))
-        healer = (Healer(m, measure, default_max_failures=self.defaults.elastic_max_failures)
+        healer = (Coordinator(m, measure, default_max_failures=self.defaults.elastic_max_failures)
                   if elastic else None)
         cell_run = CellRun(m, calls, run, view, healer=healer, hint=hint, companions=beside)
         try:

@@ -51,7 +51,7 @@ class Outcome:
     engine_error: Optional[str] = None
 
 
-class Job(abc.ABC):
+class Submission(abc.ABC):
     """Calls in flight on several workers."""
 
     @abc.abstractmethod
@@ -92,7 +92,7 @@ class Backend(abc.ABC, Generic[ClientT]):
         and :attr:`controller_ip`, and wait for the workers;
     3.  ``connect(timeout, **target)``: attach to a running cluster, set :attr:`client`,
         :attr:`controller_ip` and ``owns_cluster = False``;
-    4.  ``worker_ids``, ``submit`` (returning your :class:`Job`), ``interrupt`` and
+    4.  ``worker_ids``, ``submit`` (returning your :class:`Submission`), ``interrupt`` and
         ``transport``;
     5.  optionally ``_close_client`` / ``_close_cluster`` when ``.close()`` is not how the
         engine lets go of them, ``describe``, and ``dask_client`` where the workers can also
@@ -154,7 +154,7 @@ class Backend(abc.ABC, Generic[ClientT]):
         """Live workers, in a stable order."""
 
     @abc.abstractmethod
-    def submit(self, calls: Sequence[Call]) -> Job:
+    def submit(self, calls: Sequence[Call]) -> Submission:
         """Start ``calls`` without waiting; raise :class:`WorkerGone` for a worker the engine
         no longer has."""
 
@@ -350,7 +350,7 @@ def poll_until(predicate: Callable[[], T], timeout: float, interval: float = 0.0
 
 
 class Waitable(Protocol):
-    """Anything with ``wait(timeout) -> bool``: a :class:`Job`, or an engine's async result."""
+    """Anything with ``wait(timeout) -> bool``: a :class:`Submission`, or an engine's async result."""
 
     def wait(self, timeout: Optional[float]) -> bool: ...
 

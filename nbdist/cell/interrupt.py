@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..backends.base import Job, WorkerId
+from ..backends.base import Submission, WorkerId
 from ..errors import InterruptTimeoutError, RanksRestarted
 from ..runtime import worker as rt
 
@@ -36,7 +36,7 @@ RESTART_GRACE = 5.0
 STOP_GRACE = 15.0
 
 
-def stop_ranks(membership: Membership, job: Job, slots: Mapping[Any, int]
+def stop_ranks(membership: Membership, job: Submission, slots: Mapping[Any, int]
                ) -> Optional[RanksRestarted]:
     """Interrupt the calls of ``job`` still running and wait for them to stop.
 
@@ -57,7 +57,7 @@ def stop_ranks(membership: Membership, job: Job, slots: Mapping[Any, int]
     return restart(membership, job, stuck, slots, grace)
 
 
-def restart(membership: Membership, job: Job, stuck: list[WorkerId], slots: Mapping[Any, int],
+def restart(membership: Membership, job: Submission, stuck: list[WorkerId], slots: Mapping[Any, int],
             grace: float) -> RanksRestarted:
     """Replace the processes of the ``stuck`` workers and form the group again."""
     backend = membership.require()

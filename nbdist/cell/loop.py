@@ -17,7 +17,7 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol
 
-from ..backends.base import Call, Job, Outcome, poll_until, wait_all
+from ..backends.base import Call, Submission, Outcome, poll_until, wait_all
 from ..errors import (
     REBUILD_DDP,
     CellInterrupted,
@@ -33,7 +33,7 @@ from ..telemetry.snapshot import RunSnapshot
 from .interrupt import stop_ranks
 
 if TYPE_CHECKING:
-    from ..elastic.coordinator import Healer
+    from ..elastic.coordinator import Coordinator
     from ..group.membership import Membership
 
 # After a cell ends, how long we wait for its last output batches to arrive.
@@ -91,7 +91,7 @@ def cell_label(filename: str) -> Optional[str]:
     return f"In [{m.group(1)}]" if m else None
 
 
-def pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None,
+def pump(job: Submission, run: Run, view: RunView, healer: Optional[Coordinator] = None,
          carried: Sequence[Batch] = (), companions: Sequence[Companion] = (),
          redraw: bool = True) -> None:
     """Move the batches received so far, and those the results ``carried``, into the run's
@@ -110,7 +110,7 @@ def pump(job: Job, run: Run, view: RunView, healer: Optional[Healer] = None,
         healer.feed(batches)
         healer.tick()
         for record in healer.news():
-            run.record(record)  # the views show it once, each in its medium
+            run.note_recovery(record)  # the views show it once, each in its medium
             news = True
     if redraw:
         view.refresh(run.snapshot, force=news)
@@ -125,14 +125,14 @@ class CellRun:
     """
 
     def __init__(self, membership: Membership, calls: list[Call], run: Run, view: RunView, *,
-                 healer: Optional[Healer] = None, hint: str = "",
+                 healer: Optional[Coordinator] = None, hint: str = "",
                  companions: Sequence[Companion] = ()) -> None:
         self.membership, self.calls, self.run, self.view = membership, calls, run, view
         self.healer, self.hint, self.companions = healer, hint, companions
         #: worker -> the rank it reports as (a replacement worker takes the lost rank's slot)
         self.slots: dict[Any, int] = (healer.slots if healer is not None else
                                       {p.worker_id: p.rank for p in membership.plans})
-        self.job: Optional[Job] = None
+        self.job: Optional[Submission] = None
         #: ranks an interrupt could not stop, whose processes the engine replaced
         self.restarted: Optional[RanksRestarted] = None
 
@@ -150,7 +150,7 @@ class CellRun:
         job = self.job = self.membership.submit(self.calls)
         if healer is not None:
             healer.follow(job)
-            job = self.job = CompositeJob(job, healer.joiner_jobs)
+            job = self.job = CompositeSubmission(job, healer.joiner_jobs)
         start, companions = time.monotonic(), self.companions
         try:
             while True:
@@ -255,14 +255,14 @@ class CellRun:
         return self.restarted
 
 
-class CompositeJob(Job):
+class CompositeSubmission(Submission):
     """The cell's job plus the jobs of replacement workers that join it (``joiners``: the
     elastic coordinator's list, which grows while the cell runs), waited on as one."""
 
-    def __init__(self, first: Job, joiners: list[tuple[Any, Job]]) -> None:
+    def __init__(self, first: Submission, joiners: list[tuple[Any, Submission]]) -> None:
         self.first, self.joiners = first, joiners
 
-    def _all(self) -> list[Job]:
+    def _all(self) -> list[Submission]:
         return [self.first] + [j for _, j in self.joiners]
 
     def wait(self, timeout: Optional[float]) -> bool:

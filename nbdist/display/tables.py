@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..table_layout import Row, Table
-from ..telemetry.stall.report import WAITING
+from ..telemetry.stall.report import IN_COLLECTIVE
 from ..telemetry.stall.words import headline, where_lines
 from ..telemetry.states import RankState
 from ..telemetry.units import (
@@ -90,7 +90,7 @@ def _where(snap: RunSnapshot, r: RankSnapshot) -> tuple[str, bool]:
     if r.rank in v.missing:  # type: ignore[union-attr]
         at = f" at line {w.line}" if w.line is not None else ""
         return f"held the others: in {w.doing}{at}" if w.doing else "held the others", True
-    if w.status == WAITING and w.collective is not None:
+    if w.status == IN_COLLECTIVE and w.collective is not None:
         return f"waiting in {w.collective.op}", False
     return "", False
 

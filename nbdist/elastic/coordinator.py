@@ -2,17 +2,17 @@
 workers' side is :mod:`nbdist.runtime.elastic`, and the store keys both use are spelled in its
 :mod:`~nbdist.runtime.elastic.protocol`.
 
-Workers report what happens to them as ``elastic`` events; the :class:`Healer` decides who is
+Workers report what happens to them as ``elastic`` events; the :class:`Coordinator` decides who is
 in the group next — the workers that reported the failure and are still alive — and writes
 that membership as a plan into the rendezvous store, which the notebook hosts. Where nbdist
 started the cluster it also brings in a replacement worker, which joins the survivors at a
 commit and heals from one of them. The cell loop (:mod:`nbdist.cell.loop`) feeds it batches and
-calls :meth:`Healer.tick` while the cell runs; what happened is kept as records (a
+calls :meth:`Coordinator.tick` while the cell runs; what happened is kept as records (a
 :class:`~nbdist.telemetry.recovery.Lost` rank the moment it is found dead, a
 :class:`~nbdist.telemetry.recovery.Recovery` per re-formed group, replacement or stop) that the
 cell loop hands to the run's record.
 
-The Healer works on the job's :class:`~nbdist.group.membership.Membership` in place: each plan it
+The Coordinator works on the job's :class:`~nbdist.group.membership.Membership` in place: each plan it
 writes is the job's membership from then on (its plans and generation), and a replacement
 worker enters through :meth:`Membership.admit`, as every worker does.
 """
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
-from ..backends.base import Call, Job, WorkerId
+from ..backends.base import Call, Submission, WorkerId
 from ..runtime import worker as rt
 from ..runtime.elastic.protocol import Plan, join_key, plan_key
 from ..runtime.env import RankPlan
@@ -78,7 +78,7 @@ class _Run:
         return self.max_failures if self.max_failures is not None else self.default_max_failures
 
 
-class Healer:
+class Coordinator:
     """Coordinates the elastic runs of one cell; see the module docstring."""
 
     def __init__(self, membership: Membership, measure: Measure, *,
@@ -88,14 +88,14 @@ class Healer:
         self.measure = measure
         self.default_max_failures = (DEFAULT_MAX_FAILURES if default_max_failures is None
                                      else default_max_failures)
-        self.job: Optional[Job] = None  # the cell's job; see follow()
+        self.job: Optional[Submission] = None  # the cell's job; see follow()
         plans = membership.plans
         self.target = len(plans)  # the size a replacement restores
         self.by_name = {str(p.worker_id): p.worker_id for p in plans}
         self.runs: dict[str, _Run] = {}
         #: what happened, in order: each rank found dead, each recovery (see news())
         self.records: list[Union[Lost, Recovery]] = []
-        self.joiner_jobs: list[tuple[WorkerId, Job]] = []
+        self.joiner_jobs: list[tuple[WorkerId, Submission]] = []
         self.slots = {p.worker_id: p.rank for p in plans}  # worker -> telemetry slot
         self._printed = 0
         self._known = {p.worker_id for p in plans}  # the engine's workers we have seen
@@ -121,7 +121,7 @@ class Healer:
     def timeout(self) -> float:
         return self.membership.options.timeout
 
-    def follow(self, job: Job) -> None:
+    def follow(self, job: Submission) -> None:
         """Coordinate the cell running as ``job`` (replacement workers' jobs join
         :attr:`joiner_jobs`)."""
         self.job = job
@@ -373,7 +373,7 @@ class Healer:
                     (mine, m.port, o.device, m.dist_backend, o.timeout, plan, key, slot,
                      self.seq_base, False), {"measure": self.measure})
 
-    def _join_job(self, w: WorkerId) -> Job:
+    def _join_job(self, w: WorkerId) -> Submission:
         return next(j for x, j in self.joiner_jobs if x == w)
 
     def _join_failed(self, w: WorkerId) -> bool:

@@ -2,7 +2,7 @@
 generation, and the one way nbdist's own calls reach them.
 
 The :class:`~nbdist.session.Session` forms the job through :meth:`Membership.form`; during an
-elastic cell the :class:`~nbdist.elastic.coordinator.Healer` re-plans the same object in place
+elastic cell the :class:`~nbdist.elastic.coordinator.Coordinator` re-plans the same object in place
 (who is left, who joins), as torch elastic's agent works on its ``WorkerGroup``. Nothing copies
 the membership back: there is one, and ``generation`` changes only in
 :meth:`Membership.invalidate`.
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from ..backends.base import Backend, Call, Job, WorkerGone, WorkerId
+from ..backends.base import Backend, Call, Submission, WorkerGone, WorkerId
 from ..boot.store_host import StoreHost
 from ..errors import ClusterError, NoClusterError, WorkerCallFailed, WorkersGone
 from ..options import ClusterOptions
@@ -222,7 +222,7 @@ class Membership:
         return backend
 
     # ----------------------------------------------------------------- calls
-    def submit(self, calls: list[Call]) -> Job:
+    def submit(self, calls: list[Call]) -> Submission:
         """``backend.submit``, refusing at once when a planned worker is known to be gone.
 
         After the engine failed a call, the next job first asks the engine which workers it

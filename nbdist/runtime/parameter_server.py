@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
 
 from .measure import memory
-from .measure.model import telemetry
+from .measure.model import measurements
 from .measure.tensors import batch_size
 
 _PUSH, _PULL, _STOP = 0, 1, 2
@@ -195,7 +195,7 @@ class ParameterServer:
             "processed": processed}))
 
     def _apply_loop(self) -> None:
-        telemetry.local.server = True  # its optimizer steps are not this rank's steps
+        measurements.local.server = True  # its optimizer steps are not this rank's steps
         while True:
             item = self._queue.get()
             if item is None:
@@ -223,7 +223,7 @@ class ParameterServer:
         self._max_seen = max(self._max_seen, staleness)
 
     def _receive_loop(self) -> None:
-        telemetry.local.server = True
+        measurements.local.server = True
         group = self._group
         header = torch.zeros(4, dtype=torch.int64)
         reply = self._layout.buffer()
@@ -270,7 +270,7 @@ class ParameterServer:
                     p.copy_(v)
             version, nbytes = int(current), self._layout.nbytes
         self._version = version
-        telemetry.on_collective("ps_pull", t0, time.time(), nbytes, _dtype(self._params),
+        measurements.on_collective("ps_pull", t0, time.time(), nbytes, _dtype(self._params),
                                 blocking=True)
         return version
 
@@ -292,10 +292,10 @@ class ParameterServer:
             nbytes = self._layout.nbytes
         self._store.add("issued", 1)
         self.pushes += 1
-        telemetry.on_collective("ps_push", t0, time.time(), nbytes, _dtype(self._params),
+        measurements.on_collective("ps_push", t0, time.time(), nbytes, _dtype(self._params),
                                 blocking=True)
-        if telemetry.enabled:
-            telemetry.end_step("ps")
+        if measurements.enabled:
+            measurements.end_step("ps")
 
     def _sent(self) -> None:
         """Wait for this rank's last push to leave. Once only: a gloo send's wait() consumes
@@ -364,5 +364,5 @@ def _dtype(params: list[torch.Tensor]) -> str:
 
 
 def _count_samples(_module: torch.nn.Module, args: tuple) -> None:
-    if telemetry.enabled and torch.is_grad_enabled():
-        telemetry.count_samples(batch_size(args))
+    if measurements.enabled and torch.is_grad_enabled():
+        measurements.count_samples(batch_size(args))

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Optional
 
 from ..telemetry import events as ev
-from .measure.model import telemetry
+from .measure.model import measurements
 
 # How often a progress bar reports its position (seconds); the end is always reported.
 _PROGRESS_EVERY = 0.1
@@ -48,15 +48,15 @@ class progress:
         self.total = total
         self.desc = desc
         self.n = 0
-        telemetry.bars += 1
-        self.bar = telemetry.bars
+        measurements.bars += 1
+        self.bar = measurements.bars
         self._sent = 0.0
         self._report(time.time())
 
     def _report(self, now: float, done: bool = False) -> None:
-        if telemetry.enabled:
+        if measurements.enabled:
             self._sent = now
-            telemetry.emit(ev.progress(self.bar, self.desc, self.n, self.total, now, done))
+            measurements.emit(ev.progress(self.bar, self.desc, self.n, self.total, now, done))
 
     def update(self, n: int = 1) -> None:
         """Advance the bar by ``n`` items."""
@@ -80,11 +80,11 @@ class progress:
                 try:
                     item = next(it)
                 except StopIteration:
-                    if telemetry.enabled and not telemetry.ddp_seen and telemetry.step:
-                        telemetry.close_step(t0)
+                    if measurements.enabled and not measurements.ddp_seen and measurements.step:
+                        measurements.close_step(t0)
                     return
-                if telemetry.enabled:
-                    telemetry.on_iteration(item, t0)
+                if measurements.enabled:
+                    measurements.on_iteration(item, t0)
                 yield item
                 self.update()
         finally:
@@ -108,7 +108,7 @@ def log(step: Optional[int] = None, **values: Any) -> None:
     Tensors are turned into numbers with ``.item()``, which waits for the GPU: log every few
     steps rather than every step when that matters.
     """
-    if not telemetry.enabled:
+    if not measurements.enabled:
         return
     out: dict[str, float] = {}
     for k, v in values.items():
@@ -118,6 +118,6 @@ def log(step: Optional[int] = None, **values: Any) -> None:
             out[str(k)] = float(v)
         except (TypeError, ValueError):
             continue  # non-numeric values have no place in a chart
-    if step is None and telemetry.step is not None:
-        step = telemetry.step.n
-    telemetry.emit(ev.scalars(out, time.time(), step))
+    if step is None and measurements.step is not None:
+        step = measurements.step.n
+    measurements.emit(ev.scalars(out, time.time(), step))

@@ -256,7 +256,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
     from ..telemetry import events
     from . import group
     from .measure import tuning
-    from .measure.model import telemetry as tel
+    from .measure.model import measurements
 
     plan = _state.plan
     if plan is None:
@@ -287,7 +287,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                                          evalue=f"could not re-form the process group: {exc}")
                 return results.cell_failed(err, group_alive=False, seq=_state.sink.flush())
         out = results.cell_ok()
-        tel.begin_cell(_state.sink, measure)
+        measurements.begin_cell(_state.sink, measure)
         tuning.begin_cell(_state.sink, measure)
         with interruptible(group.sever) as watch, captured_output(_state.sink), \
                 watching(_state.sink, filename, measure.telemetry, measure.stall_after):
@@ -307,7 +307,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         if watch.severed:  # an interrupt cut this rank out of a collective: the group is gone
             group.teardown()
         try:
-            tel.end_cell()
+            measurements.end_cell()
             tuning.end_cell()
         except Exception as exc:  # a telemetry bug must never fail the user's cell
             sys.__stderr__.write(f"nbdist: telemetry error: {exc!r}\n")

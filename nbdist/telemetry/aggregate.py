@@ -68,7 +68,7 @@ from .snapshot import (
     TrialPoint,
 )
 from .spread import ScalarSpread
-from .stall.report import StallWatch, Verdict
+from .stall.report import StallWatch, StallReport
 from .states import RankState
 
 __all__ = ["MAX_RECORDED", "STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
@@ -99,14 +99,14 @@ class RunState:
 
     def __init__(self, ranks: Iterable[int] = (), history: int = 300,
                  started: Optional[float] = None, stall_after: Optional[float] = None):
-        self._history = history
+        self._window = history
         self._ranks: dict[int, RankFold] = {}
         #: ranks' reports of steps and of collectives outside steps, matched across ranks
         self._matcher = StepMatcher(self._ranks, history)
         for r in ranks:
             self._rank(r)
         #: rank -> what it sent, as ``(events, pickle)`` of each event or table (see events())
-        self.recorded: dict[int, deque[Any]] = {}
+        self.kept_events: dict[int, deque[Any]] = {}
         self.dropped = 0
         self._nrecorded = 0
         self._t0: Optional[float] = None
@@ -119,7 +119,7 @@ class RunState:
         #: progress, step times and where each rank said it was (the hang doctor's input)
         self.stall = StallWatch(started, stall_after)
         #: which worker each rank's events come from, and what happened to the job
-        self.history = Incarnations()
+        self.incarnations = Incarnations()
         self._former: list[tuple[int, RankFold]] = []  # workers replacements took over from
         #: what stopped the run (``--timeout 16 s`` or ``interrupt``); None: not stopped
         self.stopped_by: Optional[str] = None
@@ -129,7 +129,7 @@ class RunState:
     def _rank(self, rank: int) -> RankFold:
         st = self._ranks.get(rank)
         if st is None:
-            st = self._ranks[rank] = RankFold(self._history)
+            st = self._ranks[rank] = RankFold(self._window)
             self._matcher.active += 1
         return st
 
@@ -248,7 +248,7 @@ class RunState:
         """Keep ``e`` (``n`` events) for the trace, as its pickle: bytes the garbage collector
         never scans. At a thousand ranks, the events kept as dicts (and tables as dicts of
         lists) would make its full collections the notebook's largest cost."""
-        rec = self.recorded.setdefault(rank, deque())
+        rec = self.kept_events.setdefault(rank, deque())
         if e["kind"] == TABLE:  # its rows, not the summaries the fold read
             e = {"kind": TABLE, "order": e["order"],
                  "parts": [{"of": p["of"], "fields": p["fields"], "columns": p["columns"]}
@@ -373,7 +373,7 @@ class RunState:
     def _elastic(self, rank: int, e: Event) -> bool:
         """An elastic event from ``rank``; True when a replacement worker now reports as it:
         that worker gets a fold of its own, counting from the job's step it joined at."""
-        start = self.history.joined(rank, e, self._next_step())
+        start = self.incarnations.joined(rank, e, self._next_step())
         if start is None:
             return False
         old = self._ranks.pop(rank, None)
@@ -392,7 +392,7 @@ class RunState:
         return max((st.last_step for st in self._ranks.values() if st.last_step is not None),
                    default=-1) + 1
 
-    def record(self, news: Any) -> None:
+    def note_recovery(self, news: Any) -> None:
         """What elastic training's coordinator wrote (:mod:`.recovery`): a :class:`Lost`
         rank's row says it died from now on, and steps stop waiting for it."""
         died_at = self._next_step()
@@ -402,7 +402,7 @@ class RunState:
             st.error = news.cause or "its worker is gone"
             died_at = st.last_step + 1 if st.last_step is not None else None
             self._matcher.settle_all()
-        self.history.record(news, died_at, max(self.history.offset.values(), default=None))
+        self.incarnations.record(news, died_at, max(self.incarnations.offset.values(), default=None))
 
     def finish(self) -> None:
         """The run is over: ranks that never said they finished are marked stopped."""
@@ -457,17 +457,17 @@ class RunState:
         return RunSnapshot(tuple(out), tuple(matcher.series[s] for s in sorted(matcher.series)),
                            tuple(slow), elapsed, self._bytes, self._ncomm, curves, dims=dims,
                            stall=stall, scalar_spread=self._spread.series(), former=former,
-                           marks=tuple(self.history.marks), stopped_by=self.stopped_by,
+                           marks=tuple(self.incarnations.marks), stopped_by=self.stopped_by,
                            models=models, trial=trial, idle_s=self.stall.quiet(at, running))
 
     def _states(self) -> dict[int, RankState]:
         return {r: st.state for r, st in self._ranks.items()}
 
-    def verdict(self, at: float) -> Optional[Verdict]:
+    def verdict(self, at: float) -> Optional[StallReport]:
         """The hang doctor's verdict at ``at`` (None: no stall past the threshold)."""
         return self.stall.verdict(self._ranks, self._states, at)
 
-    def where(self, at: float) -> Optional[Verdict]:
+    def where(self, at: float) -> Optional[StallReport]:
         """Where each rank was by its last report, threshold or not (for the error a timeout
         or an interrupt raises); None when no rank reported where it was."""
         return self.stall.where(self._ranks, self._states(), at)
@@ -475,7 +475,7 @@ class RunState:
     def events(self) -> dict[int, list[Event]]:
         """The recorded telemetry events per rank (for a trace file), tables expanded."""
         out = {}
-        for r, kept in self.recorded.items():
+        for r, kept in self.kept_events.items():
             evs = [pickle.loads(blob) for _, blob in kept]
             out[r] = [x for e in evs for x in (rows(e) if e["kind"] == TABLE else (e,))]
         return out

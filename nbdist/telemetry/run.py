@@ -18,7 +18,7 @@ from .aggregate import RunState
 from .events import Batch, Event
 from .recovery import Lost, Recovery
 from .snapshot import RunSnapshot
-from .stall.report import Verdict
+from .stall.report import StallReport
 from .trace import write_trace
 from .verdicts import NO_CONTEXT, Context, verdicts
 
@@ -75,11 +75,11 @@ class Run:
             self._seq[b["rank"]] = max(self._seq.get(b["rank"], 0), b["seq"])
         return self._state.feed(batches)
 
-    def record(self, news: Union[Lost, Recovery]) -> None:
+    def note_recovery(self, news: Union[Lost, Recovery]) -> None:
         """What elastic training's coordinator wrote: a rank found dead (its row says so from
         now on), a re-formed group, a replacement that joined; kept at the step it happened,
         and as a line of the run's notes."""
-        self._state.record(news)
+        self._state.note_recovery(news)
         self.notes.append(news.line())
 
     def stopped(self, by: str) -> None:
@@ -129,7 +129,7 @@ class Run:
         self._stalled = self._stalled or key is not None
         return True
 
-    def where(self) -> Optional[Verdict]:
+    def where(self) -> Optional[StallReport]:
         """Where each rank was by its last report (None: none reported): what the errors of
         a timeout or an interrupt say."""
         return self._state.where(self.ended if self.ended is not None else time.time())
@@ -141,7 +141,7 @@ class Run:
         ranks)."""
         interrupted = any(e.get("reason") == "interrupt"
                           for e in self._state.stall.stacks.values())
-        return bool(self._state.recorded) or self._stalled or interrupted
+        return bool(self._state.kept_events) or self._stalled or interrupted
 
     @property
     def dropped(self) -> int:

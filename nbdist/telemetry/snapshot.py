@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple, Optional
 
 from .matching import STRAGGLER_MIN_S
 from .recovery import Mark
-from .stall.report import Verdict
+from .stall.report import StallReport
 from .states import RankState
 from .units import fmt_rate
 
@@ -281,7 +281,7 @@ class RunSnapshot:
     wall_s: Optional[float] = None
     dims: tuple[DimPoint, ...] = ()  # collectives by mesh dimension
     #: the hang doctor's verdict once the run has made no progress past its threshold
-    stall: Optional[Verdict] = None
+    stall: Optional[StallReport] = None
     #: what the session noted during the run (e.g. a rank elastic training lost and healed)
     notes: tuple[str, ...] = ()
     #: name -> ((step, min, median, max), ...) over the ranks that logged it at that step

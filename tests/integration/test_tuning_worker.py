@@ -13,7 +13,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from nbdist.runtime.measure import ddp_hooks, tuning  # noqa: E402
-from nbdist.runtime.measure.model import telemetry  # noqa: E402
+from nbdist.runtime.measure.model import measurements  # noqa: E402
 from nbdist.runtime.measure.spec import DDPSettings, Measure  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -44,13 +44,13 @@ def group(tmp_path):
 
 def cell(measure: Measure) -> Sink:
     sink = Sink()
-    telemetry.begin_cell(sink, measure)
+    measurements.begin_cell(sink, measure)
     tuning.begin_cell(sink, measure)
     return sink
 
 
 def end(sink: Sink) -> list[dict]:
-    telemetry.end_cell()
+    measurements.end_cell()
     tuning.end_cell()
     return sink.events
 

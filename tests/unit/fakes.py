@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from nbdist.backends.base import Backend, Call, Job, Outcome, WorkerGone, WorkerId
+from nbdist.backends.base import Backend, Call, Submission, Outcome, WorkerGone, WorkerId
 from nbdist.runtime import results
 from nbdist.telemetry.events import Batch
 
@@ -47,7 +47,7 @@ def failed(ename: str, evalue: str, *, line: Optional[int] = 1, communication: b
                           seq=seq)
 
 
-class ScriptedJob(Job):
+class ScriptedSubmission(Submission):
     def __init__(self, backend: ScriptedBackend, plan: list[tuple[WorkerId, Any, Scripted]]):
         self._backend = backend
         self._plan = plan
@@ -107,7 +107,7 @@ class ScriptedBackend(Backend):
         self.interrupted: set[WorkerId] = set()
         self.calls: list[str] = []
         self.submitted: list[Call] = []
-        self.jobs: list[ScriptedJob] = []
+        self.jobs: list[ScriptedSubmission] = []
         self.gpus = 0  # GPUs each worker's describe() reports
         self.can_restart_workers = False  # True: restart_workers replaces a worker's process
         self.restarted: list[WorkerId] = []  # old ids, in the order restarted
@@ -133,7 +133,7 @@ class ScriptedBackend(Backend):
     def worker_ids(self) -> list[WorkerId]:
         return list(self.ids)
 
-    def submit(self, calls: Sequence[Call]) -> ScriptedJob:
+    def submit(self, calls: Sequence[Call]) -> ScriptedSubmission:
         gone = [c.worker for c in calls if c.worker not in self.ids]
         if gone:
             raise WorkerGone(gone)
@@ -148,7 +148,7 @@ class ScriptedBackend(Backend):
             else:
                 plan.append((c.worker, self._answer(name, c), Scripted()))
         self.interrupted.clear()
-        job = ScriptedJob(self, plan)
+        job = ScriptedSubmission(self, plan)
         self.jobs.append(job)
         return job
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from nbdist.backends.base import Backend, Call, Job, WorkerId, poll_until, wait_all
+from nbdist.backends.base import Backend, Call, Submission, WorkerId, poll_until, wait_all
 from nbdist.errors import ClusterError, WorkersDidNotStart
 from nbdist.telemetry.events import Batch
 
@@ -57,7 +57,7 @@ class MemoryBackend(Backend):
             return [*self.workers, *self.leaving]
         return list(self.workers)
 
-    def submit(self, calls: Sequence[Call]) -> Job:
+    def submit(self, calls: Sequence[Call]) -> Submission:
         raise NotImplementedError
 
     def interrupt(self, workers: Sequence[WorkerId]) -> None:

@@ -9,7 +9,7 @@ import time
 import pytest
 from synthetic import Sink
 
-from nbdist.runtime.measure.model import DDPTimes, Telemetry
+from nbdist.runtime.measure.model import DDPTimes, Measurements
 
 
 class ScriptedTimer:
@@ -43,12 +43,12 @@ def times(t0: float) -> DDPTimes:
 
 @pytest.fixture
 def cell():
-    t, timer = Telemetry(), ScriptedTimer()
+    t, timer = Measurements(), ScriptedTimer()
     t.begin_cell(Sink())
     return t, timer
 
 
-def forward(t: Telemetry, timer: ScriptedTimer, syncs: bool = True) -> float:
+def forward(t: Measurements, timer: ScriptedTimer, syncs: bool = True) -> float:
     now = time.time()
     if syncs:
         timer.iterations += 1
@@ -128,9 +128,9 @@ def test_through_a_real_sink_the_steps_are_built_when_the_batch_goes_out():
 
     sink = EventSink(0, None, interval=3600)
     try:
-        t, timer = Telemetry(), ScriptedTimer()
+        t, timer = Measurements(), ScriptedTimer()
         t.begin_cell(sink)
-        plain, ptimer = Telemetry(), ScriptedTimer()
+        plain, ptimer = Measurements(), ScriptedTimer()
         plain.begin_cell(Sink())
         for tel, tm in ((t, timer), (plain, ptimer)):
             t0 = forward(tel, tm)

@@ -1,4 +1,4 @@
-"""The notebook's decisions during an elastic run (:class:`nbdist.elastic.coordinator.Healer`),
+"""The notebook's decisions during an elastic run (:class:`nbdist.elastic.coordinator.Coordinator`),
 on fakes: who is in the next group, when to stop, when a replacement gets in."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any, Optional
 
 import pytest
 
-from nbdist.backends.base import Call, Job, Outcome
-from nbdist.elastic.coordinator import Healer
+from nbdist.backends.base import Call, Submission, Outcome
+from nbdist.elastic.coordinator import Coordinator
 from nbdist.group.membership import Membership
 from nbdist.options import ClusterOptions
 from nbdist.telemetry.events import elastic
@@ -17,7 +17,7 @@ from nbdist.telemetry.events import elastic
 KEY = "nbdist/elastic/cell/0"
 
 
-class FakeJob(Job):
+class FakeJob(Submission):
     def __init__(self, workers: list, done: bool = False) -> None:
         self.running = set() if done else set(workers)
         self.workers = workers
@@ -56,7 +56,7 @@ class FakeBackend:
     def transport(self):
         return None
 
-    def submit(self, calls: list[Call]) -> Job:
+    def submit(self, calls: list[Call]) -> Submission:
         self.submitted.extend(calls)
         job = FakeJob([c.worker for c in calls])
         if calls[0].fn.__name__ in ("describe", "set_transport"):
@@ -87,12 +87,12 @@ def setup():
     membership.admit(workers)
     membership.replan(workers)
     membership.generation = 9  # the group the cell started with
-    healer = Healer(membership, {}, default_max_failures=None)
+    healer = Coordinator(membership, {}, default_max_failures=None)
     healer.follow(job)
     return healer, backend, store, job
 
 
-def feed(healer: Healer, worker: int, what: str, **info: Any) -> None:
+def feed(healer: Coordinator, worker: int, what: str, **info: Any) -> None:
     ev = elastic(what, 1.0, run=KEY, epoch=info.pop("epoch", 0), worker=str(worker), **info)
     healer.feed([{"rank": worker, "seq": 1, "events": [ev]}])
     healer.tick()
@@ -184,8 +184,8 @@ def test_what_was_healed_shows_in_the_run_summary_once():
 
     run = Run("cell", [0, 1], world_size=2)
     lost = Lost(1.0, 1, "hostA", 9, "SIGKILL")
-    run.record(lost)
-    run.record(Recovery(2.0, RecoveryKind.FAILURE, [lost], 2, 1, commit=4))
+    run.note_recovery(lost)
+    run.note_recovery(Recovery(2.0, RecoveryKind.FAILURE, [lost], 2, 1, commit=4))
     html = run_summary(run.snapshot())
     assert html.count("rank 1 on hostA (pid 9) died: SIGKILL") == 1
     assert "nbdist-last-event" in html and "re-formed without rank 1" in html

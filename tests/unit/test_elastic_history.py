@@ -39,7 +39,7 @@ def healed(worker: str, t: float, *, joined=None, step=None, world=2, world_befo
                       **({"step": step} if step is not None else {}))
 
 
-class Job:
+class Submission:
     """The story: ranks 0 and 1 train steps 0-9; rank 1's worker dies; rank 0 trains steps
     10-19 alone; a replacement (worker "7") joins at step 20 as rank 1 and both train 20-29."""
 
@@ -57,12 +57,12 @@ class Job:
             error="RuntimeError: Connection closed by peer", world=2)]}])
 
     def found_dead(self) -> None:
-        self.run.record(self.lost)
+        self.run.note_recovery(self.lost)
 
     def alone(self) -> None:
         self.run.feed([{"rank": 0, "seq": 101, "events": [healed("0", T0 + 1.5, world=1,
                                                                  world_before=2)]}])
-        self.run.record(Recovery(T0 + 1.5, RecoveryKind.FAILURE, [self.lost], 2, 1, commit=10,
+        self.run.note_recovery(Recovery(T0 + 1.5, RecoveryKind.FAILURE, [self.lost], 2, 1, commit=10,
                                  seconds=0.5))
         self.run.feed([dict(b, seq=b["seq"] + 101)
                        for b in batches(0, steps(range(10, 20), T0 + 2), per_batch=5)])
@@ -73,7 +73,7 @@ class Job:
                         "events": [healed("7", T0 + 3.0, joined="7", step=20)]},
                        {"rank": 0, "seq": 200,
                         "events": [healed("0", T0 + 3.0, joined="7")]}])
-        self.run.record(Recovery(T0 + 3.0, RecoveryKind.JOINED, commit=20, seconds=2.0,
+        self.run.note_recovery(Recovery(T0 + 3.0, RecoveryKind.JOINED, commit=20, seconds=2.0,
                                  world_before=1, world_after=2))
         # its own steps count from 0; the job's are 20-29
         self.run.feed([dict(b, seq=b["seq"] + 1_000_001)
@@ -88,7 +88,7 @@ class Job:
 
 
 def test_a_dead_rank_says_so_the_moment_it_is_known_and_steps_stop_waiting_for_it():
-    job = Job()
+    job = Submission()
     job.before_death()
     job.death()
     snap = job.run.snapshot()
@@ -110,7 +110,7 @@ def test_a_dead_rank_says_so_the_moment_it_is_known_and_steps_stop_waiting_for_i
 
 
 def test_a_replacement_is_its_own_row_and_keeps_the_jobs_step_numbers():
-    job = Job()
+    job = Submission()
     for part in (job.before_death, job.death, job.found_dead, job.alone, job.joins, job.ends):
         part()
     snap = job.run.snapshot()
@@ -139,7 +139,7 @@ def test_a_replacement_is_its_own_row_and_keeps_the_jobs_step_numbers():
 
 
 def test_the_chart_marks_the_moments_and_keeps_every_step():
-    job = Job()
+    job = Submission()
     for part in (job.before_death, job.death, job.found_dead, job.alone, job.joins, job.ends):
         part()
     snap = job.run.snapshot()
@@ -160,7 +160,7 @@ def test_the_chart_marks_the_moments_and_keeps_every_step():
 
 
 def test_folding_in_pieces_gives_what_folding_at_once_gives():
-    whole, parts = Job(), Job()
+    whole, parts = Submission(), Submission()
     for part in (whole.before_death, whole.death, whole.found_dead, whole.alone, whole.joins,
                  whole.ends):
         part()
@@ -188,6 +188,6 @@ def test_a_rank_alone_after_a_death_is_nobodys_straggler():
     job = ddp_job({0: 0.09, 1: 0.05}, steps=10)  # rank 1 waits for rank 0 in every step
     run.feed(batches(0, job[0]) + batches(1, job[1]))
     assert run.snapshot().stragglers == (0,)
-    run.record(Lost(T0 + 1.1, 1, "hostA", 101, "SIGKILL"))
+    run.note_recovery(Lost(T0 + 1.1, 1, "hostA", 101, "SIGKILL"))
     snap = run.snapshot()
     assert snap.stragglers == () and "slower" not in run_header(snap)

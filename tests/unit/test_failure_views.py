@@ -165,7 +165,7 @@ def test_the_text_view_prints_what_happened_once():
     view = TextDashboard(stream=out, interval=0)
     run = Run("cell", [0, 1], world_size=2)
     run.feed([{"rank": r, "seq": 1, "events": training_events(3)} for r in (0, 1)])
-    run.record(Lost(T0, 1, "h", 7, "SIGKILL"))
+    run.note_recovery(Lost(T0, 1, "h", 7, "SIGKILL"))
     view.update(run.snapshot())
     view.update(run.snapshot())
     run.finish()

@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 from synthetic import Sink
 
-from nbdist.runtime.measure.model import _MAX_HELD, Telemetry
+from nbdist.runtime.measure.model import _MAX_HELD, Measurements
 
 
 @pytest.fixture
 def tel():
-    t = Telemetry()
+    t = Measurements()
     t.begin_cell(Sink())
     return t
 
 
-def optimizer_step(t: Telemetry, nested: bool = False) -> None:
+def optimizer_step(t: Measurements, nested: bool = False) -> None:
     t.on_optimizer_step(begin=True)
     if nested:  # ZeRO: its inner optimizer steps inside the outer one
         t.on_optimizer_step(begin=True)
@@ -67,7 +67,7 @@ def test_an_optimizer_step_without_collectives_is_a_step(tel):
 
 
 def test_progress_items_count_samples_of_optimizer_steps():
-    t = Telemetry()
+    t = Measurements()
     sink = Sink()
     t.begin_cell(sink)
     optimizer_step(t)  # the optimizer owns the steps from here on
@@ -80,7 +80,7 @@ def test_progress_items_count_samples_of_optimizer_steps():
 
 
 def test_memory_is_sampled_after_steps_and_at_the_end():
-    t = Telemetry()
+    t = Measurements()
     sink = Sink()
     t.memory_probe = lambda: {"params": 10, "grads": 10, "optimizer": 20, "rss": 100,
                               "peak": 200, "device_peak": None}
@@ -93,7 +93,7 @@ def test_memory_is_sampled_after_steps_and_at_the_end():
 
 
 def test_a_failing_memory_probe_is_dropped_not_raised(capsys):
-    t = Telemetry()
+    t = Measurements()
     sink = Sink()
     t.memory_probe = lambda: 1 / 0
     t.begin_cell(sink)
@@ -115,7 +115,7 @@ def test_collectives_after_the_last_optimizer_step_are_no_step(tel):
 
 
 def test_memory_is_sampled_at_optimizer_steps_under_ddp_too():
-    t = Telemetry()
+    t = Measurements()
     sink = Sink()
     t.memory_probe = lambda: {"params": 1, "grads": 1, "optimizer": 2, "rss": 3, "peak": 4,
                               "device_peak": None}

@@ -11,7 +11,7 @@ from nbdist.display.tables import dims_table, pipeline_table
 from nbdist.display.text import format_line, format_summary
 from nbdist.records import Comparison
 from nbdist.runtime import mesh
-from nbdist.runtime.measure.model import Telemetry
+from nbdist.runtime.measure.model import Measurements
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
 from nbdist.telemetry.compare import compare
@@ -23,7 +23,7 @@ T0 = 1_700_000_000.0
 
 @pytest.fixture
 def tel():
-    t = Telemetry()
+    t = Measurements()
     t.begin_cell(Sink())
     return t
 

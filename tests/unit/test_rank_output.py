@@ -125,7 +125,7 @@ def test_warnings_on_a_rank_become_events_not_stderr_text():
 def test_a_tqdm_bar_in_a_cell_reports_progress_and_writes_nothing(monkeypatch):
     tqdm_std = pytest.importorskip("tqdm.std")
     from nbdist.runtime.measure import tqdm_bars
-    from nbdist.runtime.measure.model import telemetry
+    from nbdist.runtime.measure.model import measurements
 
     sent = []
 
@@ -136,12 +136,12 @@ def test_a_tqdm_bar_in_a_cell_reports_progress_and_writes_nothing(monkeypatch):
     bar_class = tqdm_bars._reporting(tqdm_std.tqdm)
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
-    telemetry.begin_cell(Sink())
+    measurements.begin_cell(Sink())
     try:
         for _ in bar_class(range(30), desc="train", mininterval=0):
             pass
     finally:
-        telemetry.end_cell()
+        measurements.end_cell()
     assert err.getvalue() == ""  # no "\r" redraws
     bars = [e for e in sent if e["kind"] == ev.PROGRESS]
     assert bars[0]["desc"] == "train" and bars[0]["total"] == 30

@@ -23,7 +23,7 @@ from nbdist.telemetry.stall.report import (
     FAILED,
     FINISHED,
     UNKNOWN,
-    WAITING,
+    IN_COLLECTIVE,
 )
 from nbdist.telemetry.stall.thresholds import STALL_FLOOR_S, stall_threshold
 from nbdist.telemetry.stall.words import headline, where_lines
@@ -73,7 +73,7 @@ def test_verdict_names_who_waits_where_and_who_never_arrived():
         [("all_reduce", 5, "default_pg", "float32 [4]", (0,))]
     assert v.missing == (1,)
     r0, r1 = v.rank(0), v.rank(1)
-    assert (r0.status, r0.line, r0.doing) == (WAITING, 6,
+    assert (r0.status, r0.line, r0.doing) == (IN_COLLECTIVE, 6,
                                               "torch.distributed.distributed_c10d.all_reduce")
     assert (r1.status, r1.line, r1.doing) == (ELSEWHERE, 5, "time.sleep(0.05)")
     assert headline(v) == ("no step or collective completed for 12 s (stall threshold 10 s): "
@@ -158,7 +158,7 @@ def test_interrupt_reports_outlive_the_ranks_end_stall_reports_do_not():
     feed(state, 1, stack_sleeping(T0 + 1), ev.end(False, T0 + 2, "ValueError: bad"))
     state.finish()
     v = state.where(T0 + 3)
-    assert v.rank(0).status == WAITING and v.rank(0).reason == "interrupt"
+    assert v.rank(0).status == IN_COLLECTIVE and v.rank(0).reason == "interrupt"
     assert v.rank(1).status == FAILED and v.rank(1).error == "ValueError: bad"
     assert state.snapshot(at=T0 + 12).stall is not None  # stopped where it stood: still shown
     finished = RunState([0], started=T0)

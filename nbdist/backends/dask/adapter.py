@@ -37,7 +37,7 @@ from ...runtime import packing
 from ...runtime.interrupt import interrupt_calls
 from ...runtime.packing import Packed
 from ...telemetry.events import Batch
-from ..base import Backend, Call, Job, Outcome, T, WorkerId, poll_until, signal_text
+from ..base import Backend, Call, Submission, Outcome, T, WorkerId, poll_until, signal_text
 from ..launchers import worker_process_config
 from ..template_launch import dask_template_options, stop_forkserver
 from .elsewhere import Elsewhere, new_client
@@ -72,7 +72,7 @@ class _RunnerRef:
             own.release()
 
 
-class _DaskJob(Job):
+class _DaskSubmission(Submission):
     """Actor calls in flight; each call's coroutine on the client's event loop files its
     outcome here and wakes :meth:`wait`."""
 
@@ -278,9 +278,9 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
         self._forget_runners([w for w in self._runners if w not in info])
         return sorted(info, key=lambda addr: _worker_order(addr, info[addr].get("name")))
 
-    def submit(self, calls: Sequence[Call]) -> Job:
+    def submit(self, calls: Sequence[Call]) -> Submission:
         client = self._require()
-        job = _DaskJob(self, [c.worker for c in calls])
+        job = _DaskSubmission(self, [c.worker for c in calls])
         for i, c in enumerate(calls):
             payload = packing.pack((self._tag, c.fn, c.args, c.kwargs))
             client.loop.add_callback(job._run, i, self._runner(client, c.worker), payload)

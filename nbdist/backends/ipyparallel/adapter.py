@@ -18,7 +18,7 @@ from ipyparallel.serialize import PrePickled
 from ...boot.template import Template, active, set_active
 from ...errors import ClusterError, LaunchFailed, MissingPackageError
 from ...telemetry.events import Batch
-from ..base import Backend, Call, Job, Outcome, WorkerGone, WorkerId, poll_until, signal_text
+from ..base import Backend, Call, Submission, Outcome, WorkerGone, WorkerId, poll_until, signal_text
 from ..launchers import launcher_settings
 from ..remote import (
     Host,
@@ -93,7 +93,7 @@ def _launcher_exit(launcher: Any) -> Optional[str]:
     return _returncode_text(code) if isinstance(code, int) else None
 
 
-class _IppJob(Job):
+class _IppSubmission(Submission):
     """One reply future per worker (the children of ipyparallel's AsyncResults: one apply
     to several engines has one each)."""
 
@@ -261,7 +261,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
     def worker_ids(self) -> list[WorkerId]:
         return sorted(self._require().ids)
 
-    def submit(self, calls: Sequence[Call]) -> Job:
+    def submit(self, calls: Sequence[Call]) -> Submission:
         client = self._require()
         gone = sorted({c.worker for c in calls} - set(client.ids))
         if gone:  # ipyparallel itself would raise a bare IndexError ("No such engine")
@@ -270,7 +270,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
         for group in _same_calls(calls):
             c, targets = group[0], [g.worker for g in group]
             results.extend(zip(targets, _apply(client, targets, *_pack(c))))
-        return _IppJob(client, results)
+        return _IppSubmission(client, results)
 
     def interrupt(self, workers: Sequence[WorkerId]) -> None:
         if workers:

@@ -267,10 +267,10 @@ def _extras(ctx: Any) -> dict[str, Any]:
 def _next_step() -> int:
     """The index this rank's next training step will get: the members' next step is the
     newcomer's first (a step that collectives opened and no optimizer confirmed yet is it)."""
-    from ..measure.model import telemetry
+    from ..measure.model import measurements
 
-    st = telemetry.step
-    return st.n if st is not None and st.held is not None else telemetry.steps
+    st = measurements.step
+    return st.n if st is not None and st.held is not None else measurements.steps
 
 
 def _adopt(ctx: Any, commit: tuple, extras: dict[str, Any]) -> int:

@@ -61,7 +61,7 @@ from torch.optim.optimizer import (
 from .. import faults
 from ..mesh import dim_of
 from . import memory, tuning
-from .model import DDPTimes, _Bucket, telemetry
+from .model import DDPTimes, _Bucket, measurements
 from .stall_probe import watch as hang_watch
 
 # The collectives a cell, FSDP2 (all_gather_single, reduce_scatter_single) or ZeRO (broadcast)
@@ -279,13 +279,13 @@ def _forward_pre(module: Any, args: tuple) -> None:
     timer = module._nbdist_timer
     if timer is not None and grad and module.require_backward_grad_sync:
         timer.iterations += 1  # as DDP's reducer counts, telemetry on or off
-    if telemetry.enabled and grad:
-        telemetry.on_forward(args, timer, module.require_backward_grad_sync)
+    if measurements.enabled and grad:
+        measurements.on_forward(args, timer, module.require_backward_grad_sync)
 
 
 def _forward_post(_module: Any, _args: tuple, output: Any) -> None:
-    if telemetry.enabled:
-        telemetry.on_forward_end(output)
+    if measurements.enabled:
+        measurements.on_forward_end(output)
 
 
 def _attach(ddp: Any) -> None:
@@ -298,13 +298,13 @@ def _attach(ddp: Any) -> None:
     registered a hook itself (mixed precision), get steps only.
     """
     ddp._nbdist_timer = None
-    if not telemetry.enabled:
+    if not measurements.enabled:
         return
     ddp.register_forward_pre_hook(_forward_pre)
     ddp.register_forward_hook(_forward_post)
     if getattr(ddp, "_use_python_reducer", False) or ddp._comm_hooks:
         return  # compiled reducer, or DDP registered a hook itself: steps only
-    if not telemetry.buckets and not any(p.is_cuda for p in ddp.module.parameters()):
+    if not measurements.buckets and not any(p.is_cuda for p in ddp.module.parameters()):
         ddp._set_ddp_runtime_logging_sample_rate(1)  # DDP times every iteration, in C++
         ddp._nbdist_timer = _DDPTimer(ddp)
         return
@@ -440,18 +440,18 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
 def _optimizer_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     tuning.step_begins()
     # A parameter server's thread steps its optimizer beside the rank's training: not a step.
-    if telemetry.enabled and not getattr(telemetry.local, "server", False):
+    if measurements.enabled and not getattr(measurements.local, "server", False):
         if optimizer.__dict__.get("_nbdist_seen") is not memory.optimizers:
             # Once per optimizer: a WeakSet's add makes a weak reference on every call.
             memory.optimizers.add(optimizer)
             optimizer._nbdist_seen = memory.optimizers  # type: ignore[attr-defined]
-        optimizer._nbdist_cell = telemetry.cells  # type: ignore[attr-defined]
-        telemetry.on_optimizer_step(begin=True)
+        optimizer._nbdist_cell = measurements.cells  # type: ignore[attr-defined]
+        measurements.on_optimizer_step(begin=True)
 
 
 def _optimizer_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    if telemetry.enabled and not getattr(telemetry.local, "server", False):
-        telemetry.on_optimizer_step(begin=False)
+    if measurements.enabled and not getattr(measurements.local, "server", False):
+        measurements.on_optimizer_step(begin=False)
     tuning.step_ended()  # last: a trial's last step ends the cell here (TrialDone)
 
 
@@ -479,7 +479,7 @@ def install() -> None:
     # Without DDP, optimizer steps are the training steps (FSDP2, ZeRO, plain optimizers).
     _handles.append(register_optimizer_step_pre_hook(_optimizer_pre))
     _handles.append(register_optimizer_step_post_hook(_optimizer_post))
-    telemetry.memory_probe, telemetry.memory_reset = memory.probe, memory.reset_device_peak
+    measurements.memory_probe, measurements.memory_reset = memory.probe, memory.reset_device_peak
     for name in _COLLECTIVES:
         fn = getattr(dist, name, None)
         if fn is not None:
@@ -491,7 +491,7 @@ def uninstall() -> None:
     """Undo :func:`install` (models already built keep their hooks, which then pass through)."""
     while _handles:
         _handles.pop().remove()
-    telemetry.memory_probe = telemetry.memory_reset = None
+    measurements.memory_probe = measurements.memory_reset = None
     for key, fn in _original.items():
         if key.startswith("dist."):
             setattr(dist, key[5:], fn)

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from .model import telemetry
+from .model import measurements
 
 #: optimizers stepped in this process (ZeRO's wrapper and its inner optimizer both)
 optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
@@ -74,7 +74,7 @@ def held(opts: Optional[list[torch.optim.Optimizer]] = None) -> dict[str, Any]:
     params, grads, state = _bytes(chosen, list(modules) if opts is None else ())
     out: dict[str, Any] = {"params": params, "grads": grads, "optimizer": state}
     cell = chosen if opts is not None else [
-        o for o in chosen if o.__dict__.get("_nbdist_cell") == telemetry.cells]
+        o for o in chosen if o.__dict__.get("_nbdist_cell") == measurements.cells]
     if cell:
         out["model"] = _model(cell)
     return out

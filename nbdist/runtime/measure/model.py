@@ -1,6 +1,6 @@
 """Worker-side measurement model: steps, gradient buckets and collectives become events.
 
-One :class:`Telemetry` per process, :data:`telemetry`, switched on or off per cell. The DDP
+One :class:`Measurements` per process, :data:`measurements`, switched on or off per cell. The DDP
 hooks and collective wrappers (:mod:`.ddp_hooks`) and the user API (:mod:`.progress`) report to
 it. It never sends a message itself: it hands plain-dict events to the cell's
 :class:`~.capture.EventSink`, which batches them, so a bucket or a step costs a few
@@ -75,7 +75,7 @@ from .steps import DDPTimer, DDPTimes, _Bucket, _Step, step_events
 from .tensors import batch_size
 
 # Re-exported: ddp_hooks records buckets and reads DDP's times through this module
-__all__ = ["DDPTimer", "DDPTimes", "Telemetry", "_Bucket", "telemetry"]
+__all__ = ["DDPTimer", "DDPTimes", "Measurements", "_Bucket", "measurements"]
 
 # Collectives held for an optimizer step to claim; past this many, the cell is not training.
 _MAX_HELD = 512
@@ -83,7 +83,7 @@ _MAX_HELD = 512
 _MAX_HELD_TRAINING = 50_000
 
 
-class Telemetry:
+class Measurements:
     """Per-process telemetry state; one instance, :data:`telemetry`."""
 
     def __init__(self) -> None:
@@ -383,4 +383,4 @@ class Telemetry:
         self.emit(event)
 
 
-telemetry = Telemetry()
+measurements = Measurements()

@@ -17,7 +17,7 @@ imports them, by a post-import hook on ``sys.meta_path`` (:class:`_PostImport`):
   ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk`` is timed per
   microbatch; the ``get_*_ops`` methods tag the tensors they hand to ``P2POp`` with the
   microbatch (``F3``: activations of microbatch 3, ``B3``: their gradients); a schedule's
-  ``step()`` reports its span, compute and waits (:meth:`.measure.Telemetry.on_pipeline_step`)
+  ``step()`` reports its span, compute and waits (:meth:`.measure.Measurements.on_pipeline_step`)
   and, on the first stage, the batch as samples.
 * ``torch.distributed._functional_collectives``: DTensor issues its collectives through these
   functions (not ``torch.distributed.*``) and waits on the result at first use through
@@ -50,7 +50,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .. import mesh as meshes
 from .ddp_hooks import _payload
-from .model import telemetry
+from .model import measurements
 from .tensors import batch_size
 
 # What install() replaced: (owner, attribute) -> original, put back by uninstall().
@@ -139,7 +139,7 @@ class _TimedWork:
         if rec is not None:
             now = time.time()
             op, t0, nbytes, dtype, peer, mb = rec
-            telemetry.on_collective(op, t0, now, nbytes, dtype, blocking=False,
+            measurements.on_collective(op, t0, now, nbytes, dtype, blocking=False,
                                     exposed_s=now - t, peer=peer, mb=mb)
         return out
 
@@ -175,11 +175,11 @@ def _wrap_p2p(op: str, fn: Callable, peer_arg: str, group_peer_arg: str) -> Call
 def _timed_chunk(op: str, fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(self: Any, chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        if not telemetry.enabled or _tracing():
+        if not measurements.enabled or _tracing():
             return fn(self, chunk_id, *args, **kwargs)
         t0 = time.time()
         out = fn(self, chunk_id, *args, **kwargs)
-        telemetry.on_stage(op, chunk_id, self.stage_index, t0, time.time())
+        measurements.on_stage(op, chunk_id, self.stage_index, t0, time.time())
         return out
 
     return wrapper
@@ -191,7 +191,7 @@ def _tagging(label: str, fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(self: Any, chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         ops = fn(self, chunk_id, *args, **kwargs)
-        if telemetry.enabled:
+        if measurements.enabled:
             if len(_p2p_tags) > _MAX_PENDING:
                 _p2p_tags.clear()
             for op in ops:
@@ -305,7 +305,7 @@ def _wrap_wait(fn: Callable) -> Callable:
         out = fn(tensor)
         now = time.time()
         name, t0, nbytes, dtype, dim = rec
-        telemetry.on_collective(name, t0, now, nbytes, dtype, blocking=False,
+        measurements.on_collective(name, t0, now, nbytes, dtype, blocking=False,
                                 exposed_s=now - t, dim=dim)
         return out
 
@@ -327,9 +327,9 @@ _counting_cell = -1
 
 def _count_forward(mesh_size: int) -> Callable:
     def pre_hook(module: Any, args: tuple) -> None:
-        if telemetry.enabled and _counting is not None and _counting() is module \
+        if measurements.enabled and _counting is not None and _counting() is module \
                 and torch.is_grad_enabled():
-            telemetry.count_samples(batch_size(args) / mesh_size)
+            measurements.count_samples(batch_size(args) / mesh_size)
 
     return pre_hook
 
@@ -339,9 +339,9 @@ def _wrap_parallelize(fn: Callable) -> Callable:
     def parallelize_module(module: Any, device_mesh: Any = None, *args: Any,
                            **kwargs: Any) -> Any:
         global _counting, _counting_cell
-        first = telemetry.enabled and _counting_cell != telemetry.cells
+        first = measurements.enabled and _counting_cell != measurements.cells
         if first:  # the outermost call of this cell (the plan recurses through this name)
-            _counting_cell = telemetry.cells
+            _counting_cell = measurements.cells
             _counting = weakref.ref(module)
         out = fn(module, device_mesh, *args, **kwargs)
         if first:
@@ -372,9 +372,9 @@ def _counting_root(fn: Callable) -> Callable:
         ctx = getattr(self, "_state_ctx", None)
         before = getattr(ctx, "iter_forward_root", None)
         out = fn(self, module, args, kwargs)
-        if telemetry.enabled and before is not self and torch.is_grad_enabled() \
+        if measurements.enabled and before is not self and torch.is_grad_enabled() \
                 and getattr(getattr(self, "_state_ctx", None), "iter_forward_root", None) is self:
-            telemetry.count_samples(batch_size(args) or batch_size(kwargs.values()))
+            measurements.count_samples(batch_size(args) or batch_size(kwargs.values()))
         return out
 
     return _root_pre_forward

@@ -1,6 +1,6 @@
 """A training step as the measurement model records it, and the events it becomes.
 
-:class:`~.model.Telemetry` opens and closes :class:`_Step` records on the training thread; a
+:class:`~.model.Measurements` opens and closes :class:`_Step` records on the training thread; a
 closed step becomes its events (:func:`step_events`) on the sink's sending thread, when the
 batch it belongs to goes out (or at once with a sink that cannot defer). Torch-free, like
 :mod:`.model`: CUDA events are used through the objects the hooks recorded.

@@ -21,7 +21,7 @@ import warnings
 from typing import Any, Optional
 
 from ...telemetry import events as ev
-from .model import telemetry
+from .model import measurements
 
 # How often a bar reports its position (seconds); its end is always reported.
 _EVERY = 0.1
@@ -46,9 +46,9 @@ def _reporting(base: type) -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self._nbdist_bar: Optional[int] = None
             self._nbdist_sent = 0.0
-            if telemetry.enabled:
-                telemetry.bars += 1
-                self._nbdist_bar = telemetry.bars
+            if measurements.enabled:
+                measurements.bars += 1
+                self._nbdist_bar = measurements.bars
                 kwargs["file"] = _Nowhere()  # no "\r" redraws into the cell's stderr
                 kwargs.pop("gui", None)
             super().__init__(*args, **kwargs)
@@ -73,7 +73,7 @@ def _reporting(base: type) -> type:
             at_end = total is not None and n >= total
             if done or at_end or now - self._nbdist_sent >= _EVERY:
                 self._nbdist_sent = now
-                telemetry.emit(ev.progress(self._nbdist_bar or 0, str(self.desc or ""), n,
+                measurements.emit(ev.progress(self._nbdist_bar or 0, str(self.desc or ""), n,
                                            total, now, done))
 
     RankBar.__name__ = RankBar.__qualname__ = base.__name__

@@ -30,7 +30,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...telemetry import events as ev
-from .model import telemetry
+from .model import measurements
 from .spec import DDP_KNOBS, DDPSettings, Measure
 
 #: the iteration a trial's PowerSGD starts compressing at (torch's default, 1000, is past
@@ -192,14 +192,14 @@ def report(ddp: Any, choice: Optional[Choice] = None, hook: Optional[str] = None
 # ----------------------------------------------------------------- the trial budget
 def step_begins() -> None:
     """Before ``optimizer.step()``: a trial counts how deep the step calls are nested."""
-    if _cell.budget is not None and not getattr(telemetry.local, "server", False):
+    if _cell.budget is not None and not getattr(measurements.local, "server", False):
         _cell.depth += 1
 
 
 def step_ended() -> None:
     """After ``optimizer.step()``: the outermost step of a trial counts, and the last one
     ends the cell (:class:`TrialDone`). A parameter server's thread does not count."""
-    if _cell.budget is None or getattr(telemetry.local, "server", False):
+    if _cell.budget is None or getattr(measurements.local, "server", False):
         return
     _cell.depth = max(0, _cell.depth - 1)
     if _cell.depth:

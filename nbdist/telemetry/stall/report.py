@@ -4,7 +4,7 @@ Pure: no clocks (callers pass the time), no processes. Workers send a ``stack`` 
 (:func:`nbdist.telemetry.events.stack`) when their cell has made no progress for a while, and
 again just before an interrupt unwinds it; :class:`StallWatch` keeps the latest one per rank
 and judges them together: which ranks wait in which collective, which ranks are elsewhere (and
-so never reached it), with each rank's place in the cell. The same :class:`Verdict` feeds the
+so never reached it), with each rank's place in the cell. The same :class:`StallReport` feeds the
 dashboard, the text view and the errors a timeout or an interrupt raises; the text of it is
 written here, once.
 
@@ -35,7 +35,7 @@ from .thresholds import STALL_WINDOW, quiet_after, stall_threshold
 GROUP_ABOVE = 16
 
 # rank states in a verdict
-WAITING = "waiting"  # inside a collective
+IN_COLLECTIVE = "waiting"  # inside a collective
 ELSEWHERE = "elsewhere"  # running, not inside a collective
 FINISHED = "finished"  # ended the cell without error
 FAILED = "failed"  # ended the cell with an error
@@ -96,7 +96,7 @@ class Collective:
 
 @dataclass(frozen=True)
 class RankWhere:
-    """Where one rank is: :data:`WAITING` in ``collective``, :data:`ELSEWHERE`,
+    """Where one rank is: :data:`IN_COLLECTIVE` in ``collective``, :data:`ELSEWHERE`,
     :data:`FINISHED`, :data:`FAILED`, :data:`UNKNOWN` or :data:`DEBUGGING`."""
 
     rank: int
@@ -119,7 +119,7 @@ class RankWhere:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class StallReport:
     """Where every rank is, and which collectives some of them wait in."""
 
     ranks: tuple[RankWhere, ...]
@@ -211,7 +211,7 @@ def _where(rank: int, event: Event) -> RankWhere:
         if done:
             last = _from_fr(max(done, key=lambda e: e.get("seq") or 0))
     calls = tuple(sorted((event.get("calls") or {}).items()))
-    return RankWhere(rank, WAITING if collective else ELSEWHERE, collective, doing, line, code,
+    return RankWhere(rank, IN_COLLECTIVE if collective else ELSEWHERE, collective, doing, line, code,
                      frames, last, event.get("reason", ""), calls=calls)
 
 
@@ -221,15 +221,15 @@ def _passed(w: RankWhere, c: Collective) -> bool:
         return True
     if c.group is not None:
         return w.last is not None and w.last.group == c.group and (w.last.seq or 0) >= (c.seq or 0)
-    return dict(w.calls).get(c.op, 0) >= (c.seq or 0) and w.status != WAITING
+    return dict(w.calls).get(c.op, 0) >= (c.seq or 0) and w.status != IN_COLLECTIVE
 
 
 def judge(ranks: Sequence[RankWhere], idle_s: float,
-          threshold_s: Optional[float] = None) -> Verdict:
+          threshold_s: Optional[float] = None) -> StallReport:
     """Group ``ranks`` by the collective they wait in and name those that never reached it."""
     groups: dict[tuple, tuple[Collective, list[int]]] = {}
     for w in ranks:
-        if w.status == WAITING and w.collective is not None:
+        if w.status == IN_COLLECTIVE and w.collective is not None:
             groups.setdefault(w.collective.key, (w.collective, []))[1].append(w.rank)
     waits = tuple((c, tuple(sorted(rs))) for c, rs in
                   sorted(groups.values(), key=lambda g: min(g[1])))
@@ -243,7 +243,7 @@ def judge(ranks: Sequence[RankWhere], idle_s: float,
             missing.add(w.rank)
     clashes = tuple((a, b) for i, (a, _) in enumerate(waits) for b, _ in waits[i + 1:]
                     if a.clashes(b))
-    return Verdict(tuple(sorted(ranks, key=lambda w: w.rank)), idle_s, threshold_s, waits,
+    return StallReport(tuple(sorted(ranks, key=lambda w: w.rank)), idle_s, threshold_s, waits,
                    tuple(sorted(missing)), clashes)
 
 
@@ -349,7 +349,7 @@ class StallWatch:
         return e
 
     def where(self, ranks: Iterable[int], states: Mapping[int, RankState], at: float,
-              threshold: Optional[float] = None) -> Optional[Verdict]:
+              threshold: Optional[float] = None) -> Optional[StallReport]:
         """Where each of ``ranks`` is now; None when no rank reported anything."""
         out = []
         reported = False
@@ -375,7 +375,7 @@ class StallWatch:
         return replace(v, stopped=self.debugging.now()) if self.debugging else v
 
     def verdict(self, ranks: Iterable[int], states: Callable[[], Mapping[int, RankState]],
-                at: float) -> Optional[Verdict]:
+                at: float) -> Optional[StallReport]:
         """The stall verdict at ``at``, or None while there is none to give.
 
         There is one when the threshold is on and has passed, some rank is still running

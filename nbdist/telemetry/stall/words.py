@@ -13,10 +13,10 @@ from .report import (
     FAILED,
     FINISHED,
     GROUP_ABOVE,
-    WAITING,
+    IN_COLLECTIVE,
     Collective,
     RankWhere,
-    Verdict,
+    StallReport,
 )
 
 
@@ -27,7 +27,7 @@ def _at(line: Optional[int], label: Optional[str]) -> str:
     return f"{label}, line {line}" if label else f"cell line {line}"
 
 
-def headline(v: Verdict) -> str:
+def headline(v: StallReport) -> str:
     """One line: how long nothing moved, who waits in what, who never reached it; or, while
     ranks are in the debugger, that they are."""
     parts = []
@@ -53,7 +53,7 @@ def rank_line(w: RankWhere, label: Optional[str] = None,
               missing: Sequence[int] = (), waits: Sequence[Collective] = ()) -> str:
     """``rank 1: in time.sleep(0.05) at In [12], line 5 (never reached the all_reduce)``."""
     at = _at(w.line, label)
-    if w.status == WAITING and w.collective is not None:
+    if w.status == IN_COLLECTIVE and w.collective is not None:
         text = f"rank {w.rank}: waiting in {w.collective.describe()}"
         if at:
             text += f" at {at}" + (f": {w.code}" if w.code else "")
@@ -82,7 +82,7 @@ def rank_line(w: RankWhere, label: Optional[str] = None,
     return text
 
 
-def where_lines(v: Verdict, label: Optional[str] = None,
+def where_lines(v: StallReport, label: Optional[str] = None,
                 group_above: int = GROUP_ABOVE) -> list[str]:
     """A line per rank, then the cell's frames of any rank that is inside a function the
     cell defined (its call chain), indented under it.
@@ -109,13 +109,13 @@ def where_lines(v: Verdict, label: Optional[str] = None,
     return out
 
 
-def clash_sentences(v: Verdict) -> list[str]:
+def clash_sentences(v: StallReport) -> list[str]:
     """``all_reduce and broadcast are both collective 5 of group default_pg: ...``."""
     return [f"{a.op} and {b.op} are both collective {a.seq} of group {a.group}: the ranks "
             "called different collectives." for a, b in v.clashes]
 
 
-def missing_sentence(v: Verdict) -> str:
+def missing_sentence(v: StallReport) -> str:
     """``Rank 1 never reached the all_reduce (seq 3) that rank 0 waits in.`` ("" if none)."""
     if not v.hang:
         return ""
