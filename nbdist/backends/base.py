@@ -350,7 +350,8 @@ def poll_until(predicate: Callable[[], T], timeout: float, interval: float = 0.0
 
 
 class Waitable(Protocol):
-    """Anything with ``wait(timeout) -> bool``: a :class:`Submission`, or an engine's async result."""
+    """Anything with ``wait(timeout) -> bool``: a :class:`Submission`, or an engine's async
+    result."""
 
     def wait(self, timeout: Optional[float]) -> bool: ...
 

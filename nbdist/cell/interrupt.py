@@ -57,8 +57,8 @@ def stop_ranks(membership: Membership, job: Submission, slots: Mapping[Any, int]
     return restart(membership, job, stuck, slots, grace)
 
 
-def restart(membership: Membership, job: Submission, stuck: list[WorkerId], slots: Mapping[Any, int],
-            grace: float) -> RanksRestarted:
+def restart(membership: Membership, job: Submission, stuck: list[WorkerId],
+            slots: Mapping[Any, int], grace: float) -> RanksRestarted:
     """Replace the processes of the ``stuck`` workers and form the group again."""
     backend = membership.require()
     timeout = membership.options.timeout

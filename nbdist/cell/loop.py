@@ -17,7 +17,7 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol
 
-from ..backends.base import Call, Submission, Outcome, poll_until, wait_all
+from ..backends.base import Call, Outcome, Submission, poll_until, wait_all
 from ..errors import (
     REBUILD_DDP,
     CellInterrupted,

@@ -12,8 +12,8 @@ calls :meth:`Coordinator.tick` while the cell runs; what happened is kept as rec
 :class:`~nbdist.telemetry.recovery.Recovery` per re-formed group, replacement or stop) that the
 cell loop hands to the run's record.
 
-The Coordinator works on the job's :class:`~nbdist.group.membership.Membership` in place: each plan it
-writes is the job's membership from then on (its plans and generation), and a replacement
+The Coordinator works on the job's :class:`~nbdist.group.membership.Membership` in place: each
+plan it writes is the job's membership from then on (its plans and generation), and a replacement
 worker enters through :meth:`Membership.admit`, as every worker does.
 """
 

@@ -68,7 +68,7 @@ from .snapshot import (
     TrialPoint,
 )
 from .spread import ScalarSpread
-from .stall.report import StallWatch, StallReport
+from .stall.report import StallReport, StallWatch
 from .states import RankState
 
 __all__ = ["MAX_RECORDED", "STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
@@ -402,7 +402,8 @@ class RunState:
             st.error = news.cause or "its worker is gone"
             died_at = st.last_step + 1 if st.last_step is not None else None
             self._matcher.settle_all()
-        self.incarnations.record(news, died_at, max(self.incarnations.offset.values(), default=None))
+        last = max(self.incarnations.offset.values(), default=None)
+        self.incarnations.record(news, died_at, last)
 
     def finish(self) -> None:
         """The run is over: ranks that never said they finished are marked stopped."""

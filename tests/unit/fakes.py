@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from nbdist.backends.base import Backend, Call, Submission, Outcome, WorkerGone, WorkerId
+from nbdist.backends.base import Backend, Call, Outcome, Submission, WorkerGone, WorkerId
 from nbdist.runtime import results
 from nbdist.telemetry.events import Batch
 

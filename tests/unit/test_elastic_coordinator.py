@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import pytest
 
-from nbdist.backends.base import Call, Submission, Outcome
+from nbdist.backends.base import Call, Outcome, Submission
 from nbdist.elastic.coordinator import Coordinator
 from nbdist.group.membership import Membership
 from nbdist.options import ClusterOptions

@@ -62,8 +62,8 @@ class Submission:
     def alone(self) -> None:
         self.run.feed([{"rank": 0, "seq": 101, "events": [healed("0", T0 + 1.5, world=1,
                                                                  world_before=2)]}])
-        self.run.note_recovery(Recovery(T0 + 1.5, RecoveryKind.FAILURE, [self.lost], 2, 1, commit=10,
-                                 seconds=0.5))
+        self.run.note_recovery(Recovery(T0 + 1.5, RecoveryKind.FAILURE, [self.lost], 2, 1,
+                                        commit=10, seconds=0.5))
         self.run.feed([dict(b, seq=b["seq"] + 101)
                        for b in batches(0, steps(range(10, 20), T0 + 2), per_batch=5)])
 

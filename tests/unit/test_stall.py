@@ -22,8 +22,8 @@ from nbdist.telemetry.stall.report import (
     ELSEWHERE,
     FAILED,
     FINISHED,
-    UNKNOWN,
     IN_COLLECTIVE,
+    UNKNOWN,
 )
 from nbdist.telemetry.stall.thresholds import STALL_FLOOR_S, stall_threshold
 from nbdist.telemetry.stall.words import headline, where_lines

@@ -37,7 +37,7 @@ from ...runtime import packing
 from ...runtime.interrupt import interrupt_calls
 from ...runtime.packing import Packed
 from ...telemetry.events import Batch
-from ..base import Backend, Call, Submission, Outcome, T, WorkerId, poll_until, signal_text
+from ..base import Backend, Call, Outcome, Submission, T, WorkerId, poll_until, signal_text
 from ..launchers import worker_process_config
 from ..template_launch import dask_template_options, stop_forkserver
 from .elsewhere import Elsewhere, new_client

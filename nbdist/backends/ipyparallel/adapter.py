@@ -18,7 +18,7 @@ from ipyparallel.serialize import PrePickled
 from ...boot.template import Template, active, set_active
 from ...errors import ClusterError, LaunchFailed, MissingPackageError
 from ...telemetry.events import Batch
-from ..base import Backend, Call, Submission, Outcome, WorkerGone, WorkerId, poll_until, signal_text
+from ..base import Backend, Call, Outcome, Submission, WorkerGone, WorkerId, poll_until, signal_text
 from ..launchers import launcher_settings
 from ..remote import (
     Host,

@@ -128,17 +128,17 @@ def _timed_hook(slot, bucket):  # type: ignore[no-untyped-def]
     what the hook's future would have.
     """
     # Unannotated on purpose: DDP rejects hooks whose annotations are not GradBucket/Future.
-    tel = telemetry
-    if not tel.enabled:
+    meas = measurements
+    if not meas.enabled:
         return slot.hook(slot.state, bucket)
     buf = bucket.buffer()
     rec = _Bucket(bucket.index(), time.time())
     if buf.is_cuda:
         rec.cuda = (torch.cuda.Event(enable_timing=True), None)
         rec.cuda[0].record()
-    st = tel.step
+    st = meas.step
     if st is None:
-        st = tel.open_step(rec.ready, "ddp")
+        st = meas.open_step(rec.ready, "ddp")
     st.buckets.append(rec)
     if not slot.user:
         # DDP's default, inlined: one future callback per bucket instead of two.
@@ -157,11 +157,11 @@ def _timed_hook(slot, bucket):  # type: ignore[no-untyped-def]
             return f.value()[0]
 
         return fut.then(reduced)
-    tel.local.bucket = rec
+    meas.local.bucket = rec
     try:
         fut = slot.hook(slot.state, bucket)
     finally:
-        tel.local.bucket = None
+        meas.local.bucket = None
     if not rec.op and fut.done():
         # Answered at once without communicating: local SGD's hook after its warm-up.
         rec.op, rec.dtype = "local", _dtype_name(buf)
@@ -397,10 +397,10 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         faults.hang()  # if %nbdist hang armed it: held before it takes part
-        tel = telemetry
-        if not tel.enabled:
+        meas = measurements
+        if not meas.enabled:
             return fn(*args, **kwargs)
-        rec = getattr(tel.local, "bucket", None)
+        rec = getattr(meas.local, "bucket", None)
         if rec is not None:  # inside a DDP hook: this is the bucket's traffic
             nbytes, dtype = _payload(args, kwargs)
             rec.nbytes += nbytes
@@ -408,7 +408,7 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
             if rec.issued is None:
                 rec.issued = time.time()
             return fn(*args, **kwargs)
-        if not tel.collectives:
+        if not meas.collectives:
             return fn(*args, **kwargs)
         nbytes, dtype = _payload(args, kwargs)
         is_async = kwargs.get("async_op", False) if async_at is None or len(args) <= async_at \
@@ -424,12 +424,12 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
             hang_watch.leave()
         if is_async and work is not None:
             try:
-                work.get_future().then(lambda _f: tel.on_collective(
+                work.get_future().then(lambda _f: meas.on_collective(
                     name, t0, time.time(), nbytes, dtype, blocking=False, dim=dim))
             except RuntimeError:  # some works (send/recv on gloo) have no future
                 pass
         else:
-            tel.on_collective(name, t0, time.time(), nbytes, dtype, blocking=True, dim=dim)
+            meas.on_collective(name, t0, time.time(), nbytes, dtype, blocking=True, dim=dim)
         return work
 
     wrapper._nbdist_original = fn  # type: ignore[attr-defined]

@@ -152,8 +152,8 @@ def _wrap_p2p(op: str, fn: Callable, peer_arg: str, group_peer_arg: str) -> Call
 
     @functools.wraps(fn)
     def wrapper(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        tel = telemetry
-        if not tel.enabled or not tel.collectives or _tracing():
+        meas = measurements
+        if not meas.enabled or not meas.collectives or _tracing():
             return fn(tensor, *args, **kwargs)
         t0 = time.time()
         work = fn(tensor, *args, **kwargs)
@@ -206,16 +206,16 @@ def _timed_schedule_step(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        tel = telemetry
-        if not tel.enabled or _tracing() or not getattr(self, "_has_backward", True):
+        meas = measurements
+        if not meas.enabled or _tracing() or not getattr(self, "_has_backward", True):
             return fn(self, *args, **kwargs)
         stages = getattr(self, "_stages", None) or [self._stage]
         first = any(s.is_first for s in stages)
-        tel.count_samples(batch_size(args) if first else 0)  # later stages: same samples
-        tel.begin_pipeline_step()
+        meas.count_samples(batch_size(args) if first else 0)  # later stages: same samples
+        meas.begin_pipeline_step()
         t0 = time.time()
         out = fn(self, *args, **kwargs)
-        tel.on_pipeline_step(t0, time.time(), schedule=type(self).__name__,
+        meas.on_pipeline_step(t0, time.time(), schedule=type(self).__name__,
                              stages=[s.stage_index for s in stages],
                              num_stages=stages[0].num_stages,
                              microbatches=self._n_microbatches)
@@ -265,8 +265,8 @@ def _wrap_funcol(name: str, fn: Callable, act: type) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        tel = telemetry
-        if not tel.enabled or not tel.collectives or _tracing():
+        meas = measurements
+        if not meas.enabled or not meas.collectives or _tracing():
             return fn(*args, **kwargs)
         group = kwargs.get("group") if group_at is None or len(args) <= group_at \
             else args[group_at]
@@ -279,7 +279,7 @@ def _wrap_funcol(name: str, fn: Callable, act: type) -> Callable:
         results = out if isinstance(out, (list, tuple)) else (out,)
         waiting = [r for r in results if isinstance(r, act) and not r.completed]
         if not waiting:  # already complete (waited inside, or traced)
-            tel.on_collective(name, t0, time.time(), nbytes, dtype, blocking=True,
+            meas.on_collective(name, t0, time.time(), nbytes, dtype, blocking=True,
                               dim=rec[4])
             return out
         if len(_pending) > _MAX_PENDING:

@@ -211,8 +211,9 @@ def _where(rank: int, event: Event) -> RankWhere:
         if done:
             last = _from_fr(max(done, key=lambda e: e.get("seq") or 0))
     calls = tuple(sorted((event.get("calls") or {}).items()))
-    return RankWhere(rank, IN_COLLECTIVE if collective else ELSEWHERE, collective, doing, line, code,
-                     frames, last, event.get("reason", ""), calls=calls)
+    status = IN_COLLECTIVE if collective else ELSEWHERE
+    return RankWhere(rank, status, collective, doing, line, code, frames, last,
+                     event.get("reason", ""), calls=calls)
 
 
 def _passed(w: RankWhere, c: Collective) -> bool:
