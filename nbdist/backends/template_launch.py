@@ -111,8 +111,7 @@ class TemplateEngineSetLauncher(LocalEngineSetLauncher):
 # ----------------------------------------------------------------------------- dask
 #: the forkserver's preload: nbdist's (first: it limits the BLAS pool before numpy loads),
 #: then what a Dask worker process imports
-FORKSERVER_PRELOAD = [FORKSERVER_PRELOAD, "distributed", "distributed.nanny",
-                      "distributed.worker"]
+DASK_PRELOAD = [FORKSERVER_PRELOAD, "distributed", "distributed.nanny", "distributed.worker"]
 
 
 def use_forkserver() -> Optional[str]:
@@ -133,7 +132,7 @@ def use_forkserver() -> Optional[str]:
     if running and FORKSERVER_PRELOAD not in getattr(server, "_preload_modules", ()):
         return ("this process's multiprocessing forkserver was started before, without "
                 "nbdist's preload")
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    ctx.set_forkserver_preload(DASK_PRELOAD)
     return None
 
 

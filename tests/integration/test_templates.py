@@ -119,8 +119,8 @@ def test_a_template_that_is_not_safe_to_fork_hands_over_to_fresh_workers(
         [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
     monkeypatch.setattr(template_launch, "IPP_MODULES",
                         (*template_launch.IPP_MODULES, "starts_a_thread"))
-    monkeypatch.setattr(template_launch, "FORKSERVER_PRELOAD",
-                        [*template_launch.FORKSERVER_PRELOAD, "starts_a_thread"])
+    monkeypatch.setattr(template_launch, "DASK_PRELOAD",
+                        [*template_launch.DASK_PRELOAD, "starts_a_thread"])
     s = start_session(engine)
     try:
         err = capfd.readouterr().err
