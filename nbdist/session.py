@@ -26,7 +26,8 @@ from .boot.store_host import StoreHost
 from .boot.template import forks_store
 from .cell.end_marks import EndMarks
 from .cell.loop import CellRun, cell_name
-from .debugger.verbs import DebugVerbs
+from .debugger.console import for_call, post_mortem
+from .debugger.faults import Faults
 from .display import make_run_view, make_start_view
 from .elastic.coordinator import Coordinator
 from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
@@ -50,7 +51,7 @@ def _membership(name: str, doc: str) -> Any:
     return property(lambda self: getattr(self.membership, name), doc=doc)
 
 
-class Session(DebugVerbs):
+class Session:
     """A data-parallel job on warm workers: start or connect, then run cells on every rank.
 
     Examples
@@ -85,6 +86,8 @@ class Session(DebugVerbs):
         self.transfers = Transfers()
         #: what ``%%distributed --tune`` chose, applied to DDP models built in later cells
         self.tuning = Tuning()
+        #: faults asked for on purpose (``%nbdist kill --after``), due in the next cell
+        self.faults = Faults()
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, n: Optional[int] = None, *, profile: Any = None,
@@ -290,7 +293,10 @@ class Session(DebugVerbs):
         shipped = "\n" * max(0, first_line - 1) + code
         ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
         cell_id = f"{self._id}-{number}"
-        link, beside = self._beside(m, cell_id)  # debugger, faults
+        # The cell loop's companions: the debugger's console, which answers the ranks' prompts
+        # (breakpoint(), input()) through the notebook's stdin, and the kills due in this cell
+        link, console = for_call(m, cell_id)
+        beside: list[Any] = [console, *self.faults.for_call(m)]
         elastic = m.store is not None and len(selected) == self.world_size
         if m.store is not None and len(selected) > 1:  # the notebook marks ranks that end
             beside.append(EndMarks(m.store, cell_id, selected))
@@ -420,6 +426,23 @@ class Session(DebugVerbs):
         self.membership.require()
         parse_ranks(str(rank), self.world_size)
         return self.transfers.pull(self.membership, name, rank)
+
+    # ----------------------------------------------------------------- debugger, faults
+    def debug(self, rank: Optional[int] = None) -> int:
+        """Post-mortem pdb on the frame where the last cell failed on ``rank`` (default: the
+        first rank that failed), answered in the notebook (``%nbdist debug``); returns the
+        rank. See ``docs/debugging.md``."""
+        return post_mortem(self.membership, rank)
+
+    def kill(self, rank: int, signal: str = "SIGKILL", *, after: Optional[float] = None) -> str:
+        """Send ``signal`` to ``rank``'s worker process from outside it, now or ``after``
+        seconds into the next cell (``%nbdist kill``); returns what it did, in words."""
+        return self.faults.kill(self.membership, rank, signal, after)
+
+    def hang(self, rank: int, seconds: float = 60.0) -> str:
+        """Make ``rank`` hold for ``seconds`` at its next collective (``%nbdist hang``);
+        returns what it did, in words."""
+        return self.faults.hang(self.membership, rank, seconds)
 
     # ----------------------------------------------------------------- notebook to job
     def export(self, path: str, *, force: bool = False) -> Any:

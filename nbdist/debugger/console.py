@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from ..backends.base import Call
 from ..cell.loop import CellRun, cell_label
 from ..errors import DebuggerUnavailable, NothingToDebug
+from ..options import parse_ranks
 from ..runtime import worker as rt
 from ..runtime.debugger import Link, failure
 from ..telemetry.events import DEBUGGER, INPUT, Batch, answer_key
@@ -282,6 +283,8 @@ def post_mortem(m: Membership, rank: Optional[int] = None, *,
     """``%nbdist debug [RANK]``: pdb on the frame where the last cell failed on ``rank``
     (default: the first rank that failed, not one that only lost a peer). Returns the rank."""
     m.require()
+    if rank is not None:
+        parse_ranks(str(rank), m.world_size)  # an OptionError for a rank the job does not have
     if m.store is None:
         raise DebuggerUnavailable(f"%nbdist debug cannot open: {NO_STORE}")
     stdin, why = stdin_state() if console is None else (True, "")

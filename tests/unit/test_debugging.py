@@ -19,6 +19,7 @@ from nbdist.errors import (
     DebuggerQuit,
     DebuggerUnavailable,
     DistributedError,
+    NoClusterError,
     NothingToDebug,
     OptionError,
     RankFailure,
@@ -300,3 +301,12 @@ def test_hang_arms_the_rank_and_refuses_nonsense(session, backend):
     assert (call.fn.__name__, call.worker, call.args) == ("arm", backend.ids[1], (5,))
     with pytest.raises(OptionError):
         session.hang(1, 0)
+
+
+def test_the_debugger_and_fault_verbs_need_a_job(backend):
+    s = Session(backends=lambda engine: backend, stores=None)
+    for verb in (s.debug, lambda: s.kill(0), lambda: s.kill(0, after=1.0),
+                 lambda: s.hang(0, 5)):
+        with pytest.raises(NoClusterError, match="nbdist start"):
+            verb()
+    assert s.faults.pending == []  # nothing is left due in a later cell
