@@ -9,7 +9,8 @@ import time
 import pytest
 from synthetic import Sink
 
-from nbdist.runtime.measure.model import DDPTimes, Measurements
+from nbdist.runtime.measure.model import Measurements
+from nbdist.runtime.measure.steps import DDPTimes
 
 
 class ScriptedTimer:

@@ -71,11 +71,8 @@ from typing import Any, Callable, Optional
 from ...telemetry import events as ev
 from .spec import DEFAULT, Measure
 from .stall_probe import watch as hang_watch
-from .steps import DDPTimer, DDPTimes, _Bucket, _Step, step_events
+from .steps import DDPTimer, DDPTimes, Step, step_events
 from .tensors import batch_size
-
-# Re-exported: ddp_hooks records buckets and reads DDP's times through this module
-__all__ = ["DDPTimer", "DDPTimes", "Measurements", "_Bucket", "measurements"]
 
 # Collectives held for an optimizer step to claim; past this many, the cell is not training.
 _MAX_HELD = 512
@@ -84,15 +81,15 @@ _MAX_HELD_TRAINING = 50_000
 
 
 class Measurements:
-    """Per-process telemetry state; one instance, :data:`telemetry`."""
+    """Per-process telemetry state; one instance, :data:`measurements`."""
 
     def __init__(self) -> None:
         self.sink: Any = None
         self.enabled = False
         self.collectives = True
         self.buckets = False  # DDP models built now time each bucket (a Python comm hook)
-        self.step: Optional[_Step] = None
-        self.closing: Optional[_Step] = None  # ended, waiting for DDP to store its times
+        self.step: Optional[Step] = None
+        self.closing: Optional[Step] = None  # ended, waiting for DDP to store its times
         self.steps = 0
         self.ddp_seen = False
         self.bars = 0
@@ -151,10 +148,10 @@ class Measurements:
                 hang_watch.progress()
 
     # ------------------------------------------------------------- steps
-    def open_step(self, t0: float, source: str) -> _Step:
+    def open_step(self, t0: float, source: str) -> Step:
         """Open the next step at ``t0``; ``source`` is ``"ddp"``, ``"optim"`` or
         ``"progress"``."""
-        self.step = _Step(self.steps, t0, source)
+        self.step = Step(self.steps, t0, source)
         self.steps += 1
         return self.step
 
@@ -179,7 +176,7 @@ class Measurements:
         if st is not None:
             self._emit_step(st, st.t1 or st.last, False, st.timer(False, st.iteration), pace)
 
-    def _emit_step(self, st: _Step, t1: float, final: bool, ddp: Optional[DDPTimes],
+    def _emit_step(self, st: Step, t1: float, final: bool, ddp: Optional[DDPTimes],
                    pace: bool = False) -> None:
         for e in st.held or ():
             e["step"] = st.n

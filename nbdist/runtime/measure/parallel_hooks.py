@@ -49,9 +49,8 @@ import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
 from .. import mesh as meshes
-from .ddp_hooks import _payload
 from .model import measurements
-from .tensors import batch_size
+from .tensors import batch_size, payload
 
 # What install() replaced: (owner, attribute) -> original, put back by uninstall().
 _original: dict[tuple[Any, str], Any] = {}
@@ -272,9 +271,9 @@ def _wrap_funcol(name: str, fn: Callable, act: type) -> Callable:
             else args[group_at]
         t0 = time.time()
         out = fn(*args, **kwargs)
-        nbytes, dtype = _payload(args[:1], {})
+        nbytes, dtype = payload(args[:1], {})
         if counts_output:
-            nbytes = max(nbytes, _payload((out,), {})[0])
+            nbytes = max(nbytes, payload((out,), {})[0])
         rec = (name, t0, nbytes, dtype, meshes.dim_of(group))
         results = out if isinstance(out, (list, tuple)) else (out,)
         waiting = [r for r in results if isinstance(r, act) and not r.completed]

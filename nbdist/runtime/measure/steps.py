@@ -1,6 +1,6 @@
 """A training step as the measurement model records it, and the events it becomes.
 
-:class:`~.model.Measurements` opens and closes :class:`_Step` records on the training thread; a
+:class:`~.model.Measurements` opens and closes :class:`Step` records on the training thread; a
 closed step becomes its events (:func:`step_events`) on the sink's sending thread, when the
 batch it belongs to goes out (or at once with a sink that cannot defer). Torch-free, like
 :mod:`.model`: CUDA events are used through the objects the hooks recorded.
@@ -15,7 +15,7 @@ from ...telemetry.intervals import exposed_seconds
 from .stall_probe import watch as hang_watch
 
 
-class _Bucket:
+class Bucket:
     """One gradient bucket's trip through the hook in one step."""
 
     __slots__ = ("index", "ready", "issued", "done", "nbytes", "dtype", "op", "cuda")
@@ -56,7 +56,7 @@ class DDPTimer(Protocol):
         """Steps take ``step_s``: choose which iterations DDP times from now on."""
 
 
-class _Step:
+class Step:
     """One open training step: its forward span, buckets and collective time so far."""
 
     __slots__ = ("n", "t0", "source", "samples", "fwd0", "fwd1", "buckets",
@@ -69,7 +69,7 @@ class _Step:
         self.samples = 0
         self.fwd0: Optional[float] = None
         self.fwd1: Optional[float] = None
-        self.buckets: list[_Bucket] = []
+        self.buckets: list[Bucket] = []
         self.coll_total = 0.0
         self.coll_exposed = 0.0
         self.last = t0  # latest activity seen, the end of a cell's last step
@@ -83,7 +83,7 @@ class _Step:
 
 
 # ----------------------------------------------------------------- events of a step
-def step_events(st: _Step, t1: float, final: bool,
+def step_events(st: Step, t1: float, final: bool,
                 ddp: Optional[DDPTimes]) -> list[dict[str, Any]]:
     """A closed step's events: its all-reduce (DDP's timer's span, or each bucket's) and the
     step itself, ending at ``t1`` (``final``: the cell's last, which ends with its comm)."""
@@ -143,7 +143,7 @@ def step_events(st: _Step, t1: float, final: bool,
     return out
 
 
-def resolve_cuda(b: _Bucket) -> None:
+def resolve_cuda(b: Bucket) -> None:
     """Fill in ``b.done`` from its CUDA events once both have completed."""
     if b.cuda is None or b.done is not None:
         return
