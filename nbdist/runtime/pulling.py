@@ -1,5 +1,5 @@
 """``%nbdist pull`` on a worker: find a value by its dotted name, bring it to the CPU and
-pack it for the notebook (:mod:`.transfer`), or say why it cannot travel."""
+pack it for the notebook (:mod:`.packing`), or say why it cannot travel."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from . import packing, results
 
 def pull(namespace: dict[str, Any], name: str, sink: Optional[tuple],
          timeout: float) -> list[Any]:
-    """``name`` (a dotted path) from the namespace, on CPU, packed: ``[PullResult, header,
-    layout, *buffers]`` (a flat list: each buffer a frame of its own), or ``[PullResult]``
-    saying why not; with ``sink`` (the data channel, the ticket, whether a shared copy may
-    be offered) large buffers go there."""
+    """``name`` (a dotted path) from the namespace, with tensors and modules on CPU, packed:
+    ``[PullResult, header, layout, *buffers]``, or ``[PullResult]`` saying why not. (A flat
+    list: the engines send each of its buffers as a frame of its own, without a copy.) With
+    ``sink`` (the notebook's data channel's address, the pull's ticket, and whether a shared
+    copy may be offered), large buffers go there instead, and the result says so.
+    ``timeout`` is the channel's socket timeout, in seconds."""
     parts = name.split(".")
     if parts[0] not in namespace:
         return [results.not_pulled(f"name {parts[0]!r} is not defined on this worker")]

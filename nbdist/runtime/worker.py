@@ -351,9 +351,10 @@ def post_mortem(link: debugger.Link) -> results.CellResult:
 
 def push(header: bytes, layout: Optional[list], *buffers: Any,
          source: Optional[tuple] = None) -> None:
-    """Put the packed values (a dict) into the namespace; their buffers come with the call,
-    or from the notebook's shared copy on this machine, or over its data channel
-    (``source``: the channel's address, the push's ticket and the shared copy's spec)."""
+    """Put the values :func:`~.packing.pack` packed (a dict) into the namespace; their buffers
+    come with the call, or from the notebook's shared copy on this machine, or over its data
+    channel (``source``: the channel's address, the push's ticket and the shared copy's
+    spec)."""
     if source is not None:
         address, ticket, shared = source
         views = shared_copy.attach(shared, ticket) if shared is not None else None
@@ -363,7 +364,9 @@ def push(header: bytes, layout: Optional[list], *buffers: Any,
 
 
 def pull(name: str, sink: Optional[tuple] = None) -> list[Any]:
-    """``name`` (a dotted path) from the namespace, packed (:func:`.pulling.pull`)."""
+    """``name`` (a dotted path) from the namespace, with tensors and modules on CPU, packed
+    for the notebook (:func:`.pulling.pull`, which says the shapes of the answer and of
+    ``sink``)."""
     return pulling.pull(_state.namespace, name, sink, _state.timeout)
 
 
