@@ -175,7 +175,7 @@ def cluster_spec(launch: LaunchOptions, n: int, tag: str = "nbdist",
 
     Returns ``(module, class name, package that provides it, keyword arguments, whether the
     cluster must then be scaled to n)``: nbdist's SSH cluster for ``ssh`` (the scheduler in
-    this process, workers over SSH: :mod:`.dask_ssh`), dask-jobqueue's
+    this process, workers over SSH: :mod:`.dask.ssh`), dask-jobqueue's
     ``SLURMCluster``/``PBSCluster``/``SGECluster``/``LSFCluster`` (one worker process per job,
     its output in ``cluster_dir``), dask-kubernetes' ``KubeCluster``. The profile's
     ``resources.options`` are the class's own keyword arguments, merged into nbdist's.

@@ -11,7 +11,7 @@ fraction of a second and the store's own timeout never ends a long look around.
 :class:`~.rank_pdb.RankPdb` is pdb with that channel for a terminal: its prompt names the
 rank (``(Pdb rank 1)``), what it prints goes up with its next prompt, and ``q`` ends the cell
 with :class:`DebuggerQuit`. While it waits, the hang doctor holds its clock
-(:meth:`~.measure.hang.Watch.hold`) and the notebook is told (``debugger`` events).
+(:meth:`~.measure.stall_probe.Watch.hold`) and the notebook is told (``debugger`` events).
 
 ``PYTHONBREAKPOINT`` is honoured as Python honours it: the worker's own, else the notebook's.
 Where no one can answer (a headless run), ``breakpoint()`` is passed with one line, as

@@ -37,7 +37,7 @@ MAX_BUFFERS = 60
 #: out-of-band only above this many bytes: smaller blocks are cheaper inside the pickle
 MIN_BUFFER = 64 * 1024
 #: out-of-band buffers this large in all go over the notebook's data channel, where there is
-#: one (:mod:`nbdist.data_channel`): one TCP stream instead of the engine's messages
+#: one (:class:`nbdist.group.transfer.DataChannel`): one TCP stream instead of the engine's messages
 CHANNEL_MIN = 1 << 20
 #: the data channel's operations (fetch a push's buffers, deliver a pull's, offer a pull's
 #: shared copy) and ticket size

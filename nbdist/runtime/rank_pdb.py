@@ -1,4 +1,4 @@
-"""pdb on a rank, with the notebook for its terminal (see :mod:`.debug`, which makes one per
+"""pdb on a rank, with the notebook for its terminal (see :mod:`.debugger`, which makes one per
 stop and gives it its channel).
 
 What changes from pdb: its prompt names the rank (``(Pdb rank 1)``); it reads and writes

@@ -252,7 +252,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
     ``coordinated``: the notebook re-forms the group when an ``nbdist.elastic.run`` call
     fails; ``slot``: the rank this worker's events report as (a replacement worker takes the
     slot of the rank it replaces); ``link``: how the cell's debugger reaches the notebook;
-    ``mark_end`` False: the notebook marks this rank's end if it succeeds (:mod:`.cell_end`)."""
+    ``mark_end`` False: the notebook marks this rank's end if it succeeds (:mod:`.end_marks`)."""
     from ..telemetry import events
     from . import group
     from .measure import tuning

@@ -2,7 +2,7 @@
 
 Pure, stdlib only. Workers send a ``debugger`` event when they stop (``"enter"``) and when they
 go on (``"leave"``), see :func:`~nbdist.telemetry.events.debugger`; the hang doctor's verdict
-(:mod:`.stall`) reads :class:`Stops` to say "rank 1 is in the debugger (line 5)" instead of
+(:mod:`.stall.report`) reads :class:`Stops` to say "rank 1 is in the debugger (line 5)" instead of
 judging a hang.
 """
 

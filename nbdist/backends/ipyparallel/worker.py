@@ -1,6 +1,6 @@
 """The ipyparallel engine's worker half: how a worker's event batches reach the notebook.
 
-Workers import this module, not :mod:`.ipyparallel` (the notebook's side of the adapter):
+Workers import this module, not :mod:`.adapter` (the notebook's side of the adapter):
 the event channel is passed to them by reference, and importing the adapter there would cost
 each new worker the notebook's modules.
 """

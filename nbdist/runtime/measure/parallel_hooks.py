@@ -17,7 +17,7 @@ imports them, by a post-import hook on ``sys.meta_path`` (:class:`_PostImport`):
   ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk`` is timed per
   microbatch; the ``get_*_ops`` methods tag the tensors they hand to ``P2POp`` with the
   microbatch (``F3``: activations of microbatch 3, ``B3``: their gradients); a schedule's
-  ``step()`` reports its span, compute and waits (:meth:`.measure.Measurements.on_pipeline_step`)
+  ``step()`` reports its span, compute and waits (:meth:`.model.Measurements.on_pipeline_step`)
   and, on the first stage, the batch as samples.
 * ``torch.distributed._functional_collectives``: DTensor issues its collectives through these
   functions (not ``torch.distributed.*``) and waits on the result at first use through

@@ -10,7 +10,7 @@ written here, once.
 
 "Progress" is a completed step or collective, or a moved progress bar
 (:data:`~nbdist.telemetry.events.PROGRESS_KINDS`). The threshold is
-:func:`~.stall_rules.stall_threshold`: five times the median step, at least 10 s, or the
+:func:`~.thresholds.stall_threshold`: five times the median step, at least 10 s, or the
 user's ``--stall-after``.
 
 A rank in the debugger (or waiting in ``input()``) is not stalled: while one is, the verdict

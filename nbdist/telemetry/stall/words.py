@@ -1,5 +1,5 @@
 """The hang doctor's verdict in words: the headline, one line per rank with its frames, and
-the sentences an error carries (:mod:`.stall` judges; this module only says)."""
+the sentences an error carries (:mod:`.report` judges; this module only says)."""
 
 from __future__ import annotations
 
