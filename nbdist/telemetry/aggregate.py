@@ -3,8 +3,8 @@
 Pure: no IPython, widgets, processes or clocks (callers pass ``now``). The run's record
 (:class:`~nbdist.telemetry.run.Run`) calls :meth:`RunState.feed` with the event batches of a
 run and :meth:`RunState.snapshot` when a view redraws; everything here is unit-tested on
-synthetic event streams. When ranks' reports of one step are matched: :mod:`.matcher`; how
-they are split into waiting and transfer: :mod:`.matching`.
+synthetic event streams. When ranks' reports of one step are matched, and how they are split
+into waiting and transfer: :mod:`.matching`.
 
 The fold is incremental: an event (or a :func:`~.events.table` of them, read column by
 column) updates running state in place: each rank's window of its last :data:`WINDOW` steps,
@@ -42,8 +42,14 @@ from .events import (
     Batch,
     Event,
 )
-from .matcher import StepMatcher
-from .matching import STRAGGLER_MIN_S, STRAGGLER_MIN_STEPS, STRAGGLER_SCORE, flagged, scores_of
+from .matching import (
+    STRAGGLER_MIN_S,
+    STRAGGLER_MIN_STEPS,
+    STRAGGLER_SCORE,
+    StepMatcher,
+    flagged,
+    scores_of,
+)
 from .ranks import (
     RankFold,
     common_moment,

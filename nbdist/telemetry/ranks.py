@@ -2,7 +2,7 @@
 
 A :class:`RankFold` holds a rank's recent steps, the matched steps it took part in and its
 collectives waiting for their step; it turns its steps into the reports that
-:class:`~.matcher.StepMatcher` matches across ranks. :func:`figures` and :func:`rank_snapshot`
+:class:`~.matching.StepMatcher` matches across ranks. :func:`figures` and :func:`rank_snapshot`
 turn it into the rank's row. Pure, like the fold (:mod:`.aggregate`) that owns them.
 """
 

@@ -12,7 +12,6 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Optional
 
-from .matching import STRAGGLER_MIN_S
 from .recovery import Mark
 from .stall.report import StallReport
 from .states import RankState
@@ -25,9 +24,12 @@ __all__ = ["BarState", "DimPoint", "Diagnosis", "MemoryPoint", "ModelMemory", "M
 
 #: steps used for rates, means and straggler scores (recent behaviour, not the whole run's)
 WINDOW = 20
+#: a rank stands apart, as a straggler (:func:`~.matching.flagged`) or as slower than the
+#: others, only by at least this many seconds per step (timer noise on tiny steps is neither)
+STRAGGLER_MIN_S = 0.001
 #: the slowest ranks named as outliers: at most this many, and only those whose compute per
 #: step exceeds the others' median by :data:`SLOW_SHARE` of it (and by
-#: :data:`~.matching.STRAGGLER_MIN_S`)
+#: :data:`STRAGGLER_MIN_S`)
 SLOWEST = 3
 SLOW_SHARE = 0.05
 
@@ -367,7 +369,7 @@ class RunSnapshot:
         """The ranks that stand apart, in rank order: ranks the hang doctor found away from
         the collective the others wait in, stragglers, failed or stopped ranks, and the
         :data:`SLOWEST` ranks whose compute per step exceeds the others' median by
-        :data:`SLOW_SHARE` of it (and by :data:`~.matching.STRAGGLER_MIN_S`)."""
+        :data:`SLOW_SHARE` of it (and by :data:`STRAGGLER_MIN_S`)."""
         stalled = set(self.stall.missing) if self.stall is not None else set()
         slow = sorted((r for r in self.ranks
                        if r.slower_by_s is not None and r.compute_s
