@@ -253,7 +253,7 @@ def records() -> list[str]:
     for cls, module in ((ClusterStatus, "records"), (WorkerRow, "records"),
                         (RemoteValue, "records"), (Comparison, "records"),
                         (RunFigures, "telemetry.compare"), (RunSnapshot, "telemetry.snapshot"),
-                        (Export, "torchrun_export"), (Profile, "profiles")):
+                        (Export, "exporter.torchrun"), (Profile, "profiles")):
         qual = f"nbdist.{module}.{cls.__name__}"
         out += [anchor(qual), f"### `{qual}`", "", md(cls.__doc__), ""]
         out += fields(cls) + methods(cls, qual)
