@@ -153,7 +153,7 @@ class Session:
 
     def _keeps(self, options: ClusterOptions, target: Optional[dict[str, Any]]) -> bool:
         """While a job runs: True when it is what ``options`` and ``target`` ask for (kept);
-        else what :meth:`_launch` will stop and lose is said first. See :mod:`.lifecycle`."""
+        else what :meth:`_launch` will stop and lose is said first. See :mod:`.group.relaunch`."""
         if self.backend is None:
             return False
         decision = relaunch(self.membership, self._target, options, target)
