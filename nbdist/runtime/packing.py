@@ -23,7 +23,7 @@ import socket
 import struct
 import sys
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import cloudpickle
 
@@ -45,15 +45,22 @@ GET, PUT, SHARE, TICKET = b"G", b"P", b"S", 16
 _COUNT = struct.Struct("<I")
 
 
-class Packed(tuple):
-    """``(header, buffers, layout)``: the pickle, its out-of-band buffers (numpy arrays),
-    and where each buffer lies in them (None: one buffer each; else ``(index, start, stop)``
-    per original buffer, for buffers joined into one)."""
+class Packed(NamedTuple):
+    """A value as :func:`pack` packs it; :func:`unpack` takes the three fields back."""
+
+    #: the protocol-5 pickle, with every large block of memory left out of it
+    header: bytes
+    #: the blocks left out, in the pickle's order: numpy ``uint8`` arrays (at most
+    #: :data:`MAX_BUFFERS`; empty without numpy)
+    buffers: list[Any]
+    #: None: one buffer per block; else one ``(index, start, stop)`` per block, the byte
+    #: range of ``buffers[index]`` that holds it (the smallest blocks joined into one)
+    layout: Optional[list[tuple[int, int, int]]]
 
     @property
     def nbytes(self) -> int:
-        header, buffers, _ = self
-        return len(header) + sum(memoryview(b).nbytes for b in buffers)
+        """The header's and the buffers' size together, in bytes."""
+        return len(self.header) + sum(memoryview(b).nbytes for b in self.buffers)
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -67,7 +74,28 @@ class _Pickler(cloudpickle.Pickler):
 
 
 def pack(obj: Any, max_buffers: int = MAX_BUFFERS) -> Packed:
-    """``obj`` as a protocol-5 pickle and its large buffers (see the module docstring)."""
+    """``obj`` as a protocol-5 pickle and its large buffers (see the module docstring).
+
+    Parameters
+    ----------
+    obj : object
+        Anything cloudpickle pickles; CPU tensors and numpy arrays of at least
+        :data:`MIN_BUFFER` bytes leave the pickle as buffers of their own.
+    max_buffers : int
+        The most buffers to keep; beyond it the smallest are joined (copied) into one.
+
+    Returns
+    -------
+    Packed
+        ``(header, buffers, layout)``: the pickle, the buffers, and where each block lies in
+        them.
+
+    Raises
+    ------
+    TypeError, pickle.PicklingError
+        A part of ``obj`` cannot be pickled (a lock, an open file, a generator); whatever else
+        such a part's own ``__reduce__`` raises passes through too.
+    """
     try:
         import numpy as np
     except ImportError:
@@ -86,7 +114,7 @@ def pack(obj: Any, max_buffers: int = MAX_BUFFERS) -> Packed:
     layout = None
     if len(buffers) > max_buffers:
         buffers, layout = _join_smallest(buffers, max_buffers)
-    return Packed((f.getvalue(), buffers, layout))
+    return Packed(f.getvalue(), buffers, layout)
 
 
 def unpack(header: bytes, buffers: Sequence[Any], layout: Optional[list] = None) -> Any:
