@@ -1,7 +1,7 @@
 """The user API inside a ``%%distributed`` cell: :class:`progress` and :func:`log`.
 
 ``nbdist.progress`` and ``nbdist.log`` resolve here, so the notebook imports this module too and
-it must not load torch; it reports to :mod:`.measure`, which is torch-free as well. Outside a
+it must not load torch; it reports to :mod:`.measure.model`, which is torch-free as well. Outside a
 cell with telemetry on, ``progress`` is a plain iterator and ``log`` does nothing.
 """
 

@@ -1,4 +1,4 @@
-"""Patches that feed :mod:`.measure`: DDP's comm hook and ``torch.distributed``'s collectives.
+"""Patches that feed :mod:`.model`: DDP's comm hook and ``torch.distributed``'s collectives.
 
 Worker-only: :func:`install` runs once per worker process when it joins the job (the notebook
 never imports this module), so torch is imported at the top.

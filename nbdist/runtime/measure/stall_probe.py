@@ -2,7 +2,7 @@
 it is.
 
 While a cell runs, :data:`watch` knows the thread running it, when the cell last made progress
-(a step or collective completed, a progress bar moved: :mod:`.measure` tells it) and which
+(a step or collective completed, a progress bar moved: :mod:`.model` tells it) and which
 ``torch.distributed`` collective the cell is inside right now (the collective wrappers of
 :mod:`.ddp_hooks` record it on entry: a few attribute stores, nothing allocated). The event
 sink's thread, which wakes ten times a second anyway, calls :meth:`Watch.tick`: once the cell
@@ -21,7 +21,7 @@ sizes, state), enabled for every group nbdist forms (:func:`enable_flight_record
 in-process and the stacks travel on the event channel.
 
 Stdlib only; torch is looked up in ``sys.modules`` (the notebook imports this module through
-:mod:`.measure`).
+:mod:`.model`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """How many samples (:func:`batch_size`) and bytes (:func:`payload`) a call's arguments carry,
 without importing torch.
 
-Shared by what counts samples on a worker: the measurement model (:mod:`.measure`), the
+Shared by what counts samples on a worker: the measurement model (:mod:`.model`), the
 pipeline and tensor-parallel hooks (:mod:`.parallel_hooks`) and the parameter server
 (:mod:`.parameter_server`); and by what times collectives (:mod:`.ddp_hooks`,
-:mod:`.parallel_hooks`). The notebook imports :mod:`.measure` too, and ``import nbdist`` must
+:mod:`.parallel_hooks`). The notebook imports :mod:`.model` too, and ``import nbdist`` must
 not load torch: torch is looked up in ``sys.modules``, where a worker that has tensors has it.
 """
 
