@@ -59,9 +59,17 @@ class Membership:
 
     @property
     def world_size(self) -> int:
+        """Ranks in the job (0 when none runs)."""
         return len(self.plans)
 
     def require(self) -> Backend:
+        """The job's backend.
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        """
         if self.backend is None:
             raise NoClusterError()
         return self.backend
@@ -69,7 +77,8 @@ class Membership:
     # ----------------------------------------------------------------- the store
     def warm_store(self, timeout: float) -> None:
         """Start the store on loopback now, while the engine starts workers on this host (it
-        imports torch); :meth:`form` keeps it if every worker reaches it there."""
+        imports torch); :meth:`form` keeps it if every worker reaches it there. ``timeout``
+        is the store's, in seconds."""
         if self.stores is not None:
             self.store = self.stores(LOOPBACK, timeout)
 
@@ -89,7 +98,16 @@ class Membership:
 
     def open_store(self, purpose: str, what: str) -> int:
         """Another store beside the job's (``what``: whose, for errors), on the notebook's
-        store process or on rank 0's worker; returns its port."""
+        store process or on rank 0's worker; returns its port.
+
+        Raises
+        ------
+        StoreError
+            The notebook's store process failed or did not answer (a ``RuntimeError``).
+        ClusterError
+            Rank 0's worker is gone, or did not open it within the job's ``timeout`` seconds
+            (``WorkersGone``, ``WorkerCallFailed``).
+        """
         if self.store is not None:
             return self.store.open(purpose)
         rank0, timeout = self.plans[0], self.options.timeout
@@ -99,6 +117,13 @@ class Membership:
         return port
 
     def close_store(self, purpose: str) -> None:
+        """Close the store :meth:`open_store` opened for ``purpose``.
+
+        Raises
+        ------
+        StoreError, ClusterError
+            As for :meth:`open_store` (rank 0's worker has 30 seconds to answer).
+        """
         if self.store is not None:
             self.store.close_store(purpose)
         else:
@@ -141,7 +166,20 @@ class Membership:
     # ----------------------------------------------------------------- who is in the job
     def form(self, options: ClusterOptions) -> None:
         """Admit every worker the engine has, plan ranks by host, open the store on rank 0's
-        host, and form the process group on every rank."""
+        host, and form the process group on every rank (each has ``options.timeout`` seconds
+        to join, and 30 more for the call to return).
+
+        Raises
+        ------
+        NoClusterError
+            No backend is set.
+        ClusterError
+            The engine has no workers, ``--device cuda`` where a host has no GPU, nccl on ranks
+            that share a GPU, a worker gone (``WorkersGone``), or a call that failed or did not
+            answer in time (``WorkerCallFailed``).
+        StoreError
+            The notebook's store process failed or did not answer (a ``RuntimeError``).
+        """
         self.options = options
         self.suspect.clear()  # the plan is made anew from the workers the engine has
         backend = self.require()
@@ -175,7 +213,16 @@ class Membership:
     def admit(self, workers: Sequence[WorkerId]) -> list[WorkerInfo]:
         """Describe ``workers`` and give them the event channel: the one way a worker enters
         the job, when it forms and when a replacement takes a lost rank's place. Returns
-        their ``describe()`` records, also kept in :attr:`infos`."""
+        their ``describe()`` records, also kept in :attr:`infos`.
+
+        Raises
+        ------
+        NoClusterError
+            No backend is set.
+        ClusterError
+            A worker is gone, or did not answer within the job's ``timeout`` seconds
+            (``WorkersGone``, ``WorkerCallFailed``).
+        """
         backend = self.require()
         timeout = self.options.timeout
         # One job, one round trip: each worker runs its two calls in order (the same
@@ -228,6 +275,23 @@ class Membership:
         After the engine failed a call, the next job first asks the engine which workers it
         still has (one round trip, only then): a call to a dead worker would otherwise fail
         with the engine's own error, or, on Dask, wait for the process group's timeout.
+
+        Parameters
+        ----------
+        calls : list of Call
+            One function call per entry, each on its worker.
+
+        Returns
+        -------
+        Submission
+            The calls in flight: wait on it, read their outcomes.
+
+        Raises
+        ------
+        NoClusterError
+            No backend is set.
+        WorkersGone
+            A planned worker is gone (the error names its ranks and hosts, and what to do).
         """
         backend = self.require()
         if self.suspect:
@@ -246,7 +310,34 @@ class Membership:
 
     def call(self, calls: list[Call], timeout: float, what: str) -> list[Any]:
         """Run nbdist's own calls (not user code) and return their values, in call order;
-        raise :class:`~nbdist.errors.WorkerCallFailed` when one fails or does not answer."""
+        raise :class:`~nbdist.errors.WorkerCallFailed` when one fails or does not answer.
+
+        Parameters
+        ----------
+        calls : list of Call
+            One function call per entry, each on its worker.
+        timeout : float
+            Seconds to wait for all of them.
+        what : str
+            What the calls do, for the error (``"form the process group"``).
+
+        Returns
+        -------
+        list
+            Each call's return value, in call order.
+
+        Raises
+        ------
+        NoClusterError
+            No backend is set.
+        WorkersGone
+            A planned worker is gone (raised by :meth:`submit`, before anything runs).
+        WorkerCallFailed
+            A call did not answer within ``timeout`` seconds, or the engine failed it on a
+            worker (the error names them, with the engine's text).
+        KeyboardInterrupt
+            Interrupted while waiting; the calls still running were interrupted first.
+        """
         backend = self.require()
         job = self.submit(calls)
         try:
@@ -263,7 +354,14 @@ class Membership:
         return [o.value for o in outcomes]
 
     def status(self) -> ClusterStatus:
-        """One row per worker: rank, host, pid, device, alive, memory."""
+        """One row per worker: rank, host, pid, device, alive, memory (a worker that does
+        not answer within 10 seconds is shown busy, or gone).
+
+        Raises
+        ------
+        NoClusterError
+            No backend is set.
+        """
         backend = self.require()
         live = set(backend.worker_ids())
         rows = []
