@@ -4,6 +4,8 @@
 then polls: each pass moves the event batches received so far into the run's record and onto
 the screen (:func:`pump`), lets the elastic coordinator decide (when the cell is elastic), and
 checks the cell's time limit. When the calls are done it waits briefly for their last batches,
+records each worker the engine lost (a :class:`~nbdist.telemetry.recovery.Lost` rank, as the
+elastic coordinator records one: its row, the header and the error then name the same death),
 closes the view, and turns failed ranks into one :class:`~nbdist.errors.DistributedError`.
 
 Companions work beside the job in the same loop (:class:`Companion`): the debugger's console,
@@ -18,6 +20,7 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol
 
 from ..backends.base import Call, Outcome, Submission, poll_until, wait_all
+from ..elastic.coordinator import live_workers, lost_worker, oom_kills
 from ..errors import (
     REBUILD_DDP,
     CellInterrupted,
@@ -28,6 +31,7 @@ from ..errors import (
 )
 from ..runtime import results
 from ..telemetry.events import Batch
+from ..telemetry.recovery import Lost
 from ..telemetry.run import Run
 from ..telemetry.snapshot import RunSnapshot
 from .interrupt import stop_ranks
@@ -100,20 +104,32 @@ def pump(job: Submission, run: Run, view: RunView, healer: Optional[Coordinator]
     pass, news or not: its clocks tick (its own rate limit says when it draws); not with
     ``redraw`` False (the view is closed next, and draws the run's end)."""
     batches = [*job.drain_events(), *carried]
+    news = False
+    if healer is not None:
+        # The coordinator reads them first: a replacement that joined is in the record (a row
+        # of its own) before the steps it reported in the same batches are folded.
+        healer.feed(batches)
+        news = _note_news(run, healer)
     if batches:
         view.output(batches)
         run.feed(batches)
         for c in companions:
             c.feed(batches)
-    news = run.stall_news()  # the hang doctor's verdict appeared or changed: show it now
+    news |= run.stall_news()  # the hang doctor's verdict appeared or changed: show it now
     if healer is not None:
-        healer.feed(batches)
         healer.tick()
-        for record in healer.news():
-            run.note_recovery(record)  # the views show it once, each in its medium
-            news = True
+        news |= _note_news(run, healer)
     if redraw:
         view.refresh(run.snapshot, force=news)
+
+
+def _note_news(run: Run, healer: Coordinator) -> bool:
+    """Hand what the coordinator recorded since the last call to the run's record; True
+    when there was some."""
+    records = healer.news()
+    for record in records:
+        run.note_recovery(record)  # the views show it once, each in its medium
+    return bool(records)
 
 
 class CellRun:
@@ -135,6 +151,9 @@ class CellRun:
         self.job: Optional[Submission] = None
         #: ranks an interrupt could not stop, whose processes the engine replaced
         self.restarted: Optional[RanksRestarted] = None
+        #: workers the engine lost during the cell, as recorded (see :meth:`_note_lost`)
+        self.lost: dict[Any, Lost] = {}
+        self._oom = 0  # out-of-memory kills counted before the cell
 
     @property
     def reformed(self) -> bool:
@@ -147,6 +166,7 @@ class CellRun:
         """Run the calls to the end (or ``timeout`` seconds) and return each call's result,
         in call order; raise one error naming every rank that failed."""
         run, healer = self.run, self.healer
+        self._oom = oom_kills()
         job = self.job = self.membership.submit(self.calls)
         if healer is not None:
             healer.follow(job)
@@ -185,14 +205,19 @@ class CellRun:
                 c.close()
         return self._results(job.outcomes())
 
-    def _results(self, outcomes: list[Outcome]) -> list[results.CellResult]:
+    def _cell_outcomes(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """The outcomes that are the cell's own."""
         final = self.healer.final() if self.healer is not None else None
-        if final is not None:
-            # The job is now the elastic run's last membership: calls of workers it lost are
-            # not failures of the cell (it carried on without them).
-            members = set(final.members)
-            outcomes = [o for o in outcomes if o.worker in members or o.engine_error is None]
-        out = [o.value if o.engine_error is None else results.engine_failure(o.engine_error)
+        if final is None:
+            return outcomes
+        # The job is now the elastic run's last membership: calls of workers it lost are not
+        # failures of the cell (it carried on without them).
+        members = set(final.members)
+        return [o for o in outcomes if o.worker in members or o.engine_error is None]
+
+    def _results(self, outcomes: list[Outcome]) -> list[results.CellResult]:
+        outcomes = self._cell_outcomes(outcomes)
+        out = [o.value if o.engine_error is None else self._engine_failure(o)
                for o in outcomes]
         # The engine failed these calls: their worker may be gone; check before the next job.
         self.membership.distrust([o.worker for o in outcomes if o.engine_error is not None])
@@ -211,6 +236,36 @@ class CellRun:
             raise cell_error(failures, what=self.run.what,
                              remedy=" ".join(x for x in (hint, remedy) if x))
         return out
+
+    def _engine_failure(self, o: Outcome) -> results.CellResult:
+        """The result of a call the engine failed: for a worker it lost, the death as its
+        row says it (the engine's own words below, as the traceback)."""
+        assert o.engine_error is not None
+        lost = self.lost.get(o.worker)
+        if lost is None and self.healer is not None:
+            lost = self.healer.found_lost.get(o.worker)
+        if lost is None:
+            return results.engine_failure(o.engine_error)
+        return results.cell_failed(results.plain_error("WorkerError", lost.gone(),
+                                                       o.engine_error), group_alive=False)
+
+    def _note_lost(self, outcomes: list[Outcome]) -> None:
+        """Record each worker the engine lost during the cell (its call failed, and its
+        process is gone or the engine says how it ended) as a :class:`Lost` rank, as the
+        elastic coordinator records the members it finds dead (those are not recorded
+        twice). A call the engine failed on a worker that is still there is no death."""
+        known = self.healer.found_lost if self.healer is not None else {}
+        failed = [o.worker for o in self._cell_outcomes(outcomes)
+                  if o.engine_error is not None and o.worker not in known]
+        if not failed:
+            return
+        live = live_workers(self.membership, self.slots)
+        for w in failed:
+            lost = lost_worker(self.membership, w, self.slots.get(w), self._oom, by="nbdist")
+            if w in live and lost.cause is None:
+                continue
+            self.lost[w] = lost
+            self.run.note_recovery(lost)
 
     def _late(self) -> list[int]:
         assert self.job is not None
@@ -241,6 +296,7 @@ class CellRun:
             # then each rank's last batch, after all it sent before it
             pump(job, run, view, healer, [r["tail"] for r in done if r.get("tail")],
                  companions=self.companions, redraw=False)
+            self._note_lost(job.outcomes())  # before the view draws the run's end
         else:
             pump(job, run, view, healer, companions=self.companions, redraw=False)
         run.finish()

@@ -248,7 +248,7 @@ def progress_phrases(snap: RunSnapshot, final: bool = False) -> list[str]:
     it runs): each figure says whether it is one rank's or the job's."""
     wall = snap.wall_s if snap.wall_s is not None else snap.elapsed_s
     ended = final or snap.finished
-    if snap.failed:
+    if snap.failed or ended and _lost_for_good(snap):
         head = "failed after"
     elif snap.stopped_by:
         head = f"{stop_phrase(snap.stopped_by)} after"
@@ -278,6 +278,13 @@ def progress_phrases(snap: RunSnapshot, final: bool = False) -> list[str]:
     if etas and not ended:
         out.append(f"ETA {fmt_seconds(max(etas))}")
     return out
+
+
+def _lost_for_good(snap: RunSnapshot) -> bool:
+    """A rank died and no group re-formed without it (elastic training carries on without a
+    dead rank; any other job is lost with it)."""
+    return (any(r.state == RankState.DIED for r in snap.ranks)
+            and not any(m.kind == "re-formed" for m in snap.marks))
 
 
 def quiet_phrase(snap: RunSnapshot, final: bool = False) -> str:

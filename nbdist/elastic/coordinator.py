@@ -2,12 +2,14 @@
 workers' side is :mod:`nbdist.runtime.elastic`, and the store keys both use are spelled in its
 :mod:`~nbdist.runtime.elastic.protocol`.
 
-Workers report what happens to them as ``elastic`` events; the :class:`Coordinator` decides who is
-in the group next — the workers that reported the failure and are still alive — and writes
-that membership as a plan into the rendezvous store, which the notebook hosts. Where nbdist
-started the cluster it also brings in a replacement worker, which joins the survivors at a
-commit and heals from one of them. The cell loop (:mod:`nbdist.cell.loop`) feeds it batches and
-calls :meth:`Coordinator.tick` while the cell runs; what happened is kept as records (a
+Workers report what happens to them as ``elastic`` events, and the :class:`Coordinator` is
+their only reader (the run's record shows of elastic training what the coordinator records, no
+more). It decides who is in the group next — the workers that reported the failure and are
+still alive — and writes that membership as a plan into the rendezvous store, which the
+notebook hosts. Where nbdist started the cluster it also brings in a replacement worker,
+which joins the survivors at a commit and heals from one of them. The cell loop
+(:mod:`nbdist.cell.loop`) feeds it batches (before the run's record folds them) and calls
+:meth:`Coordinator.tick` while the cell runs; what happened is kept as records (a
 :class:`~nbdist.telemetry.recovery.Lost` rank the moment it is found dead, a
 :class:`~nbdist.telemetry.recovery.Recovery` per re-formed group, replacement or stop) that the
 cell loop hands to the run's record.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import pickle
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
@@ -100,7 +103,10 @@ class Coordinator:
         self._printed = 0
         self._known = {p.worker_id for p in plans}  # the engine's workers we have seen
         self.seq_base = 1_000_000
-        self._oom = _oom_kills(fresh_s=_OOM_FRESH_S)
+        self._oom = oom_kills()  # the baseline: kills counted before the cell
+        #: the workers found dead, and their records: the cell loop records no second death
+        #: for them, and their ranks' errors say it as the records do
+        self.found_lost: dict[WorkerId, Lost] = {}
 
     @property
     def coordinating(self) -> bool:
@@ -125,10 +131,6 @@ class Coordinator:
         """Coordinate the cell running as ``job`` (replacement workers' jobs join
         :attr:`joiner_jobs`)."""
         self.job = job
-
-    def _pid(self, w: WorkerId) -> tuple[Optional[str], Optional[int]]:
-        info = self.membership.infos.get(w)
-        return (info["hostname"], info["pid"]) if info is not None else (None, None)
 
     # ------------------------------------------------------------------ events
     def feed(self, batches: list[Batch]) -> None:
@@ -162,11 +164,15 @@ class Coordinator:
             if joined is not None:
                 if w == joined and joined not in r.joined:
                     r.joined.add(joined)
+                    # the replacement reports as the lost rank's slot from now on, its steps
+                    # counted from the job's step it joined at
+                    step = ev.get("step")
                     self.records.append(Recovery(
                         t=ev["t"], kind=RecoveryKind.JOINED, commit=ev.get("commit"),
                         seconds=self._since(r.asked.get(joined), ev),
                         world_before=ev.get("world_before") or 0,
-                        world_after=ev.get("world") or 0))
+                        world_after=ev.get("world") or 0, rank=self.slots.get(joined),
+                        step=None if step is None else int(step)))
                 if r.joiner == joined:
                     r.joiner, r.replacing = None, None
             elif r.open_recovery is not None:
@@ -203,16 +209,7 @@ class Coordinator:
                 self._admit(r)
 
     def _alive(self) -> set[WorkerId]:
-        try:
-            live = set(self.backend.worker_ids())
-        except Exception:  # the engine cannot say: trust only the processes we can see
-            live = set(self.slots)
-        here = socket.gethostname()
-        for w in list(live):
-            host, pid = self._pid(w)
-            if host == here and pid and not _pid_alive(pid):
-                live.discard(w)
-        return live
+        return live_workers(self.membership, self.slots)
 
     def _decide(self, r: _Run) -> None:
         """Some member of ``r`` reported a failure (or its own error): write the next plan.
@@ -287,14 +284,8 @@ class Coordinator:
             self._replace(r, lost)
 
     def _lost(self, r: _Run, w: WorkerId) -> Lost:
-        host, pid = self._pid(w)
-        try:
-            cause = self.backend.exit_cause(w, pid)
-        except Exception:  # how it died is a detail; that it died is the news
-            cause = None
-        if cause == "SIGKILL" and _oom_kills() > self._oom:
-            cause = "SIGKILL, by the kernel's out-of-memory killer"
-        return Lost(time.time(), r.slots.get(w), host, pid, cause)
+        lost = self.found_lost[w] = lost_worker(self.membership, w, r.slots.get(w), self._oom)
+        return lost
 
     def _write(self, r: _Run, plan: Plan) -> None:
         self.store.set(plan_key(r.key, plan.epoch), pickle.dumps(plan))
@@ -445,6 +436,52 @@ class Coordinator:
 
     def new_lines(self) -> list[str]:
         return [r.line() for r in self.news()]
+
+
+# ---------------------------------------------------------------- how a worker was lost
+# The coordinator asks when it finds a member gone; the cell loop asks too, for the workers
+# the engine lost in a cell without elastic training.
+def live_workers(membership: Membership, fallback: Iterable[WorkerId]) -> set[WorkerId]:
+    """The workers the engine still has, less those on this host whose process is gone (the
+    engine may not know yet); ``fallback`` where the engine cannot say."""
+    try:
+        live = set(membership.require().worker_ids())
+    except Exception:  # the engine cannot say: trust only the processes we can see
+        live = set(fallback)
+    here = socket.gethostname()
+    for w in list(live):
+        host, pid = _host_pid(membership, w)
+        if host == here and pid and not _pid_alive(pid):
+            live.discard(w)
+    return live
+
+
+def lost_worker(membership: Membership, w: WorkerId, rank: Optional[int], oom_before: int,
+                by: str = "nbdist.elastic") -> Lost:
+    """``w``'s worker is gone: a :class:`~nbdist.telemetry.recovery.Lost` record of ``rank``
+    with where it ran and how it ended, as far as the engine knows (``SIGKILL``, ``exit
+    status 1``; the out-of-memory killer named where this host counted more kills than
+    ``oom_before``, an :func:`oom_kills` reading from before the cell). ``by``: who found it.
+    May wait about a second for the engine's answer (see ``Backend.exit_cause``)."""
+    host, pid = _host_pid(membership, w)
+    try:
+        cause = membership.require().exit_cause(w, pid)
+    except Exception:  # how it died is a detail; that it died is the news
+        cause = None
+    if cause == "SIGKILL" and _oom_kills() > oom_before:
+        cause = "SIGKILL, by the kernel's out-of-memory killer"
+    return Lost(time.time(), rank, host, pid, cause, by)
+
+
+def _host_pid(membership: Membership, w: WorkerId) -> tuple[Optional[str], Optional[int]]:
+    info = membership.infos.get(w)
+    return (info["hostname"], info["pid"]) if info is not None else (None, None)
+
+
+def oom_kills() -> int:
+    """The out-of-memory kills this host's cgroup has counted (0 where it cannot be read): a
+    cell's baseline for :func:`lost_worker`, read before the cell runs."""
+    return _oom_kills(fresh_s=_OOM_FRESH_S)
 
 
 # A reading of the out-of-memory kill count this old serves as the next cell's baseline: a

@@ -19,14 +19,13 @@ from __future__ import annotations
 import pickle
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .columns import column, columns, row, rows, summary, summary_column, table_rows
 from .events import (
     COMM,
     DDP,
     DEBUGGER,
-    ELASTIC,
     END,
     MEMORY,
     PIPELINE,
@@ -59,7 +58,7 @@ from .ranks import (
     rank_snapshot,
     to_ns,
 )
-from .recovery import Incarnations, Lost
+from .recovery import Incarnations, Lost, Recovery, RecoveryKind
 from .snapshot import (
     WINDOW,
     BarState,
@@ -145,17 +144,18 @@ class RunState:
         st.state = state
 
     def feed(self, batches: Iterable[Batch]) -> bool:
-        """Fold batches in (any order of ranks; per rank in ``seq`` order). True if telemetry."""
+        """Fold batches in (any order of ranks; per rank in ``seq`` order). True if telemetry.
+
+        Elastic training's events are not read here: what the fold shows of it (a rank that
+        died, a replacement's own row) is what its coordinator recorded
+        (:meth:`note_recovery`)."""
         changed = False
         for batch in sorted(batches, key=lambda b: (b["rank"], b["seq"])):
             rank = batch["rank"]
             for event in batch["events"]:
-                kind = event.get("kind")
-                if kind in TELEMETRY:
+                if event.get("kind") in TELEMETRY:
                     self.apply(rank, event)
                     changed = True
-                elif kind == ELASTIC:
-                    changed |= self._elastic(rank, event)
         return changed
 
     def apply(self, rank: int, e: Event) -> None:
@@ -376,12 +376,9 @@ class RunState:
         self._matcher.steps(rank, st.job_steps(ns), reports)
 
     # ------------------------------------------------------------- elastic training
-    def _elastic(self, rank: int, e: Event) -> bool:
-        """An elastic event from ``rank``; True when a replacement worker now reports as it:
-        that worker gets a fold of its own, counting from the job's step it joined at."""
-        start = self.incarnations.joined(rank, e, self._next_step())
-        if start is None:
-            return False
+    def _replaced(self, rank: int, start: int) -> None:
+        """A replacement worker reports as ``rank`` from now on: it gets a fold of its own,
+        counting from the job's step ``start`` it joined at."""
         old = self._ranks.pop(rank, None)
         if old is not None:
             if old.state.active:  # its death was not reported; its place was taken
@@ -391,25 +388,33 @@ class RunState:
         new = self._rank(rank)
         new.offset = new.joined_at = start
         new.state = RankState.RUNNING
-        return True
 
     def _next_step(self) -> int:
         """The job's next step: after the latest any rank reported."""
         return max((st.last_step for st in self._ranks.values() if st.last_step is not None),
                    default=-1) + 1
 
-    def note_recovery(self, news: Any) -> None:
-        """What elastic training's coordinator wrote (:mod:`.recovery`): a :class:`Lost`
-        rank's row says it died from now on, and steps stop waiting for it."""
+    def note_recovery(self, news: Union[Lost, Recovery]) -> None:
+        """What the notebook found or decided (:mod:`.recovery`): a :class:`Lost` rank's row
+        says it died from now on, and steps stop waiting for it; a replacement that joined
+        (elastic training's ``JOINED`` record) reports as its rank from now on, in a fold of
+        its own. Each is kept as a mark at the step it happened."""
         died_at = self._next_step()
-        if isinstance(news, Lost) and news.rank in self._ranks:
-            st = self._ranks[news.rank]
-            self._stop(st, RankState.DIED)
-            st.error = news.cause or "its worker is gone"
-            died_at = st.last_step + 1 if st.last_step is not None else None
-            self._matcher.settle_all()
-        last = max(self.incarnations.offset.values(), default=None)
-        self.incarnations.record(news, died_at, last)
+        joined_at = None
+        if isinstance(news, Lost):
+            if news.rank in self._ranks:
+                st = self._ranks[news.rank]
+                self._stop(st, RankState.DIED)
+                st.error = news.reason
+                died_at = st.last_step + 1 if st.last_step is not None else None
+                self._matcher.settle_all()
+        elif news.kind is RecoveryKind.JOINED:
+            joined_at = self.incarnations.joined(news, died_at)
+            if joined_at is not None and news.rank is not None:
+                self._replaced(news.rank, joined_at)
+        if joined_at is None:
+            joined_at = max(self.incarnations.offset.values(), default=None)
+        self.incarnations.record(news, died_at, joined_at)
 
     def finish(self) -> None:
         """The run is over: ranks that never said they finished are marked stopped."""

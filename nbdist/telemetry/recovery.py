@@ -2,14 +2,17 @@
 
 The notebook's half of elastic training (:mod:`nbdist.elastic.coordinator`) writes what it
 decides as records: a :class:`Lost` rank the moment it finds the rank's worker gone, and a
-:class:`Recovery` when the group re-formed, a replacement joined, or the run stopped. The run's
-record (:class:`~nbdist.telemetry.run.Run`) takes both; its fold keeps each as a :class:`Mark`
-at the step where it happened, so the chart can draw a rule there instead of redrawing history.
+:class:`Recovery` when the group re-formed, a replacement joined, or the run stopped. A cell
+without elastic training writes a :class:`Lost` rank too, for each worker the engine lost
+during the cell (:mod:`nbdist.cell.loop`). The run's record
+(:class:`~nbdist.telemetry.run.Run`) takes both; its fold keeps each as a :class:`Mark` at the
+step where it happened, so the chart can draw a rule there instead of redrawing history.
 
 A replacement worker reports as the rank it replaces, counting its steps from 0 in its own
 process; :class:`Incarnations` knows which worker a rank's events come from and at which step
-of the job the current one joined, so its steps keep the job's numbering and its numbers stay
-apart from those of the worker it replaced. Pure: no clocks, no processes.
+of the job the current one joined (the coordinator's ``JOINED`` :class:`Recovery` says), so its
+steps keep the job's numbering and its numbers stay apart from those of the worker it replaced.
+Pure: no clocks, no processes.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
-from .events import ElasticWhat, Event
 from .units import fmt_ranks, fmt_seconds
 
 __all__ = ["Incarnations", "Lost", "Mark", "Recovery", "RecoveryKind"]
@@ -39,21 +41,36 @@ def _clock(t: float) -> str:
 
 @dataclass(frozen=True)
 class Lost:
-    """A rank whose worker is gone, as the notebook found it at ``t``."""
+    """A rank whose worker is gone, as the notebook found it at ``t`` (seconds since the
+    epoch)."""
 
     t: float
     rank: Optional[int]
     host: Optional[str] = None
     pid: Optional[int] = None
     cause: Optional[str] = None  # "SIGKILL", "exit status 1"; None: unknown
+    #: who found it, the first word of its line: elastic training's coordinator, or
+    #: ``nbdist`` (the cell loop, for a worker the engine lost outside elastic training)
+    by: str = "nbdist.elastic"
 
     def __str__(self) -> str:
         where = f"rank {'?' if self.rank is None else self.rank} on {self.host or '?'}" + (
             f" (pid {self.pid})" if self.pid else "")
         return f"{where} died" + (f": {self.cause}" if self.cause else "")
 
+    @property
+    def reason(self) -> str:
+        """What the rank's row says after ``died:``: the cause, else that its worker is gone."""
+        return self.cause or "its worker is gone"
+
+    def gone(self) -> str:
+        """The death as the rank's error says it: ``its worker (pid 41) died: SIGKILL``, or
+        ``its worker (pid 41) is gone`` where the cause is unknown."""
+        worker = f"its worker (pid {self.pid})" if self.pid else "its worker"
+        return f"{worker} died: {self.cause}" if self.cause else f"{worker} is gone"
+
     def line(self) -> str:
-        return f"nbdist.elastic {_clock(self.t)}: {self}"
+        return f"{self.by} {_clock(self.t)}: {self}"
 
 
 @dataclass
@@ -69,6 +86,10 @@ class Recovery:
     discarded: int = 0  # optimizer steps thrown away (done after the commit restored)
     seconds: Optional[float] = None  # from the failure to steps flowing again
     why: Optional[str] = None
+    #: ``JOINED``: the rank (slot) the replacement reports as, and the job's step it starts
+    #: at (None: after the latest step any rank reported)
+    rank: Optional[int] = None
+    step: Optional[int] = None
 
     def line(self) -> str:
         """What happened, in one line (a :class:`Lost` rank has a line of its own)."""
@@ -128,16 +149,14 @@ class Incarnations:
         self.offset: dict[int, int] = {}
         self.marks: list[Mark] = []
 
-    def joined(self, rank: int, e: Event, fallback: int) -> Optional[int]:
-        """An elastic event of ``rank``: when it says a replacement worker now reports as
-        ``rank`` (its own ``healed`` with it as the joiner), the job's step it starts at (the
-        event's ``step``, else ``fallback``); None for every other event."""
-        if e.get("what") != ElasticWhat.HEALED.value or e.get("joined") is None \
-                or e.get("joined") != e.get("worker"):
+    def joined(self, news: Recovery, fallback: int) -> Optional[int]:
+        """A replacement worker now reports as ``news.rank`` (a ``JOINED`` record): the job's
+        step it starts at (the record's ``step``, else ``fallback``); None for a record that
+        names no rank."""
+        if news.kind is not RecoveryKind.JOINED or news.rank is None:
             return None
-        start = e.get("step")
-        start = fallback if start is None else int(start)
-        self.offset[rank] = start
+        start = fallback if news.step is None else int(news.step)
+        self.offset[news.rank] = start
         return start
 
     def mark(self, t: float, kind: str, text: str, step: Optional[int] = None,

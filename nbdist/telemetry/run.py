@@ -76,9 +76,10 @@ class Run:
         return self._state.feed(batches)
 
     def note_recovery(self, news: Union[Lost, Recovery]) -> None:
-        """What elastic training's coordinator wrote: a rank found dead (its row says so from
-        now on), a re-formed group, a replacement that joined; kept at the step it happened,
-        and as a line of the run's notes."""
+        """What the notebook found or decided: a rank found dead (its row says so from now
+        on), by elastic training's coordinator or by the cell loop for a worker the engine
+        lost; a re-formed group, a replacement that joined (it reports as its rank from now
+        on). Kept at the step it happened, and as a line of the run's notes."""
         self._state.note_recovery(news)
         self.notes.append(news.line())
 
