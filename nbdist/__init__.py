@@ -72,47 +72,148 @@ def current_session() -> Session:
 
 def start(n: Optional[int] = None, *, profile: Any = None, **options: Any) -> Session:
     """Start ``n`` workers, on this machine or as the ``profile`` file describes (the other
-    ``options`` override it); see :meth:`Session.start`."""
+    ``options`` override it); see :meth:`Session.start`.
+
+    Raises
+    ------
+    ProfileError
+        The profile is missing, not YAML, or not valid.
+    OptionError
+        A bad option value or combination.
+    ImportError
+        The engine's or the launcher's package is not installed.
+    ClusterError
+        The workers did not start within ``timeout`` seconds, or the job could not be formed.
+    RuntimeError
+        The notebook's rendezvous store process failed.
+    """
     return current_session().start(n, profile=profile, **options)
 
 
 def connect(**options: Any) -> Session:
-    """Attach to an existing cluster; see :meth:`Session.connect`."""
+    """Attach to an existing cluster; see :meth:`Session.connect`.
+
+    Raises
+    ------
+    OptionError
+        A bad option value, an unknown engine, or a target the engine cannot use.
+    ImportError
+        The engine's package is not installed.
+    ClusterError
+        The cluster cannot be reached or has no workers, or the job could not be formed.
+    RuntimeError
+        The notebook's rendezvous store process failed.
+    """
     return current_session().connect(**options)
 
 
 def stop() -> Optional[str]:
-    """Stop the workers nbdist started (or disconnect); returns what was stopped, in words."""
+    """Stop the workers nbdist started (or disconnect); returns what was stopped, in words.
+
+    Raises
+    ------
+    Exception
+        The engine's own error when a cluster nbdist started fails to stop.
+    """
     return current_session().stop()
 
 
 def restart() -> Session:
-    """Fresh workers with the same options."""
+    """Fresh workers with the same options (:meth:`Session.restart`).
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    ClusterError, ImportError, OptionError, RuntimeError
+        As for :func:`start`: the workers did not come back, or the job could not be formed.
+    """
     return current_session().restart()
 
 
 def scale(n: int) -> Session:
-    """Resize the cluster to ``n`` workers and re-form the process group."""
+    """Resize the cluster to ``n`` workers and re-form the process group.
+
+    Raises
+    ------
+    OptionError
+        ``n`` is less than 1.
+    NoClusterError
+        No job is running.
+    ClusterError
+        nbdist did not start this cluster, or it did not reach ``n`` workers in time.
+    """
     return current_session().scale(n)
 
 
 def status() -> ClusterStatus:
-    """Workers with rank, host, pid, device and liveness."""
+    """Workers with rank, host, pid, device and liveness.
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    """
     return current_session().status()
 
 
 def run_cell(code: str, **options: Any) -> Optional[RemoteValue]:
-    """Run ``code`` on every rank, like a ``%%distributed`` cell."""
+    """Run ``code`` on every rank, like a ``%%distributed`` cell; ``options`` are
+    :meth:`Session.run_cell`'s (``timeout`` in seconds).
+
+    Raises
+    ------
+    OptionError
+        A bad option value (``ranks`` outside the job, ``timeout`` not positive).
+    NoClusterError
+        No job is running.
+    SyntaxError
+        ``code`` does not parse; raised before anything is sent.
+    DistributedError
+        The cell raised on one or more ranks (the error names each, with its traceback).
+    CellTimeoutError
+        The cell ran past ``timeout`` seconds and was interrupted on every rank.
+    CellInterrupted
+        The kernel was interrupted (a ``KeyboardInterrupt``).
+    ClusterError
+        A rank's worker is gone, or ranks an interrupt could not stop in time.
+    """
     return current_session().run_cell(code, **options)
 
 
 def run_script(path: str, argv: Sequence[str] = (), **options: Any) -> None:
-    """Run a torchrun-style script on every rank (``%nbdist run``)."""
+    """Run a torchrun-style script on every rank (``%nbdist run``); ``options`` are
+    :meth:`Session.run_script`'s (``timeout`` in seconds).
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    FileNotFoundError
+        The script cannot be read.
+    DistributedError
+        The script failed on one or more ranks.
+    CellTimeoutError, CellInterrupted
+        It ran past ``timeout`` seconds, or the kernel was interrupted.
+    ClusterError
+        A rank's worker is gone, or the script's rendezvous store could not be opened.
+    """
     current_session().run_script(path, argv, **options)
 
 
 def push(*args: dict[str, Any], **values: Any) -> None:
-    """Send values to every worker: ``nbdist.push(lr=0.1)`` or ``nbdist.push({"lr": 0.1})``."""
+    """Send values to every worker: ``nbdist.push(lr=0.1)`` or ``nbdist.push({"lr": 0.1})``.
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    TypeError, pickle.PicklingError
+        A value cannot be pickled.
+    ClusterError
+        A worker is gone, or the push failed there or did not end within the cluster's
+        ``timeout`` seconds.
+    """
     merged: dict[str, Any] = {}
     for d in args:
         merged.update(d)
@@ -121,7 +222,21 @@ def push(*args: dict[str, Any], **values: Any) -> None:
 
 
 def pull(name: str, rank: int = 0) -> Any:
-    """Bring a worker variable into the notebook, tensors and modules moved to CPU."""
+    """Bring a worker variable into the notebook, tensors and modules moved to CPU.
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    OptionError
+        ``rank`` is not a rank of the job.
+    NameError
+        The rank has no such name, or the value is over 2 GiB or cannot be pickled.
+    ClusterError
+        The rank's worker is gone, or the pull failed or did not end in time.
+    TimeoutError
+        Its large buffers did not arrive over the data channel in time.
+    """
     return current_session().pull(name, rank=rank)
 
 
@@ -130,24 +245,58 @@ def export(path: str, force: bool = False) -> Export:
 
     >>> nbdist.export("train.py").command       # doctest: +SKIP
     'torchrun --nproc_per_node=2 train.py'
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    ExportError
+        No cell ran successfully since the group formed, or ``path`` is a file nbdist did not
+        write (and not ``force``).
+    OSError
+        The files cannot be written.
     """
     return current_session().export(path, force=force)
 
 
 def save_profile(path: str) -> str:
-    """Write the running session's options as a profile (``%nbdist profile save``)."""
+    """Write the running session's options as a profile (``%nbdist profile save``).
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    OSError
+        The file cannot be written.
+    """
     return current_session().save_profile(path)
 
 
 def load_profile(path: str) -> Profile:
-    """Read and validate a profile file; errors name the line and key (``profile check``)."""
+    """Read and validate a profile file; errors name the line and key (``profile check``).
+
+    Raises
+    ------
+    ProfileError
+        The file is missing or unreadable, not YAML, or not a valid profile.
+    """
     from .profiles import load_profile as load
 
     return load(path)
 
 
 def dask_client() -> Any:
-    """A ``distributed.Client`` on the session's workers, for Dask-ML, XGBoost or LightGBM."""
+    """A ``distributed.Client`` on the session's workers, for Dask-ML, XGBoost or LightGBM.
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    MissingPackageError
+        On ipyparallel, Dask's ``distributed`` package is not installed.
+    ClusterError
+        The engine cannot serve Dask work.
+    """
     return current_session().dask_client()
 
 
@@ -156,7 +305,15 @@ def compare(*names: str) -> Any:
     samples/s, step time, exposed communication, a pipeline's bubble, bytes per step, memory
     per rank and the last logged values, one row per run (all named runs, or ``names``).
     Without pandas, a :class:`~nbdist.records.Comparison`, which shows itself as an HTML table
-    and chart."""
+    and chart.
+
+    Raises
+    ------
+    NbdistError
+        No run has a name yet.
+    OptionError
+        A name in ``names`` labels no run.
+    """
     comparison = current_session().compare(*names)
     try:
         return comparison.to_pandas()
@@ -167,19 +324,51 @@ def compare(*names: str) -> Any:
 def debug(rank: Optional[int] = None) -> int:
     """Post-mortem pdb on the frame where the last cell failed on ``rank`` (default: the
     first rank that failed), answered in the notebook's input box (``%nbdist debug``).
-    Returns the rank. See ``docs/debugging.md``."""
+    Returns the rank. See ``docs/debugging.md``.
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    OptionError
+        ``rank`` is not a rank of the job.
+    DebuggerUnavailable
+        No one can answer the debugger here (the message says why).
+    NothingToDebug
+        No rank's last cell failed, or ``rank``'s did not.
+    """
     return current_session().debug(rank)
 
 
 def kill(rank: int, signal: str = "SIGKILL", after: Optional[float] = None) -> str:
     """Kill ``rank``'s worker process from outside, as a real failure (``%nbdist kill``):
-    now, or ``after`` seconds into the next cell. Returns what was done, in words."""
+    now, or ``after`` seconds into the next cell. Returns what was done, in words.
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    OptionError
+        ``rank`` is not a rank of the job, ``signal`` names no signal, or ``after`` < 0.
+    ClusterError
+        The engine cannot signal the worker.
+    """
     return current_session().kill(rank, signal, after=after)
 
 
 def hang(rank: int, seconds: float = 60.0) -> str:
     """Make ``rank`` hold for ``seconds`` at its next collective, as a hung rank would
-    (``%nbdist hang``). Returns what was done, in words."""
+    (``%nbdist hang``). Returns what was done, in words.
+
+    Raises
+    ------
+    NoClusterError
+        No job is running.
+    OptionError
+        ``rank`` is not a rank of the job, or ``seconds`` is not more than 0.
+    ClusterError
+        The rank's worker is gone or did not answer.
+    """
     return current_session().hang(rank, seconds)
 
 
@@ -191,6 +380,19 @@ def tune(code: str, steps: int = 20, **options: Any) -> Any:
     pandas, a :class:`~nbdist.records.TuneResult`); see :meth:`Session.tune` for ``options``.
 
     >>> nbdist.tune(open("train_cell.py").read(), steps=10)   # doctest: +SKIP
+
+    Raises
+    ------
+    OptionError
+        Fewer ``steps`` than a trial needs, or a bad option value.
+    NoClusterError
+        No job is running.
+    SyntaxError
+        ``code`` does not parse.
+    TuneError
+        The cell builds no DDP model, or ends before ``steps`` steps; nothing changes.
+    DistributedError, CellTimeoutError
+        The cell fails (or runs past its ``timeout`` seconds) with torch's defaults.
     """
     result = current_session().tune(code, steps, **options)
     try:
@@ -215,6 +417,13 @@ def auto(on: bool = True) -> None:
 
     Cells that start with a magic, and ``%%local`` cells, stay in the kernel. Needs IPython
     (a notebook or ``ipython``) with a cluster running for ``on``.
+
+    Raises
+    ------
+    RuntimeError
+        Called on a rank (in a cell auto mode sent there), or outside IPython.
+    UsageError
+        ``on`` with no cluster running (IPython's, as the magic's usage errors are).
     """
     worker = sys.modules.get("nbdist.runtime.worker")
     if worker is not None and worker.current().plan is not None:

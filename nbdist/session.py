@@ -101,7 +101,23 @@ class Session:
         workers start on this machine, on loopback. A bad profile raises
         :class:`~nbdist.errors.ProfileError` before anything starts. ``template=False``
         starts each worker as a fresh process instead of forking it from the host's worker
-        template (``docs/usage.md``, "Worker templates").
+        template (``docs/usage.md``, "Worker templates"). ``timeout`` is in seconds, for the
+        start and for any collective (default 300); ``threads`` are torch's, per worker.
+        Returns this session, running.
+
+        Raises
+        ------
+        ProfileError
+            The profile is missing, not YAML, or not valid (an ``OptionError``).
+        OptionError
+            A bad value or combination (``n=0``, nccl with ``device="cpu"``, an unknown engine).
+        ImportError
+            The engine's or the launcher's package is not installed; the message says which.
+        ClusterError
+            The workers did not start within ``timeout`` seconds, the launcher could not start
+            them, or the job could not be formed on them; what started is stopped.
+        RuntimeError
+            The notebook's rendezvous store process failed (``StoreError``).
         """
         base, defaults, path = ClusterOptions(), CellDefaults(), None
         if profile is not None:
@@ -133,7 +149,19 @@ class Session:
 
         ``target`` names it: ipyparallel ``cluster_id``, ``ipp_profile`` (the ipcluster
         profile's name; ``profile`` is its old spelling), ``url_file``; Dask
-        ``address`` or ``scheduler_file``, and ``security`` for TLS.
+        ``address`` or ``scheduler_file``, and ``security`` for TLS. ``timeout`` is in
+        seconds, to reach it and for any collective (default 300). Returns this session.
+
+        Raises
+        ------
+        OptionError
+            A bad option value, an unknown engine, or a target the engine cannot use.
+        ImportError
+            The engine's package is not installed.
+        ClusterError
+            The cluster cannot be reached or has no workers, or the job could not be formed.
+        RuntimeError
+            The notebook's rendezvous store process failed (``StoreError``).
         """
         options = ClusterOptions().override(engine=engine, device=device,
                                             dist_backend=dist_backend, timeout=timeout,
@@ -145,7 +173,15 @@ class Session:
         return self
 
     def restart(self) -> Session:
-        """Stop and start again with the same options (fresh processes, empty namespaces)."""
+        """Stop and start again with the same options (fresh processes, empty namespaces).
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        ClusterError, ImportError, OptionError, RuntimeError
+            As for :meth:`start` (or :meth:`connect`, for a cluster it attached to).
+        """
         if self.backend is None:
             raise NoClusterError()
         owned = self.backend.owns_cluster
@@ -196,6 +232,12 @@ class Session:
         """Stop workers nbdist started (or disconnect from a cluster it attached to).
 
         Returns what was stopped, in words (None when nothing was running).
+
+        Raises
+        ------
+        Exception
+            The engine's own error when a cluster nbdist started fails to stop (its processes
+            may still run); a client that fails to close is only logged.
         """
         n = self.world_size
         self.transfers.close()
@@ -213,6 +255,16 @@ class Session:
 
         Worker namespaces survive on workers that stay, but models wrapped in
         DistributedDataParallel and optimizers must be rebuilt for the new world size.
+
+        Raises
+        ------
+        OptionError
+            ``n`` is less than 1.
+        NoClusterError
+            No job is running.
+        ClusterError
+            nbdist did not start this cluster, it did not reach ``n`` workers within the
+            cluster's ``timeout`` seconds, or the group could not be formed again.
         """
         if n < 1:
             raise OptionError(f"cannot scale to {n} workers: at least 1 is needed")
@@ -232,14 +284,23 @@ class Session:
 
     @property
     def running(self) -> bool:
+        """Whether a job is running (started or attached to)."""
         return self.backend is not None
 
     @property
     def world_size(self) -> int:
+        """Ranks in the job (0 when none runs)."""
         return len(self.plans)
 
     def status(self) -> ClusterStatus:
-        """One row per worker: rank, host, pid, device, alive, memory."""
+        """One row per worker: rank, host, pid, device, alive, memory (a worker that does
+        not answer within 10 s is shown busy, or gone).
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        """
         return self.membership.status()
 
     # ----------------------------------------------------------------- cells
@@ -267,6 +328,30 @@ class Session:
 
         Tracebacks number lines from ``first_line`` (``%%distributed`` passes 2: its own line
         is the editor's line 1) and name the cell ``In [execution_count]`` when given.
+        ``timeout`` is in seconds (default: the profile's ``training.cell_timeout``, else
+        none); time at a debugger prompt does not count. ``output`` is ``"rank0"``, ``"all"``
+        or ``"quiet"``.
+
+        Raises
+        ------
+        OptionError
+            A bad option: ``ranks`` outside the job, ``timeout`` not positive, a negative
+            ``stall_after``, an unknown ``output``, a blank ``name``.
+        NoClusterError
+            No job is running.
+        SyntaxError
+            ``code`` does not parse; raised before anything is sent.
+        DistributedError
+            The cell raised on one or more ranks; the error names each, with its host and
+            traceback (``DebuggerQuit`` when ``q`` in a rank's debugger ended it).
+        CellTimeoutError
+            The cell ran past ``timeout`` seconds: interrupted on every rank, and the error
+            says where each rank was.
+        CellInterrupted
+            The kernel was interrupted (a ``KeyboardInterrupt``); the ranks were stopped.
+        ClusterError
+            A rank's worker is gone (``WorkersGone``, before the cell starts), or ranks an
+            interrupt could not stop in time (``InterruptTimeoutError``).
         """
         d = self.tuning.defaults(self.defaults)  # the tuned DDP setting, if any, applies
         output = d.output if output is None else output
@@ -339,7 +424,23 @@ class Session:
              execution_count: Optional[int] = None, quiet: bool = False) -> TuneResult:
         """``%%distributed --tune``: run ``code`` as trials of ``steps`` optimizer steps, each
         with one DDP setting; the fastest exact one becomes the default of DDP models built
-        later. Returns the table, fastest first (``docs/tuning.md``); raises ``TuneError``."""
+        later. Returns the table, fastest first (``docs/tuning.md``); raises ``TuneError``.
+        ``timeout`` is each trial's, in seconds (default: from the first trial's time).
+
+        Raises
+        ------
+        OptionError
+            Fewer ``steps`` than a trial needs, or a bad option value.
+        NoClusterError
+            No job is running.
+        SyntaxError
+            ``code`` does not parse; raised before the first trial.
+        TuneError
+            The cell builds no DDP model, or ends before ``steps`` steps; nothing changes.
+        DistributedError, CellTimeoutError
+            The cell fails (or runs past ``timeout``) with torch's defaults; a trial of
+            another setting that fails is only left out.
+        """
         self.membership.require()
         ast.parse(code)  # a syntax error before the first trial
         trial, limit = self.tuning.trials(
@@ -352,18 +453,36 @@ class Session:
         self.history.cell(self._cells, code, None)
         return result
 
-    def tune_settings(self) -> DDPSettings:  # of DDP models built from now on
+    def tune_settings(self) -> DDPSettings:
+        """The DDP setting of models built from now on: the tuned one, else the profile's."""
         return self.tuning.defaults(self.defaults).measure.ddp
 
-    def tune_show(self) -> str:  # %nbdist tune show
+    def tune_show(self) -> str:
+        """``%nbdist tune show``: that setting and where it comes from, in words."""
         return self.tuning.show(self.defaults)
 
-    def tune_reset(self) -> str:  # %nbdist tune reset: drop the tuned setting
+    def tune_reset(self) -> str:
+        """``%nbdist tune reset``: drop the tuned setting; returns what applies again."""
         return self.tuning.reset(self.defaults)
 
     def run_script(self, path: str, argv: Sequence[str] = (), *,
                    timeout: Optional[float] = None, output: str = "rank0") -> None:
-        """Run a script written for ``torchrun`` on every rank, unchanged, in fresh processes."""
+        """Run a script written for ``torchrun`` on every rank, unchanged, in fresh processes
+        (``timeout``: seconds before it is stopped on every rank; default none).
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        FileNotFoundError
+            The script cannot be read.
+        DistributedError
+            The script failed on one or more ranks (the error names them).
+        CellTimeoutError, CellInterrupted
+            It ran past ``timeout`` seconds, or the kernel was interrupted.
+        ClusterError
+            A rank's worker is gone, or the script's rendezvous store could not be opened.
+        """
         m = self.membership
         m.require()
         try:
@@ -393,7 +512,17 @@ class Session:
         """Write a recorded run (default: the latest) as a Chrome trace; return its event count.
 
         Open the file in https://ui.perfetto.dev or chrome://tracing: one track per rank, with
-        steps, forward/backward and each gradient bucket's all-reduce.
+        steps, forward/backward and each gradient bucket's all-reduce. ``run`` indexes
+        :attr:`runs` (the last three).
+
+        Raises
+        ------
+        NbdistError
+            No run has recorded telemetry yet.
+        IndexError
+            ``run`` is not the index of a recorded run.
+        OSError
+            The file cannot be written.
         """
         if not self.runs:
             raise NbdistError("no telemetry recorded yet: run a %%distributed cell (without "
@@ -401,7 +530,15 @@ class Session:
         return self.runs[run].write_trace(path)
 
     def compare(self, *names: str) -> Comparison:
-        """Named runs side by side (all of them, or ``names`` in that order)."""
+        """Named runs side by side (all of them, or ``names`` in that order).
+
+        Raises
+        ------
+        NbdistError
+            No run has a name yet.
+        OptionError
+            A name in ``names`` labels no run (the message lists those that do).
+        """
         if not self.named:
             raise NbdistError("no named runs yet: label runs with %%distributed --name LABEL "
                               "(Python: run_cell(code, name=...)), then compare them")
@@ -414,7 +551,21 @@ class Session:
 
     # ----------------------------------------------------------------- data
     def push(self, values: dict[str, Any], *, ranks: Optional[str] = None) -> None:
-        """Send notebook values to every worker's namespace (``%nbdist push NAME...``)."""
+        """Send notebook values to every worker's namespace (``%nbdist push NAME...``), or
+        to ``ranks`` (as :func:`~nbdist.options.parse_ranks` reads them).
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        OptionError
+            ``ranks`` names a rank the job does not have.
+        TypeError, pickle.PicklingError
+            A value cannot be pickled (a lock, an open file, a generator).
+        ClusterError
+            A rank's worker is gone, or the push failed there or did not end within the
+            cluster's ``timeout`` seconds (``WorkerCallFailed``).
+        """
         self.membership.require()
         selected = parse_ranks(ranks, self.world_size)
         packed = self.transfers.push(self.membership, values, selected)
@@ -422,7 +573,25 @@ class Session:
                           size=packed.nbytes)
 
     def pull(self, name: str, *, rank: int = 0) -> Any:
-        """Bring ``name`` from rank ``rank`` into the notebook (tensors and modules on CPU)."""
+        """Bring ``name`` from rank ``rank`` into the notebook (tensors and modules on CPU).
+
+        ``name`` may be a dotted path (``"model.fc.weight"``).
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        OptionError
+            ``rank`` is not a rank of the job.
+        NameError
+            The rank has no such name, or the value is over 2 GiB or cannot be pickled (the
+            message names the rank and says which).
+        ClusterError
+            The rank's worker is gone, or the pull failed or did not end within the cluster's
+            ``timeout`` seconds (``WorkerCallFailed``).
+        TimeoutError
+            Its large buffers did not arrive over the data channel within that time.
+        """
         self.membership.require()
         parse_ranks(str(rank), self.world_size)
         return self.transfers.pull(self.membership, name, rank)
@@ -431,17 +600,51 @@ class Session:
     def debug(self, rank: Optional[int] = None) -> int:
         """Post-mortem pdb on the frame where the last cell failed on ``rank`` (default: the
         first rank that failed), answered in the notebook (``%nbdist debug``); returns the
-        rank. See ``docs/debugging.md``."""
+        rank. See ``docs/debugging.md``.
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        OptionError
+            ``rank`` is not a rank of the job.
+        DebuggerUnavailable
+            No one can answer here: rank 0's worker hosts the store, or the kernel takes no
+            input (nbclient, papermill).
+        NothingToDebug
+            No rank's last cell failed, or ``rank``'s did not (the message names those that did).
+        """
         return post_mortem(self.membership, rank)
 
     def kill(self, rank: int, signal: str = "SIGKILL", *, after: Optional[float] = None) -> str:
         """Send ``signal`` to ``rank``'s worker process from outside it, now or ``after``
-        seconds into the next cell (``%nbdist kill``); returns what it did, in words."""
+        seconds into the next cell (``%nbdist kill``); returns what it did, in words.
+        ``signal`` is a name (``"SIGTERM"``, ``"term"``) or a number (``"9"``).
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        OptionError
+            ``rank`` is not a rank of the job, ``signal`` names no signal, or ``after`` < 0.
+        ClusterError
+            The engine cannot signal the worker.
+        """
         return self.faults.kill(self.membership, rank, signal, after)
 
     def hang(self, rank: int, seconds: float = 60.0) -> str:
         """Make ``rank`` hold for ``seconds`` at its next collective (``%nbdist hang``);
-        returns what it did, in words."""
+        returns what it did, in words.
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        OptionError
+            ``rank`` is not a rank of the job, or ``seconds`` is not more than 0.
+        ClusterError
+            The rank's worker is gone or did not answer (``WorkerCallFailed``).
+        """
         return self.faults.hang(self.membership, rank, seconds)
 
     # ----------------------------------------------------------------- notebook to job
@@ -452,6 +655,16 @@ class Session:
         to the script. Returns an :class:`~nbdist.exporter.torchrun.Export` (its ``command`` is the
         launch line). A file nbdist did not write is not overwritten unless ``force``.
         See ``docs/export.md``.
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        ExportError
+            No cell ran successfully since the group formed, or ``path`` is a file nbdist did
+            not write (and not ``force``).
+        OSError
+            The files cannot be written.
         """
         from ._version import __version__
         from .exporter.torchrun import write
@@ -463,7 +676,16 @@ class Session:
                      version=__version__, force=force)
 
     def save_profile(self, path: str) -> str:
-        """Write this session's options as a profile that ``start(profile=path)`` reads."""
+        """Write this session's options as a profile that ``start(profile=path)`` reads;
+        returns ``path``.
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        OSError
+            The file cannot be written.
+        """
         from .profiles import dump_profile, from_options
 
         backend = self.membership.require()
@@ -482,6 +704,15 @@ class Session:
 
         The Dask engine's own client; on ipyparallel, the engines become Dask workers too
         (ipyparallel's ``become_dask``). Do not close it: ``nbdist.stop()`` does.
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        MissingPackageError
+            On ipyparallel, Dask's ``distributed`` package is not installed.
+        ClusterError
+            The engine cannot serve Dask work.
         """
         return self.membership.require().dask_client()
 

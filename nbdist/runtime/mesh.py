@@ -29,6 +29,15 @@ def mesh(*shape: int, names: Optional[tuple[str, ...]] = None, **named: int) -> 
     >>> m = nbdist.mesh()                  # doctest: +SKIP
     >>> m = nbdist.mesh(dp=2, tp=2)        # 2-D: data x tensor parallel, 4 ranks
     >>> m["tp"]                            # doctest: +SKIP
+
+    Raises
+    ------
+    RuntimeError
+        Called outside a ``%%distributed`` cell (no process group).
+    TypeError
+        Both a named shape and ``shape`` or ``names`` are given.
+    ValueError
+        ``names`` and ``shape`` differ in length, or the shape's ranks are not the job's.
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
