@@ -197,6 +197,8 @@ def run_script(path: str, argv: Sequence[str] = (), **options: Any) -> None:
         It ran past ``timeout`` seconds, or the kernel was interrupted.
     ClusterError
         A rank's worker is gone, or the script's rendezvous store could not be opened.
+    RuntimeError
+        The notebook's rendezvous store process failed.
     """
     current_session().run_script(path, argv, **options)
 
@@ -336,6 +338,10 @@ def debug(rank: Optional[int] = None) -> int:
         No one can answer the debugger here (the message says why).
     NothingToDebug
         No rank's last cell failed, or ``rank``'s did not.
+    DistributedError
+        The debugger itself failed on the rank.
+    ClusterError
+        A rank's worker is gone.
     """
     return current_session().debug(rank)
 

@@ -482,6 +482,8 @@ class Session:
             It ran past ``timeout`` seconds, or the kernel was interrupted.
         ClusterError
             A rank's worker is gone, or the script's rendezvous store could not be opened.
+        RuntimeError
+            The notebook's rendezvous store process failed (``StoreError``).
         """
         m = self.membership
         m.require()
@@ -613,6 +615,10 @@ class Session:
             input (nbclient, papermill).
         NothingToDebug
             No rank's last cell failed, or ``rank``'s did not (the message names those that did).
+        DistributedError
+            The debugger itself failed on the rank.
+        ClusterError
+            A rank's worker is gone (``WorkersGone``).
         """
         return post_mortem(self.membership, rank)
 
