@@ -1,7 +1,7 @@
 """Shared fixtures: one real cluster per test module and engine; no process left behind.
 
-Helpers tests import live in ``clusters.py``: ``tests/integration`` has a conftest of its own,
-so ``from conftest import ...`` would find that one.
+Helpers tests import live in ``clusters.py``: pytest loads each conftest by its path, so no
+test imports one by name.
 """
 
 from __future__ import annotations

@@ -24,11 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
+from notebook_files import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-# The numbered notebooks, not the executed copies nbconvert writes beside them (git ignores those).
-NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb")
-                   if not p.name.endswith(".nbconvert.ipynb"))
 KERNEL = "nbdist-binder"
 
 
@@ -160,18 +157,8 @@ def run_notebook(repo_copy, binder_env) -> Callable[[str], Any]:
     return run
 
 
-def outputs_text(cell: Any) -> str:
-    """A code cell's output as text: streams, text/plain of results and displays, errors."""
-    parts = []
-    for out in cell.get("outputs", []):
-        if out["output_type"] == "stream":
-            parts.append(out["text"])
-        elif out["output_type"] in ("execute_result", "display_data"):
-            parts.append(out["data"].get("text/plain", ""))
-        elif out["output_type"] == "error":
-            parts.append(f"{out['ename']}: {out['evalue']}")
-    return "\n".join(parts)
-
+# Two hosts in network namespaces for the multi-host tests (see nethosts.py).
+from nethosts import net  # noqa: E402,F401
 
 # A real Slurm and sshd for the launcher tests (see realclusters.py).
 from realclusters import (  # noqa: E402,F401

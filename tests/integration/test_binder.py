@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import NOTEBOOKS, outputs_text
+from notebook_files import NOTEBOOKS, outputs_text
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -22,7 +22,7 @@ import re
 import time
 
 import pytest
-from conftest import ROOT, outputs_text
+from notebook_files import ROOT, outputs_text
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -12,7 +12,7 @@ import sys
 
 import nbformat
 import pytest
-from conftest import NOTEBOOKS
+from notebook_files import NOTEBOOKS
 
 import nbdist
 from nbdist.magics import _VERBS, NbdistMagics

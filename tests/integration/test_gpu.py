@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 from clusters import ENGINES, start_session
-from test_elastic import SETUP, reference
+from elastic_training import SETUP, reference
 
 from nbdist.errors import CellTimeoutError, ClusterError
 from nbdist.runtime.env import count_local_gpus

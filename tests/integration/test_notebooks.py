@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import NOTEBOOKS, outputs_text
+from notebook_files import NOTEBOOKS, outputs_text
 
 pytestmark = pytest.mark.timeout(900)  # the first one waits for the Binder environment
 
@@ -181,7 +181,7 @@ def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_note
     assert re.search(r"rank 0: waiting in all_reduce \(seq \d+, float32 \[4\]\) at "
                      r"cell line 2: dist\.all_reduce\(t\)", where), where
     # %nbdist hang 1 held rank 1 before the same line (where exactly it was when the timeout
-    # fired is the debugger tests' to check: tests/integration/test_debugger.py)
+    # fired is the debugger tests' to check: tests/integration/debugger/test_console.py)
     assert re.search(r"rank 1: .*; it never reached the all_reduce the others wait in",
                      where), where
     assert "Rank 1 never reached the all_reduce" in where

@@ -68,6 +68,13 @@ def job_batches(job: Mapping[int, list[dict]], per_batch: int = 7) -> list[dict]
     return [b for r, evs in job.items() for b in batches(r, evs, per_batch)]
 
 
+def aggregate_job(compute: Mapping[int, float], steps: int = 10):
+    """The snapshot of :func:`ddp_job`, folded as the notebook folds it."""
+    from nbdist.telemetry.aggregate import aggregate
+
+    return aggregate(job_batches(ddp_job(compute, steps=steps)))
+
+
 class Sink:
     """What the measurement model emits into, kept in memory for tests."""
 

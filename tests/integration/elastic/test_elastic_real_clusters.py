@@ -5,7 +5,7 @@ the rank's engine, a task of the engines' job, is SIGKILLed; on Dask, where each
 of its own whose nanny would restart a killed worker in place, the job's nanny and worker are
 SIGKILLed, as a node failure would take them): the survivors heal, a replacement starts as a
 NEW Slurm job and joins, and the result equals uninterrupted training (the ground truth of
-``test_elastic.py``).
+``elastic_training.py``).
 
 Over SSH, two hosts are network namespaces with their own hostname and sshd; every process of
 one of them is killed mid-training (its sshd too): the survivor carries on at world size 1,
@@ -22,6 +22,7 @@ import time
 
 import pytest
 import yaml
+from elastic_training import SETUP, STEPS, assert_trained_like_reference
 from realclusters import (
     LocalSlurm,
     LocalSshd,
@@ -31,8 +32,6 @@ from realclusters import (
     wait_until,
     write_profile,
 )
-from test_elastic import SETUP, STEPS, assert_trained_like_reference
-from test_multihost import net  # noqa: F401 - the network-namespace hosts, a fixture
 
 import nbdist
 
@@ -92,8 +91,8 @@ threading.Thread(target=_report, daemon=True).start()
 
 
 @pytest.fixture
-def hosts(net):  # noqa: F811 - the fixture imported above
-    """An sshd in each network-namespace host of ``net`` (test_multihost.py), under the host's
+def hosts(net):
+    """An sshd in each network-namespace host of ``net`` (nethosts.py), under the host's
     own name, and one ssh client configuration that reaches both (for each test: a test loses
     one of them)."""
     sshds = [LocalSshd(host=f"nbdist-{h.hostname}", address=h.ip, netns=h.ns,
@@ -113,7 +112,7 @@ def hosts(net):  # noqa: F811 - the fixture imported above
 
 @pytest.mark.ssh
 @pytest.mark.parametrize("engine", ["ipyparallel", "dask"])
-def test_a_lost_host_leaves_the_survivor_training(hosts, net, engine, tmp_cwd,  # noqa: F811
+def test_a_lost_host_leaves_the_survivor_training(hosts, net, engine, tmp_cwd,
                                                   cluster_dirs, capsys):
     needs_engine(engine, "ssh")
     sshds, config = hosts

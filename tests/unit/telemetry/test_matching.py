@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbdist.telemetry.matcher import MAX_PENDING_COLLECTIVES, StepMatcher
+from nbdist.telemetry.matching import MAX_PENDING_COLLECTIVES, StepMatcher
 from nbdist.telemetry.ranks import RankFold
 from nbdist.telemetry.states import RankState
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from synthetic import T0, ddp_job, job_batches, training_events
+from synthetic import T0, aggregate_job, training_events
 
 from nbdist import table_layout as L
 from nbdist.display import html as H
@@ -137,12 +137,6 @@ def test_one_bandwidth_everywhere():
     line = format_line(snap)
     assert "rank 1 is 5 ms/step slower (compute 15 ms)" in line
     assert "others wait 29% of their step" in line and "transfer 12%" in line
-
-
-def aggregate_job(compute, steps=10):
-    from nbdist.telemetry.aggregate import aggregate
-
-    return aggregate(job_batches(ddp_job(compute, steps=steps)))
 
 
 def test_many_ranks_become_min_median_max_rows_and_named_outliers():

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from realclusters import Site, describe, needs_engine, wait_until, write_profile
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 GONE_WITHIN = 60.0
 
 pytestmark = pytest.mark.timeout(300)

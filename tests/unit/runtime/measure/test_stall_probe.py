@@ -135,7 +135,7 @@ def test_stack_frames_drop_the_samplers_own_frames_and_keep_the_innermost():
     assert grabbed[0].f_code.co_filename == interrupt.__file__
     frames = stack_frames(grabbed[0], "<not a cell>")
     assert [f["cell"] for f in frames] == [False]  # no cell frame here, only the innermost
-    assert frames[0]["name"] == ("test_hang_worker.test_stack_frames_drop_the_samplers_own_"
+    assert frames[0]["name"] == (f"{__name__}.test_stack_frames_drop_the_samplers_own_"
                                  "frames_and_keep_the_innermost")
 
 

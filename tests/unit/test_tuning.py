@@ -1,7 +1,7 @@
 """``%%distributed --tune``'s notebook half on scripted trials: the grid, successive halving,
 the choice, the table, the session's default and its notes; and a trial's figures from its
-events. The workers' half, and real trials: tests/integration/test_tuning_worker.py and
-test_tuning.py."""
+events. The workers' half, and real trials: tests/integration/runtime/measure/test_tuning.py
+and tests/integration/test_tuning.py."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from test_tables import aggregate_job
+from synthetic import aggregate_job
 
 from nbdist.display import html as H
 from nbdist.display.tables import (

@@ -2,7 +2,7 @@
 fork, the fork server's replies (pid, exit status, refusals) and the notebook's fallback.
 
 Templates here import only the standard library (the module list is given), so each starts
-in a fraction of a second; the engines' use of them is in tests/integration/test_templates.py.
+in a fraction of a second; the engines' use of them is in tests/integration/boot/test_template.py.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from clusters import ENGINES, engine_available
 jupyter_client = pytest.importorskip("jupyter_client")
 
 pytestmark = pytest.mark.timeout(900)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 Answer = Union[str, Callable[[str], Optional[str]]]  # a line, or what to do at the prompt
 
