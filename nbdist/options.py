@@ -4,37 +4,31 @@ Nothing here touches processes, IPython or torch: it is unit-tested on its own. 
 :class:`~nbdist.errors.OptionError` (a ``ValueError``), which the magics show as usage errors.
 
 The records are also the schema of a cluster profile (:mod:`nbdist.profiles`): their type hints
-say what a value may be (a ``Literal`` for a choice), their ``__post_init__`` what values go
+say what a value may be (a ``Literal`` for a choice; engines and launchers are checked against
+the registered ones, :mod:`nbdist.backends.registry`), their ``__post_init__`` what values go
 together, and each field set by a profile names its key there (``_in_profile``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import difflib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Optional, get_args
 
+from .backends.registry import ENGINES, LAUNCHERS, default_engine, lookup
 from .errors import OptionError
 from .runtime.measure.spec import Measure
 
 # Each choice is written once, as the type a record's field has; the tuples are for the
-# magics' argument parsers and the records' own checks.
-Engine = Literal["ipyparallel", "dask"]
+# magics' argument parsers and the records' own checks. Engines and their launchers are the
+# registered ones (nbdist.backends.registry): ENGINES and LAUNCHERS are views of it.
 Device = Literal["auto", "cpu", "cuda"]
 DistBackend = Literal["auto", "gloo", "nccl"]
 OutputMode = Literal["rank0", "all", "quiet"]
-#: how workers are started: on this machine, or through a launcher of the engine
-Launcher = Literal["local", "ssh", "mpi", "slurm", "pbs", "sge", "lsf", "kubernetes"]
-ENGINES: tuple[str, ...] = get_args(Engine)
 DEVICES: tuple[str, ...] = get_args(Device)
 DIST_BACKENDS: tuple[str, ...] = get_args(DistBackend)
 OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
-LAUNCHERS: tuple[str, ...] = get_args(Launcher)
-#: launchers each engine has (ipyparallel's own; Dask's SSHCluster, dask-jobqueue, dask-kubernetes)
-ENGINE_LAUNCHERS = {
-    "ipyparallel": ("local", "ssh", "mpi", "slurm", "pbs", "sge", "lsf"),
-    "dask": ("local", "ssh", "slurm", "pbs", "sge", "lsf", "kubernetes"),
-}
 
 
 def parse_ranks(spec: Optional[str], world_size: int) -> tuple[int, ...]:
@@ -80,11 +74,20 @@ def parse_ranks(spec: Optional[str], world_size: int) -> tuple[int, ...]:
     return tuple(sorted(ranks))
 
 
-def check_choice(value: str, choices: tuple[str, ...], what: str, key: str = "") -> str:
-    """Return ``value`` if it is one of ``choices``, else raise :class:`OptionError`."""
+def check_choice(value: str, choices: Sequence[str], what: str, key: str = "") -> str:
+    """Return ``value`` if it is one of ``choices`` (a tuple, or a view of the registered
+    engines or launchers).
+
+    Raises
+    ------
+    OptionError
+        ``value`` is not one of them; the message lists them, with the nearest as a hint for
+        a misspelt one, and ``key`` names the profile key.
+    """
     if value not in choices:
-        raise OptionError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}",
-                          key=key)
+        near = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
+        raise OptionError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}"
+                          + (f"; did you mean {near[0]!r}?" if near else ""), key=key)
     return value
 
 
@@ -129,7 +132,8 @@ class LaunchOptions:
     from one process that has imported torch (see :mod:`nbdist.boot.template`).
     """
 
-    launcher: Launcher = _in_profile("cluster.launcher", "local")
+    #: one of :data:`LAUNCHERS`: ``local``, or a launcher of the engine
+    launcher: str = _in_profile("cluster.launcher", "local")
     listen: Optional[str] = _in_profile("cluster.listen")
     hosts: Mapping[str, int] = _in_profile("cluster.hosts", factory=dict)
     cpus: Optional[int] = _in_profile("cluster.resources.cpus")
@@ -163,7 +167,8 @@ class ClusterOptions:
     Without ``n``, a launch with ``hosts`` starts as many workers as they place.
     """
 
-    engine: Engine = _in_profile("cluster.engine", "ipyparallel")
+    #: one of :data:`ENGINES` (the registered engines; the first is the default)
+    engine: str = _in_profile("cluster.engine", default_engine())
     n: Optional[int] = _in_profile("cluster.workers")
     device: Device = _in_profile("runtime.device", "auto")
     dist_backend: DistBackend = _in_profile("runtime.dist_backend", "auto")
@@ -188,11 +193,11 @@ class ClusterOptions:
         if self.dist_backend == "nccl" and self.device == "cpu":
             raise OptionError("--dist-backend nccl needs --device cuda (or auto on a GPU host)",
                               key="dist_backend")
-        launcher = self.launch.launcher
-        if launcher not in ENGINE_LAUNCHERS[self.engine]:
+        launcher, engine = self.launch.launcher, lookup(self.engine)
+        if launcher not in engine.launchers:
             raise OptionError(
                 f"the {self.engine} engine has no {launcher!r} launcher: choose one of "
-                f"{', '.join(ENGINE_LAUNCHERS[self.engine])}", key="launcher")
+                f"{', '.join(engine.launchers)}", key="launcher")
         if self.launch.local and self.launch.listen:
             raise OptionError("`listen` is for launchers that start workers on other machines; "
                               "a local cluster listens on loopback only", key="listen")
@@ -200,9 +205,9 @@ class ClusterOptions:
             raise OptionError(f"`hosts` is for the ssh launcher; the {launcher!r} launcher "
                               "places workers itself (pass its own options in "
                               "resources.options)", key="hosts")
-        # The controller or scheduler runs here (Dask's SSH workers too); only
-        # dask-kubernetes runs its scheduler on the cluster's side.
-        remote_listener = self.engine == "ipyparallel" or launcher != "kubernetes"
+        # The controller or scheduler runs here (Dask's SSH workers too), unless the engine's
+        # launcher runs it on the cluster's side (dask-kubernetes).
+        remote_listener = launcher not in engine.scheduler_on_cluster
         if not self.launch.local and remote_listener and not self.launch.listen:
             raise OptionError(
                 f"the {launcher!r} launcher starts workers on other machines, which must reach "

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import textwrap
 
 import pytest
 
+from nbdist.backends import registry
 from nbdist.session import Session
 
-ENGINES = ["ipyparallel", "dask"]
+#: every registered engine: the suites that take ENGINES as a parameter run on each
+ENGINES = list(registry.ENGINES)
 
 
 def engine_available(engine: str) -> bool:
-    if engine == "dask":
-        return (importlib.util.find_spec("distributed") is not None
-                and importlib.util.find_spec("nbdist.backends.dask.adapter") is not None)
-    return True
+    """Whether the engine's package is installed here (its tests skip where it is not)."""
+    return registry.lookup(engine).available()
 
 
 def start_session(engine: str, n: int = 2, **kw) -> Session:

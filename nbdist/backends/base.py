@@ -82,10 +82,29 @@ class WorkerGone(LookupError):
 class Backend(abc.ABC, Generic[ClientT]):
     """An engine: a set of warm worker processes that run functions and send events back.
 
+    **Adding an engine is one folder and one registration.** ``nbdist/backends/NAME/`` holds
+    the adapter (``adapter.py``: a subclass of this class, as below) and the half its workers
+    import (``worker.py``, which must not import the adapter); ``nbdist/backends/__init__.py``
+    registers it with the facts the rest of nbdist asks before the adapter is imported::
+
+        register(Engine(name="ray", adapter="nbdist.backends.ray.adapter:RayBackend",
+                        package="ray", extra="ray", worker="nbdist.backends.ray.worker",
+                        launchers=("local", "kubernetes")))
+
+    From that line (:class:`~nbdist.backends.registry.Engine`) the option records, profiles
+    and the magics accept the name and its launchers, :func:`~nbdist.backends.get_backend`
+    imports the adapter on the first start or connect (naming ``extra`` when ``package`` is
+    missing), the check before an SSH start reaches the hosts with its ``ssh_client`` and
+    looks for its ``package`` there, its ``connect_flags`` join ``%nbdist connect``, and the
+    integration suites run it (``tests/clusters.py``). Nothing outside ``backends/`` compares
+    an engine's name; a package outside nbdist registers the same way, before the engine is
+    first named.
+
     To implement an adapter you provide
 
-    1.  ``name``, the engine's short name, and ``_launchers``, the tools that start its
-        clusters (named in the remedy when a cluster nbdist did not start is scaled);
+    1.  ``name``, the engine's short name as registered, and ``_launchers``, the tools that
+        start its clusters (named in the remedy when a cluster nbdist did not start is
+        scaled);
     2.  ``_start(n, timeout)``: start a cluster of ``n`` workers (on this machine, or through
         the engine's launcher that :attr:`launch` names), set :attr:`cluster`,
         :attr:`client` (whatever object talks to the engine; ``None`` means "not connected")
@@ -102,7 +121,10 @@ class Backend(abc.ABC, Generic[ClientT]):
         ``_add_worker(known)`` (start one more without waiting for it);
     7.  optionally, where one worker's process can be replaced, ``restart_workers`` and
         ``can_restart_workers = True`` (ranks an interrupt cannot stop are then restarted), and
-        ``run_beside`` where a busy worker still answers.
+        ``run_beside`` where a busy worker still answers;
+    8.  optionally, where the registration declares ``connect_flags``,
+        :meth:`target_from_flags`: their values made into :meth:`connect`'s keywords
+        (Dask's ``--tls-*`` files into a ``security``).
 
     In return you get
 
@@ -165,6 +187,20 @@ class Backend(abc.ABC, Generic[ClientT]):
     @abc.abstractmethod
     def transport(self) -> Callable[[Batch], None]:
         """A picklable function that, on a worker, sends one event batch to the notebook."""
+
+    @classmethod
+    def target_from_flags(cls, **given: Any) -> dict[str, Any]:
+        """The keywords of :meth:`connect` that the engine's own ``%nbdist connect`` flags
+        (its registration's ``connect_flags``) make: ``given`` maps each flag given to its
+        value. Called before anything is stopped or started; this one hands them on as they
+        are.
+
+        Raises
+        ------
+        OptionError
+            The values do not make a target (engines that check them).
+        """
+        return dict(given)
 
     def describe(self) -> str:
         return self.name

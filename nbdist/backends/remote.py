@@ -35,10 +35,8 @@ from typing import Any, Optional
 
 from ..errors import LaunchFailed, OptionError
 from ..options import LaunchOptions
+from .registry import lookup
 
-#: what the workers of each engine import
-ENGINE_MODULES = {"ipyparallel": ("nbdist", "ipyparallel", "torch"),
-                  "dask": ("nbdist", "distributed", "torch")}
 #: the profile key that names the hosts' Python
 PYTHON_KEY = "cluster.resources.options.remote_python"
 #: environment variable that moves the clusters' directories
@@ -92,7 +90,7 @@ def probe_command(python: str, engine: str, listen: Optional[str],
     """The shell command a host runs for the check (whether it sees ``cluster_dir``, too)."""
     marker = home_relative(os.path.join(cluster_dir, _MARKER)) if cluster_dir else "/nonexistent"
     listen = "127.0.0.1" if listen in (None, "*") else listen
-    code = _PROBE.format(modules=ENGINE_MODULES[engine], marker=marker, listen=listen,
+    code = _PROBE.format(modules=lookup(engine).worker_imports, marker=marker, listen=listen,
                          mark=_MARK)
     return shlex.join([python, "-c", code])
 
@@ -101,7 +99,7 @@ def judge(hosts: Sequence[Host], python: str, given: bool, engine: str) -> None:
     """Raise, naming the host and what to do, unless every host can run the workers:
     :class:`LaunchFailed` for a host out of reach, :class:`OptionError` (naming
     :data:`PYTHON_KEY`) for a Python that is missing or lacks packages."""
-    need = ", ".join(ENGINE_MODULES[engine])
+    need = ", ".join(lookup(engine).worker_imports)
     for h in hosts:
         for line in h.stdout.splitlines():
             if line.startswith(_MARK):
@@ -179,18 +177,19 @@ def check_with_asyncssh(hosts: Sequence[str], command: str, connect_options: Map
 def check_ssh_hosts(launch: LaunchOptions, engine: str, cluster_dir: Optional[str] = None
                     ) -> tuple[list[Host], str]:
     """Check ``launch``'s hosts for ``engine`` before a start (raising as :func:`judge`
-    does): the hosts as found, and the Python their workers will run. ipyparallel's hosts
-    are reached with OpenSSH's client and its ``ssh_cmd``/``ssh_args``, Dask's with asyncssh
-    and its ``connect_options``, as each engine's launcher reaches them."""
+    does): the hosts as found, and the Python their workers will run. The hosts are reached
+    as the engine's launcher reaches them (its registered ``ssh_client``): with OpenSSH's
+    client and the profile's ``ssh_cmd``/``ssh_args`` (ipyparallel), or with asyncssh and its
+    ``connect_options`` (Dask)."""
     opts = launch.options
     given = opts.get("remote_python")
     python = given or sys.executable
     command = probe_command(python, engine, launch.listen, cluster_dir)
-    if engine == "ipyparallel":
-        hosts = check_with_ssh(list(launch.hosts), command, ssh_command(launch))
-    else:
+    if lookup(engine).ssh_client == "asyncssh":
         hosts = check_with_asyncssh(list(launch.hosts), command,
                                     opts.get("connect_options") or {})
+    else:
+        hosts = check_with_ssh(list(launch.hosts), command, ssh_command(launch))
     judge(hosts, python, bool(given), engine)
     return hosts, python
 

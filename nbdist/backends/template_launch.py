@@ -36,12 +36,13 @@ from ..runtime.boot.template import (
     FRESH,
     forkserver_supported,
 )
+from .registry import lookup
 
 #: what an ipyparallel engine imports besides torch: its own start, kernel and nanny, the
 #: worker half of the adapter, and the widgets tqdm.auto brings in on a kernel (when a rank
 #: joins, its bars are made to report: 0.1-0.2 s of a replacement's heal otherwise)
 IPP_MODULES = (*BASE_MODULES, "ipyparallel.engine.app", "ipyparallel.engine.nanny",
-               "ipyparallel.serialize", "ipykernel.ipkernel", "nbdist.backends.ipyparallel.worker",
+               "ipyparallel.serialize", "ipykernel.ipkernel", lookup("ipyparallel").worker,
                "ipywidgets", "tqdm.notebook")
 
 

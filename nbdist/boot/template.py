@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from ..backends.registry import lookup
 from ..runtime.boot import fork_client
 from ..runtime.boot.fork_client import Forked, Refused
 from ..runtime.boot.template import BASE_MODULES
@@ -117,9 +118,10 @@ def set_active(template: Optional[Template]) -> None:
 
 def forks_store(options: Any) -> bool:
     """Whether a start with ``options`` (:class:`~nbdist.options.ClusterOptions`) forks the
-    rendezvous store from the cluster's template (ipyparallel on this host): then it starts
-    once the template is up, not beside the workers."""
-    return (options.engine == "ipyparallel" and options.launch.local
+    rendezvous store from the cluster's template (an engine registered with ``forks_store``,
+    ipyparallel, on this host): then it starts once the template is up, not beside the
+    workers."""
+    return (lookup(options.engine).forks_store and options.launch.local
             and options.launch.template and supported())
 
 

@@ -12,6 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 import nbdist.magics.automode as auto
 
+from ..backends.registry import default_engine
 from ..errors import AUTO_NO_CLUSTER, AUTO_ON, NO_CLUSTER, TUNE_FLAGS, OptionError
 from ..options import CellOptions, ClusterOptions, parse_ranks
 from ..session import Session, default_session
@@ -23,7 +24,7 @@ from .parsers import (
     CellHelp,
     HelpShown,
     cluster_kwargs,
-    dask_security,
+    engine_target,
     parse_cached,
     prompt_number,
     split_line,
@@ -61,8 +62,8 @@ class NbdistMagics(Magics):
                  "process group ...")
         else:
             how_many = args.n or "one per GPU (else 2)"
-            _say(f"starting {args.engine or 'ipyparallel'} workers on this machine ({how_many})"
-                 " and forming the process group ...")
+            _say(f"starting {args.engine or default_engine()} workers on this machine "
+                 f"({how_many}) and forming the process group ...")
         return session.start(args.n, profile=args.profile, template=args.template,
                              **opts).status()
 
@@ -79,11 +80,9 @@ class NbdistMagics(Magics):
         target = {k: v for k, v in dict(
             cluster_id=args.cluster_id, ipp_profile=args.ipp_profile, url_file=args.url_file,
             address=args.address, scheduler_file=args.scheduler_file).items() if v is not None}
-        security = dask_security(args)
-        if security is not None:
-            target["security"] = security
+        target.update(engine_target(args))
         if not session.running:  # else the session says whether it keeps the running one
-            _say(f"connecting to the {args.engine or 'ipyparallel'} cluster and forming the "
+            _say(f"connecting to the {args.engine or default_engine()} cluster and forming the "
                  "process group ...")
         return session.connect(**opts, **target).status()
 

@@ -6,13 +6,14 @@ small readers of parsed options. Pure argparse over IPython's magic parser: no s
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 from typing import Any, NoReturn, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
+from ..backends import connect_target
+from ..backends.registry import connect_flags, default_engine
 from ..options import DEVICES, DIST_BACKENDS, ENGINES, ClusterOptions
 
 
@@ -20,7 +21,7 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
     """Options shared by ``start`` and ``connect``: defined once. Their defaults are None, so
     that only the options given override a profile."""
     p.add_argument("--engine", choices=ENGINES, default=None,
-                   help="engine that runs the workers (default: ipyparallel)")
+                   help=f"engine that runs the workers (default: {default_engine()})")
     p.add_argument("--device", choices=DEVICES, default=None,
                    help="auto (default): one GPU per worker where GPUs exist, else CPU")
     p.add_argument("--dist-backend", choices=DIST_BACKENDS, default=None,
@@ -121,12 +122,9 @@ def build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPars
                    help="ipyparallel client connection file (ipcontroller-client.json)")
     p.add_argument("--scheduler-file", default=None, metavar="FILE",
                    help="dask scheduler file")
-    p.add_argument("--tls-ca-file", default=None, metavar="FILE",
-                   help="dask over tls://: the CA certificate that signed the cluster's")
-    p.add_argument("--tls-cert", default=None, metavar="FILE",
-                   help="dask over tls://: this client's certificate")
-    p.add_argument("--tls-key", default=None, metavar="FILE",
-                   help="dask over tls://: this client's private key (default: in --tls-cert)")
+    for _, flag in connect_flags():  # each engine's own (Dask's --tls-*)
+        p.add_argument(flag.option, dest=flag.dest, default=None, metavar=flag.metavar,
+                       help=flag.help)
     _cluster_options(p)
 
     verb("status", "_status", "workers: rank, host, pid, device, alive")
@@ -214,24 +212,19 @@ def cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in opts.items() if v is not None}
 
 
-def dask_security(args: argparse.Namespace) -> Any:
-    """A Dask ``Security`` from the ``--tls-*`` flags, or None when none is given."""
-    files = {"tls_ca_file": args.tls_ca_file, "tls_client_cert": args.tls_cert,
-             "tls_client_key": args.tls_key}
-    if not any(files.values()):
-        return None
-    if args.engine != "dask":
-        raise UsageError("%nbdist connect: --tls-* flags are for --engine dask; ipyparallel "
-                         "authenticates with the key in its connection file")
-    if not (args.tls_ca_file and args.tls_cert):
-        raise UsageError("%nbdist connect: TLS needs --tls-ca-file and --tls-cert "
-                         "(and --tls-key unless the key is in the certificate file)")
-    missing = [f for f in files.values() if f and not os.path.isfile(f)]
-    if missing:
-        raise UsageError(f"%nbdist connect: no such file: {', '.join(missing)}")
-    from distributed.security import Security
+def engine_target(args: argparse.Namespace) -> dict[str, Any]:
+    """What the engines' own ``connect`` flags given on the line add to its target (Dask's
+    ``--tls-*`` files make a ``security``); ``{}`` when none is given.
 
-    return Security(require_encryption=True, **{k: v for k, v in files.items() if v})
+    Raises
+    ------
+    OptionError
+        A flag of another engine than ``--engine`` (default: the default engine), or values
+        the engine refuses (see :func:`nbdist.backends.connect_target`).
+    """
+    given = {flag.dest: getattr(args, flag.dest) for _, flag in connect_flags()
+             if getattr(args, flag.dest, None) is not None}
+    return connect_target(args.engine, given) if given else {}
 
 
 def prompt_number(shell: Any) -> Optional[int]:

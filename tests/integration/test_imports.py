@@ -32,6 +32,17 @@ def test_import_nbdist_is_cheap():
         assert banned not in mods, f"`import nbdist` imported {banned}"
 
 
+def test_the_engine_registry_and_the_workers_halves_import_no_adapter():
+    # Workers import their engine's half through nbdist.backends, which registers the engines.
+    from nbdist.backends import registry
+
+    halves = "\n".join(f"import {e.worker}" for e in registry.engines())
+    mods = modules_after(halves)
+    for e in registry.engines():
+        assert e.worker in mods
+        assert e.adapter.partition(":")[0] not in mods, f"{e.worker} imported its adapter"
+
+
 def test_measurement_model_and_user_api_are_torch_free():
     # The notebook imports both (nbdist.progress); only ddp_hooks may load torch.
     mods = modules_after("import nbdist.runtime.measure.model, nbdist.runtime.progress")

@@ -67,7 +67,9 @@ FORBIDDEN = {
 # Leaves: stdlib only, so any layer may use them.
 LEAVES = ("nbdist.table_layout", "nbdist.telemetry.units", "nbdist.telemetry.intervals",
           "nbdist.telemetry.states", "nbdist.telemetry.events",
-          "nbdist.telemetry.stall.thresholds", "nbdist.runtime.results", "nbdist.runtime.env")
+          "nbdist.telemetry.stall.thresholds", "nbdist.runtime.results", "nbdist.runtime.env",
+          # the engines by name: the option records and the worker template read it
+          "nbdist.backends.registry")
 # Packages whose __init__ only documents the room: importing a leaf inside them stays cheap.
 EMPTY_PACKAGES = ("nbdist.telemetry", "nbdist.telemetry.stall", "nbdist.runtime",
                   "nbdist.backends.dask", "nbdist.backends.ipyparallel")

@@ -4,9 +4,11 @@ from typing import get_args, get_type_hints
 
 import pytest
 
+from nbdist.backends.registry import engines
 from nbdist.errors import OptionError
 from nbdist.options import (
-    ENGINE_LAUNCHERS,
+    DEVICES,
+    DIST_BACKENDS,
     ENGINES,
     LAUNCHERS,
     CellDefaults,
@@ -81,8 +83,10 @@ def test_records_refuse_values_out_of_range(make, message):
         make()
 
 
-def test_choices_are_the_fields_literal_types():
+def test_choices_are_the_fields_literal_types_and_the_registered_engines():
     hints = get_type_hints(ClusterOptions)
-    assert get_args(hints["engine"]) == ENGINES == ("ipyparallel", "dask")
-    assert get_args(get_type_hints(LaunchOptions)["launcher"]) == LAUNCHERS
-    assert set(LAUNCHERS) == {name for names in ENGINE_LAUNCHERS.values() for name in names}
+    assert get_args(hints["device"]) == DEVICES and get_args(hints["dist_backend"]) == DIST_BACKENDS
+    # engines and their launchers are the registered ones; the first is the default
+    assert ENGINES == ("ipyparallel", "dask") and ClusterOptions().engine == "ipyparallel"
+    assert set(LAUNCHERS) == {name for e in engines() for name in e.launchers}
+    assert LaunchOptions(launcher="kubernetes").launcher in LAUNCHERS

@@ -195,8 +195,13 @@ def test_wrong_type_names_the_line_and_the_value(tmp_path):
 
 def test_wrong_choice_suggests_the_nearest(tmp_path):
     err = problem(tmp_path, "cluster:\n  launcher: slurmm\n")
-    assert "line 2: cluster.launcher: 'slurmm' is not one of local, ssh" in str(err)
+    assert ("line 2: cluster.launcher: unknown launcher 'slurmm': choose one of local, ssh"
+            in str(err))
     assert "did you mean 'slurm'?" in str(err)
+    # engines, too, are the registered ones
+    err = problem(tmp_path, "cluster:\n  engine: daks\n")
+    assert "line 2: cluster.engine: unknown engine 'daks': choose one of ipyparallel, dask; " \
+           "did you mean 'dask'?" in str(err)
 
 
 def test_every_problem_is_listed_once_in_line_order(tmp_path):

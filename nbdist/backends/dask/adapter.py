@@ -18,6 +18,7 @@ import functools
 import ipaddress
 import json
 import logging
+import os
 import pickle
 import re
 import socket
@@ -31,8 +32,9 @@ from typing import Any, Callable, Optional
 import distributed
 from distributed.actor import Actor
 from distributed.comm.addressing import get_address_host_port
+from distributed.security import Security
 
-from ...errors import ClusterError
+from ...errors import ClusterError, OptionError
 from ...runtime import packing
 from ...runtime.interrupt import interrupt_calls
 from ...runtime.packing import Packed
@@ -224,6 +226,30 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
             ) from exc
         self.owns_cluster = False
         self._subscribe()
+
+    @classmethod
+    def target_from_flags(cls, tls_ca_file: Optional[str] = None, tls_cert: Optional[str] = None,
+                          tls_key: Optional[str] = None) -> dict[str, Any]:
+        """The ``--tls-*`` flags' files as a ``security`` (a Dask ``Security`` that requires
+        encryption) for :meth:`connect`.
+
+        Raises
+        ------
+        OptionError
+            The CA file or the certificate is not given, or a file is not there.
+        """
+        files = {"tls_ca_file": tls_ca_file, "tls_client_cert": tls_cert,
+                 "tls_client_key": tls_key}
+        if not any(files.values()):
+            return {}
+        if not (tls_ca_file and tls_cert):
+            raise OptionError("TLS needs --tls-ca-file and --tls-cert (and --tls-key unless "
+                              "the key is in the certificate file)")
+        missing = [f for f in files.values() if f and not os.path.isfile(f)]
+        if missing:
+            raise OptionError(f"no such file: {', '.join(missing)}")
+        return {"security": Security(require_encryption=True,
+                                     **{k: v for k, v in files.items() if v})}
 
     def _subscribe(self) -> None:
         client = self._require()
