@@ -7,8 +7,8 @@ in module globals of the worker process and so persists across calls.
 Events travel as Dask events: the worker logs them under a topic private to this backend and the
 client is subscribed to that topic.
 
-This module is the notebook's side; what runs inside the workers is :mod:`.dask_runner`, and
-how clusters are launched is :mod:`.launchers` (and :mod:`.dask_elsewhere`).
+This module is the notebook's side; what runs inside the workers is :mod:`.worker`, and how
+clusters are launched is :mod:`nbdist.backends.launchers` (and :mod:`.elsewhere`).
 """
 
 from __future__ import annotations
@@ -158,8 +158,11 @@ class _DaskSubmission(Submission):
         return self._backend._drain()
 
 
-class DaskBackend(Elsewhere, Backend[distributed.Client]):
-    """Workers are Dask workers; the channel is the scheduler's, with Dask's own security."""
+class DaskBackend(Backend[distributed.Client]):
+    """Workers are Dask workers; the channel is the scheduler's, with Dask's own security.
+
+    A cluster that a launcher starts is an :class:`~.elsewhere.Elsewhere` of its own, which
+    this backend makes for that start and closes with it."""
 
     name = "dask"
     _launchers = "dask-jobqueue, dask-kubernetes, ..."
@@ -172,12 +175,18 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
         self._runners: dict[WorkerId, _RunnerRef] = {}
         self._size = 0  # workers the cluster nbdist started should have
         self._forkserver = False  # workers fork from the template (use_forkserver)
+        self._elsewhere: Optional[Elsewhere] = None  # the cluster a launcher started
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self, n: int, timeout: float) -> None:
         self._size = n
         if not self.launch.local:
-            self._start_elsewhere(n, timeout)
+            elsewhere = self._elsewhere = Elsewhere(self.name, self.launch, self._tag,
+                                                    self.live_workers, self._await_dask)
+            try:
+                elsewhere.start(n, timeout)
+            finally:  # what did start is stopped with the backend, as a local cluster is
+                self.cluster, self.client = elsewhere.cluster, elsewhere.client
             return
         quiet_relay_errors()
         nanny = dask_template_options() if self.launch.template else {}
@@ -191,7 +200,12 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
                 dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING,
                 memory_limit=0, **nanny)
             self.client = new_client(self.cluster, timeout=timeout)
-            self._await_workers(self.client.nthreads, n, timeout, self.client.wait_for_workers)
+            self._await_dask(self.client, n, timeout)
+
+    def _await_dask(self, client: distributed.Client, n: int, timeout: float) -> None:
+        """Wait for ``n`` workers of ``client``'s scheduler, telling the start view as they
+        come."""
+        self._await_workers(client.nthreads, n, timeout, client.wait_for_workers)
 
     def start(self, n: int, timeout: float) -> None:
         super().start(n, timeout)
@@ -277,6 +291,13 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
             if self._forkserver:  # its workers are gone: the template goes too
                 self._forkserver = False
                 stop_forkserver()
+
+    def _close_cluster(self, cluster: Any) -> None:
+        elsewhere, self._elsewhere = self._elsewhere, None
+        if elsewhere is not None and elsewhere.cluster is cluster:
+            elsewhere.close()  # its directory too
+        else:
+            cluster.close()
 
     def _close_client(self, client: distributed.Client) -> None:
         self._events.clear()
@@ -391,8 +412,8 @@ class DaskBackend(Elsewhere, Backend[distributed.Client]):
         restarting = [w for w in workers.values() if getattr(w, "status", None) is not None
                       and str(w.status).endswith(("running", "init", "starting"))]
         if len(restarting) >= size:
-            if not self.launch.local:
-                self._replace_when_dropped(size)
+            if self._elsewhere is not None:
+                self._elsewhere.replace_when_dropped(size)
             return
         with worker_process_config(local=self.launch.local):
             cluster.scale(max(size, len(getattr(cluster, "worker_spec", ()) or ())))

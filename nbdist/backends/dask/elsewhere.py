@@ -1,7 +1,7 @@
 """The Dask engine's clusters started through a launcher (a batch system, SSH, Kubernetes):
 how such a cluster starts, where its files go, and how it gets back to size when a worker is
-lost with its nanny (a batch job or a host gone). :class:`.dask.DaskBackend` mixes this in;
-the recipes themselves are :mod:`.launchers`."""
+lost with its nanny (a batch job or a host gone). The Dask adapter owns one :class:`Elsewhere`
+for each such start; the recipes themselves are :mod:`nbdist.backends.launchers`."""
 
 from __future__ import annotations
 
@@ -31,25 +31,47 @@ def new_client(*args: Any, **kwargs: Any) -> distributed.Client:
 
 
 class Elsewhere:
-    """The part of the Dask backend for clusters a launcher starts (see the module's text)."""
+    """One Dask cluster that a launcher starts (see the module's text), owned by the
+    :class:`~nbdist.backends.dask.adapter.DaskBackend` that made it for one start.
 
-    launch: LaunchOptions
-    name: str
-    cluster: Any
-    client: Optional[distributed.Client]
-    _tag: str
-    live_workers: Callable[[], list[str]]
-    _dir: Optional[str] = None  # a batch launcher's directory for its jobs' output
-    _started = False  # True once every worker came up (a failed start keeps _dir)
+    It is given what it needs: the engine's ``name`` (for the cluster's directory and the SSH
+    check), ``launch``, the backend's ``tag`` (batch jobs and pods are named after it), and
+    two of the backend's calls: ``live_workers()``, the workers the scheduler knows now, and
+    ``await_workers(client, n, timeout)``, the wait that tells the start view as workers come.
+    """
 
-    def _start_elsewhere(self, n: int, timeout: float) -> None:
-        """Workers through a launcher: batch jobs write their output into a directory of the
-        cluster's own; SSH hosts are checked before anything starts there."""
+    def __init__(self, name: str, launch: LaunchOptions, tag: str,
+                 live_workers: Callable[[], list[str]],
+                 await_workers: Callable[[distributed.Client, int, float], None]) -> None:
+        self.name = name
+        self.launch = launch
+        self.tag = tag
+        self.live_workers = live_workers
+        self.await_workers = await_workers
+        #: the cluster, once made (None again once closed)
+        self.cluster: Any = None
+        self.client: Optional[distributed.Client] = None
+        #: a batch launcher's directory for its jobs' output
+        self.dir: Optional[str] = None
+        #: True once every worker came up (a failed start keeps :attr:`dir`)
+        self.started = False
+
+    def start(self, n: int, timeout: float) -> None:
+        """Start ``n`` workers through the launcher and wait for them; :attr:`cluster` and
+        :attr:`client` are set as soon as they exist, so that whoever stops a failed start
+        finds them. Batch jobs write their output into a directory of the cluster's own; SSH
+        hosts are checked before anything starts there.
+
+        Raises
+        ------
+        ClusterError
+            A batch launcher's workers did not come up; the message names the directory
+            with the jobs' output, which is kept.
+        """
         launcher = self.launch.launcher
         if launcher in ("slurm", "pbs", "sge", "lsf"):
-            self._dir = make_cluster_dir(self.name)
-        module, name, package, kwargs, scale = cluster_spec(self.launch, n, self._tag,
-                                                            self._dir)
+            self.dir = make_cluster_dir(self.name)
+        module, name, package, kwargs, scale = cluster_spec(self.launch, n, self.tag, self.dir)
         cls = import_cluster_class(module, name, package, launcher)
         if launcher == "ssh":  # each host's address on the route to listen
             hosts, kwargs["remote_python"] = check_ssh_hosts(self.launch, self.name)
@@ -60,34 +82,36 @@ class Elsewhere:
                 if scale:
                     self.cluster.scale(n)
                 self.client = new_client(self.cluster, timeout=timeout)
-                self._await_workers(self.client.nthreads, n, timeout,
-                                    self.client.wait_for_workers)
+                self.await_workers(self.client, n, timeout)
         except Exception as exc:
-            if self._dir:  # kept: the jobs' output says why
+            if self.dir:  # kept: the jobs' output says why
                 raise ClusterError(f"{type(exc).__name__}: {exc}; the jobs' output is in "
-                                   f"{self._dir}") from exc
+                                   f"{self.dir}") from exc
             raise
-        self._started = True
+        self.started = True
 
-    def _close_cluster(self, cluster: Any) -> None:
+    def close(self) -> None:
+        """Close the cluster; its directory goes too once every worker had come up."""
+        cluster, self.cluster = self.cluster, None
         try:
-            cluster.close()
+            if cluster is not None:
+                cluster.close()
         finally:
-            if self._started:
-                remove_cluster_dir(self._dir)
+            if self.started:
+                remove_cluster_dir(self.dir)
 
-    def _replace_when_dropped(self, size: int) -> None:
-        """:meth:`_rescale_when_dropped`, in a thread of its own."""
-        threading.Thread(target=self._rescale_when_dropped, args=(size,), daemon=True,
+    def replace_when_dropped(self, size: int) -> None:
+        """:meth:`rescale_when_dropped`, in a thread of its own."""
+        threading.Thread(target=self.rescale_when_dropped, args=(size,), daemon=True,
                          name="nbdist-replace").start()
 
-    def _rescale_when_dropped(self, size: int, within: float = 60.0) -> None:
+    def rescale_when_dropped(self, size: int, within: float = 60.0) -> None:
         """Elsewhere a nanny may have gone with its worker (a batch job or a host lost):
         Dask then drops that worker from the cluster (``distributed.deploy.lost-worker-
         timeout`` after it left), and a new one is asked for (a new batch job); a nanny that
-        restarted its worker instead ends the wait."""
+        restarted its worker instead ends the wait, and so does closing the cluster."""
         cluster, deadline = self.cluster, time.monotonic() + within
-        while cluster is self.cluster and time.monotonic() < deadline:
+        while cluster is not None and cluster is self.cluster and time.monotonic() < deadline:
             try:
                 if len(self.live_workers()) >= size:
                     return
