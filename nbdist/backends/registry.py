@@ -15,7 +15,9 @@ template's checks and the workers themselves (which import their engine's worker
 on the first start or connect, in the manner of torch elastic's rendezvous handler registry.
 
 :data:`ENGINES` and :data:`LAUNCHERS` are views, read when asked: a parser or a check that holds
-one sees an engine registered after it was made.
+one sees an engine registered after it was made. An engine's own ``connect`` flags are added to
+the magics' parser when it is made (once, as nbdist's magics are imported): register an engine
+that has some before that.
 """
 
 from __future__ import annotations
