@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from nbdist.errors import MAX_TRACEBACKS, DistributedError, RankFailure, WorkersDidNotStart
-from nbdist.telemetry.units import fmt_ranks
 
 
 def failure(rank, evalue="division by zero", line=2, **kw):
@@ -53,12 +52,6 @@ def test_workers_did_not_start_keeps_its_facts():
     err = WorkersDidNotStart("dask", 1, 4, 30.0, "TimeoutError: no workers")
     assert (err.engine, err.ready, err.wanted, err.timeout) == ("dask", 1, 4, 30.0)
     assert "only 1 of 4 dask workers started within 30 s (TimeoutError: no workers)" in str(err)
-
-
-def test_fmt_ranks():
-    assert fmt_ranks([]) == ""
-    assert fmt_ranks([3]) == "3"
-    assert fmt_ranks([0, 1, 2, 4, 6, 7]) == "0-2, 4, 6-7"
 
 
 def test_distributed_error_names_cause_and_consequences():

@@ -21,7 +21,6 @@ from nbdist.display.tables import (
 from nbdist.display.text import format_summary
 from nbdist.table_layout import RANK_COLOURS, html_table, rank_colour
 from nbdist.telemetry.snapshot import MemoryPoint
-from nbdist.telemetry.units import one_unit
 
 
 def test_header_figures_say_per_rank_or_all_ranks():
@@ -30,18 +29,6 @@ def test_header_figures_say_per_rank_or_all_ranks():
     assert "58.8 steps/s per rank" in pace  # the slowest rank's pace
     assert "941 samples/s all ranks" in pace  # the sum over ranks
     assert "bandwidth 500 kB/s per rank" in diagnosis_phrases(snap)
-
-
-def test_a_column_has_one_unit():
-    assert one_unit(["68.2 ms", "850 µs", "-", "Σ 1 s"]) == ["68.2 ms", "0.85 ms", "-", "Σ 1 s"]
-    assert one_unit(["19 kB", "370 MB", "0 B"]) == ["0.02 MB", "370 MB", "0 MB"]
-    assert one_unit(["25.1 MB/s", "900 kB/s"]) == ["25.1 MB/s", "0.9 MB/s"]
-    # never wider than the largest: two decimals at most, never 1e-09
-    assert one_unit(["589 ms", "317 µs", "2.96 ms"]) == ["589 ms", "0.32 ms", "2.96 ms"]
-    assert one_unit(["1 B", "3 GB"]) == ["<0.01 GB", "3 GB"]
-    # units of different kinds, counts and rates, text: left as they are
-    for cells in (["1 s", "2 MB"], ["100/100 it", "13.7 it/s"], ["done", "failed"]):
-        assert one_unit(cells) == cells
 
 
 def with_memory(snap, held):

@@ -10,10 +10,9 @@ from synthetic import T0, batches, ddp_job, job_batches, stack_sleeping, stack_w
 
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState, aggregate
-from nbdist.telemetry.intervals import bandwidth, exposed_seconds, rate, union_seconds
+from nbdist.telemetry.intervals import exposed_seconds
 from nbdist.telemetry.matching import RankStep, flagged, match_step, straggler_scores
 from nbdist.telemetry.snapshot import SLOWEST
-from nbdist.telemetry.units import fmt_bytes_rate, fmt_rate, fmt_seconds
 
 
 def approx(x):
@@ -39,24 +38,6 @@ def ddp_stream(rank, steps=10, step_s=0.1, compute_s=0.08, bucket_bytes=(400, 60
                            comm_bytes=sum(bucket_bytes), buckets=len(bucket_bytes),
                            fwd=(s0, s0 + 0.02), bwd=(s0 + 0.02, ready)))
     return out
-
-
-def test_interval_union_and_exposed_part():
-    assert union_seconds([(0, 1), (0.5, 2), (3, 4)]) == approx(3.0)
-    assert union_seconds([(2, 1)]) == 0.0
-    # compute ends at 1.5: of comm over [1,2] and [1.8,2.5], 1.0 s is past compute
-    assert exposed_seconds(1.5, [(1, 2), (1.8, 2.5)]) == approx(1.0)
-    assert exposed_seconds(5.0, [(1, 2)]) == 0.0  # comm fully hidden
-
-
-def test_bandwidth_uses_time_any_collective_was_running():
-    assert bandwidth(1000, [(0, 0.5), (0.25, 1.0)]) == approx(1000.0)
-    assert bandwidth(0, [(0, 1)]) is None and bandwidth(10, []) is None
-
-
-def test_rate_from_first_and_last_point():
-    assert rate([(0.0, 0), (1.0, 5), (2.0, 20)]) == approx(10.0)
-    assert rate([(1.0, 3)]) is None and rate([(1.0, 1), (1.0, 2)]) is None
 
 
 def test_steps_per_second_samples_and_exposed_split():
@@ -304,14 +285,6 @@ def test_history_is_bounded():
     snap = state.snapshot()
     assert [p.step for p in snap.series] == [15, 16, 17, 18, 19]
     assert len(state.events()[0]) == 20 * 3
-
-
-def test_formatting():
-    assert fmt_rate(None) == "-" and fmt_rate(12.34, "it/s") == "12.3 it/s"
-    assert fmt_rate(96199.6, "steps/s") == "96.2k steps/s"
-    assert fmt_bytes_rate(2.5e9) == "2.5 GB/s" and fmt_bytes_rate(12) == "12 B/s"
-    assert fmt_seconds(0.0123) == "12.3 ms" and fmt_seconds(5e-6) == "5 µs"
-    assert fmt_seconds(3725) == "1:02:05" and fmt_seconds(125) == "2:05"
 
 
 def test_snapshot_repr_is_one_line():
