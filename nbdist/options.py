@@ -41,6 +41,17 @@ def parse_ranks(spec: Optional[str], world_size: int) -> tuple[int, ...]:
     world_size : int
         Number of ranks in the job; selections outside ``0..world_size-1`` are rejected.
 
+    Returns
+    -------
+    tuple of int
+        The selected ranks, ascending, each once.
+
+    Raises
+    ------
+    OptionError
+        ``spec`` is not numbers and ranges, has a range that runs backwards, selects no rank,
+        or selects ranks outside the job (the message names them).
+
     Examples
     --------
     >>> parse_ranks("0,2-3", 4)
@@ -92,13 +103,28 @@ def check_choice(value: str, choices: Sequence[str], what: str, key: str = "") -
 
 
 def check_positive(value: Optional[float], what: str, key: str = "") -> Optional[float]:
+    """Return ``value`` if it is None or more than 0.
+
+    Raises
+    ------
+    OptionError
+        ``value`` is 0 or less; the message names it as ``what``, and ``key`` names the
+        profile key.
+    """
     if value is not None and value <= 0:
         raise OptionError(f"{what} must be positive, got {value}", key=key)
     return value
 
 
 def check_at_least(value: Optional[int], low: int, what: str, key: str = "") -> Optional[int]:
-    """Return ``value`` if it is None or ``low`` or more, else raise :class:`OptionError`."""
+    """Return ``value`` if it is None or ``low`` or more, else raise :class:`OptionError`.
+
+    Raises
+    ------
+    OptionError
+        ``value`` is less than ``low``; the message names it as ``what``, and ``key`` names
+        the profile key.
+    """
     if value is not None and value < low:
         raise OptionError(f"{what} must be at least {low}, got {value}", key=key)
     return value
@@ -130,6 +156,12 @@ class LaunchOptions:
     the address the controller or scheduler binds when workers run on other machines: nbdist
     never leaves loopback unless told. ``template`` forks the workers a local launch starts
     from one process that has imported torch (see :mod:`nbdist.boot.template`).
+
+    Raises
+    ------
+    OptionError
+        An unknown launcher, fewer than 1 CPU or 0 GPUs per worker, or a host with fewer than
+        1 worker.
     """
 
     #: one of :data:`LAUNCHERS`: ``local``, or a launcher of the engine
@@ -164,7 +196,16 @@ class LaunchOptions:
 class ClusterOptions:
     """How workers are started or reached, and how their process group is formed.
 
-    Without ``n``, a launch with ``hosts`` starts as many workers as they place.
+    Without ``n``, a launch with ``hosts`` starts as many workers as they place. ``timeout``
+    is in seconds: for a start and for any collective.
+
+    Raises
+    ------
+    OptionError
+        An unknown engine, device or dist backend; ``timeout`` not positive; ``n`` or
+        ``threads`` less than 1; nccl with ``device="cpu"``; a launcher the engine does not
+        have; ``listen`` on a local launch, or missing where workers start on other machines;
+        ``hosts`` with a launcher other than ssh. ``key`` names the profile key.
     """
 
     #: one of :data:`ENGINES` (the registered engines; the first is the default)
@@ -216,7 +257,14 @@ class ClusterOptions:
                 key="launcher")
 
     def override(self, **given: Any) -> ClusterOptions:
-        """These options with every ``given`` value that is not None put in (validated)."""
+        """These options with every ``given`` value that is not None put in (validated).
+
+        Raises
+        ------
+        OptionError
+            A name in ``given`` is not an option, or the result is not valid (as the class
+            says).
+        """
         names = {f.name for f in fields(self)}
         unknown = set(given) - names
         if unknown:
@@ -226,7 +274,14 @@ class ClusterOptions:
 
 @dataclass(frozen=True)
 class CellOptions:
-    """Options of one ``%%distributed`` cell."""
+    """Options of one ``%%distributed`` cell (``timeout`` and ``stall_after`` in seconds).
+
+    Raises
+    ------
+    OptionError
+        An unknown output mode, ``timeout`` not positive, a negative ``stall_after``, or a
+        blank ``name``.
+    """
 
     ranks: Optional[str] = None
     timeout: Optional[float] = None
@@ -248,7 +303,15 @@ class CellOptions:
 @dataclass(frozen=True)
 class CellDefaults:
     """What a ``%%distributed`` cell does when its own flags say nothing (a profile's
-    ``training`` section). ``elastic_max_failures`` is the budget elastic training reads."""
+    ``training`` section). ``elastic_max_failures`` is the budget elastic training reads;
+    ``timeout`` is in seconds.
+
+    Raises
+    ------
+    OptionError
+        An unknown output mode, a negative ``stall_after`` or ``elastic_max_failures``, or a
+        ``bucket_cap_mb`` or ``timeout`` that is not positive (``key`` names the profile key).
+    """
 
     output: OutputMode = _in_profile("training.output", "rank0")
     #: what cells measure unless their flags say otherwise
