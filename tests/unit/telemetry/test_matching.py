@@ -72,7 +72,8 @@ def test_a_step_is_matched_when_its_last_report_arrives():
     assert list(ranks[0].m_waiting) == [pytest.approx(0.020)]
     assert list(ranks[1].m_waiting) == [0.0]
     assert list(ranks[0].m_bw) == [pytest.approx(1000 / 0.02)]
-    assert m.blames[0][0] == 1
+    b = m.blames[0]  # rank 0 waited 20 ms of its 100 ms step for rank 1
+    assert (b.rank, b.share, b.waiting_s) == (1, pytest.approx(0.2), pytest.approx(0.020))
 
 
 def test_steps_of_a_rank_that_ended_no_longer_wait_for_it():
