@@ -9,11 +9,14 @@ import re
 import pytest
 from fakes import Scripted, ok
 
+from nbdist.cell.loop import pump
 from nbdist.display.html import run_header
 from nbdist.display.tables import run_table
 from nbdist.display.text import format_line, format_summary
 from nbdist.errors import DistributedError
 from nbdist.telemetry import events as ev
+from nbdist.telemetry.recovery import Recovery, RecoveryKind
+from nbdist.telemetry.run import Run
 from nbdist.telemetry.states import RankState
 
 T0 = 1_700_000_000.0
@@ -107,3 +110,61 @@ def test_a_worker_whose_end_the_engine_cannot_tell_is_gone_all_the_same(session,
     assert "rank 1 on hostA (pid 101) died" in run_header(snap, final=True)
     [f] = info.value.failures
     assert f.evalue == "its worker (pid 101) is gone" and ENGINE_SAID in f.traceback
+
+
+class Drained:
+    """A job whose batches so far are ``batches`` (the pump drains them once)."""
+
+    def __init__(self, batches: list[dict]) -> None:
+        self.batches = batches
+
+    def drain_events(self) -> list[dict]:
+        out, self.batches = self.batches, []
+        return out
+
+
+class Joins:
+    """The elastic coordinator as the pump sees it: reading a replacement's report that it
+    healed as rank 1 at the job's step 20, it records the join."""
+
+    def __init__(self) -> None:
+        self.records: list[Recovery] = []
+
+    def feed(self, batches: list[dict]) -> None:
+        for b in batches:
+            for e in b["events"]:
+                if e["kind"] == ev.ELASTIC and e.get("joined") == e.get("worker"):
+                    self.records.append(Recovery(e["t"], RecoveryKind.JOINED, world_before=1,
+                                                 world_after=2, rank=b["rank"],
+                                                 step=e["step"]))
+
+    def tick(self) -> None:
+        pass
+
+    def news(self) -> list[Recovery]:
+        out, self.records = self.records, []
+        return out
+
+
+class Quiet:
+    def output(self, batches) -> None:
+        pass
+
+    def refresh(self, snapshot, force: bool = False) -> None:
+        pass
+
+
+def test_a_replacements_join_is_recorded_before_the_steps_it_sent_with_it_are_folded():
+    run = Run("cell", [0, 1], world_size=2)
+    run.feed([dict(steps(1, 20, end=False), rank=1)])  # the worker it replaces: steps 0-19
+    healed = ev.elastic(ev.ElasticWhat.HEALED, T0 + 30, run="r", epoch=2, worker="7",
+                        joined="7", step=20)
+    first = steps(1, 3, end=False)  # its own steps 0-2, in the batch that says it healed
+    pump(Drained([{"rank": 1, "seq": 1_000_001, "events": [healed, *first["events"]]}]),
+         run, Quiet(), Joins())  # type: ignore[arg-type]
+    snap = run.snapshot()
+    one = next(r for r in snap.ranks if r.rank == 1)
+    assert (one.joined_at, one.steps, one.last_step) == (20, 3, 22)
+    [former] = snap.former
+    assert (former.steps, former.last_step, former.replaced) == (20, 19, True)
+    assert [(m.kind, m.step) for m in snap.marks] == [("joined", 20)]

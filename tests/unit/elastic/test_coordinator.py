@@ -177,6 +177,26 @@ def test_a_new_worker_is_let_in_at_the_next_epoch(setup):
     assert [(p.worker_id, p.world_size) for p in healer.membership.plans] == [(0, 1)]
 
 
+def test_a_replacement_that_healed_is_recorded_with_the_slot_and_step_it_took(setup):
+    healer, backend, store, job = setup
+    backend.live.remove(1)
+    job.running.discard(1)
+    feed(healer, 0, "failed", commit=5, error="x", world=2)
+    assert list(healer.found_lost) == [1]  # the cell loop records no second death for it
+    backend.live.append(2)
+    healer.tick()
+    healer.news()
+    # the replacement's own report that it healed, at the job's step 20
+    feed(healer, 2, "healed", epoch=2, commit=20, rolled_back=0, discarded=0, seconds=0.5,
+         world=2, world_before=1, failures=1, joined="2", step=20)
+    [joined] = healer.news()
+    assert (joined.kind.value, joined.rank, joined.step) == ("joined", 1, 20)
+    assert "a replacement worker joined at commit 20" in joined.line()
+    feed(healer, 0, "healed", epoch=2, commit=20, rolled_back=0, discarded=0, seconds=0.5,
+         world=2, world_before=1, failures=1, joined="2")
+    assert [r.kind.value for r in healer.news()] == []  # the survivor's report: no second join
+
+
 def test_what_was_healed_shows_in_the_run_summary_once():
     from nbdist.display.html import run_summary
     from nbdist.telemetry.recovery import Lost, Recovery, RecoveryKind

@@ -68,13 +68,15 @@ class Submission:
                        for b in batches(0, steps(range(10, 20), T0 + 2), per_batch=5)])
 
     def joins(self) -> None:
-        # the replacement reports as rank 1, its batches numbered after the dead worker's
+        # the replacement reports as rank 1, its batches numbered after the dead worker's; the
+        # coordinator reads its report first and records the join (the fold reads no elastic
+        # event), as the cell loop does
+        self.run.note_recovery(Recovery(T0 + 3.0, RecoveryKind.JOINED, commit=20, seconds=2.0,
+                                        world_before=1, world_after=2, rank=1, step=20))
         self.run.feed([{"rank": 1, "seq": 1_000_001,
                         "events": [healed("7", T0 + 3.0, joined="7", step=20)]},
                        {"rank": 0, "seq": 200,
                         "events": [healed("0", T0 + 3.0, joined="7")]}])
-        self.run.note_recovery(Recovery(T0 + 3.0, RecoveryKind.JOINED, commit=20, seconds=2.0,
-                                 world_before=1, world_after=2))
         # its own steps count from 0; the job's are 20-29
         self.run.feed([dict(b, seq=b["seq"] + 1_000_001)
                        for b in batches(1, steps(range(10), T0 + 3.1, compute=0.07))])
@@ -177,6 +179,8 @@ def test_a_replacement_without_a_step_in_its_report_starts_after_the_latest_step
     run = Run("cell", [0, 1], world_size=2)
     run.feed(batches(0, steps(range(5), T0)) + [{"rank": 0, "seq": 9,
                                                  "events": [ev.end(True, T0 + 0.5)]}])
+    run.note_recovery(Recovery(T0 + 1, RecoveryKind.JOINED, world_before=1, world_after=2,
+                               rank=1))  # the replacement's report named no step
     run.feed([{"rank": 1, "seq": 1_000_001, "events": [healed("7", T0 + 1, joined="7")]}])
     run.feed([dict(b, seq=b["seq"] + 1_000_001) for b in batches(1, steps(range(2), T0 + 1))])
     one = next(r for r in run.snapshot().ranks if r.rank == 1)
