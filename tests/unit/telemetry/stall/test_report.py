@@ -25,7 +25,6 @@ from nbdist.telemetry.stall.report import (
     IN_COLLECTIVE,
     UNKNOWN,
 )
-from nbdist.telemetry.stall.thresholds import STALL_FLOOR_S, stall_threshold
 from nbdist.telemetry.stall.words import headline, where_lines
 
 
@@ -42,14 +41,6 @@ def hung(stall_after=None, **kw) -> RunState:
 
 
 # ----------------------------------------------------------------- threshold
-def test_threshold_is_five_median_steps_at_least_the_floor_or_the_users():
-    assert stall_threshold([]) == STALL_FLOOR_S == 10.0
-    assert stall_threshold([0.1] * 30) == 10.0
-    assert stall_threshold([4.0, 4.0, 100.0]) == 20.0  # the median: one slow step is not it
-    assert stall_threshold([4.0], override=2.5) == 2.5
-    assert stall_threshold([4.0], override=0) is None  # --stall-after 0: off
-
-
 def test_the_threshold_follows_the_steps_of_the_run():
     state = RunState([0, 1], started=T0)
     for n in range(3):  # 4 s steps: a stall is 20 s without progress
