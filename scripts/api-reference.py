@@ -58,6 +58,18 @@ def md(doc: str | None) -> str:
                 i += 1
             out.append(f"* `{param.group(1)}` ({param.group(2)}): {' '.join(body)}")
             continue
+        # numpydoc's "Raises" (and a bare "Returns" type): the types alone, their text below
+        types = re.fullmatch(r"[\w.]+(?:, [\w.]+)*", line)
+        if (section in ("Returns", "Raises") and types and i + 1 < len(lines)
+                and lines[i + 1].startswith("    ")):
+            i += 1
+            body = []
+            while i < len(lines) and lines[i].startswith("    "):
+                body.append(lines[i].strip())
+                i += 1
+            names = ", ".join(f"`{t}`" for t in line.split(", "))
+            out.append(f"* {names}: {' '.join(body)}")
+            continue
         if line.rstrip().endswith("::") and i + 1 < len(lines):
             head = line.rstrip()[:-2].rstrip()
             out.append(head + ":" if head else "")
