@@ -1,6 +1,6 @@
 """What the views say when things break: the cause of a stop, a run gone quiet, counts that
-cannot invert, bars named, one colour per meaning, the theme's colours, output kept in its
-box. Synthetic events, pure views (no cluster)."""
+cannot invert, bars named, one colour per meaning, the theme's colours. Synthetic events, pure
+views (no cluster)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from synthetic import T0, stack_sleeping, stack_waiting, training_events
 
 from nbdist import table_layout as L
 from nbdist.display import html as H
-from nbdist.display.output_html import OUTPUT_MAX_HEIGHT, output_pre
-from nbdist.display.rank_output import RankLines, merged_lines
 from nbdist.display.tables import run_table
 from nbdist.display.text import TextDashboard, format_summary
 from nbdist.telemetry import events as ev
@@ -146,16 +144,6 @@ def test_charts_and_legend_take_the_themes_colours():
     assert "var(--jp-layout-color3" in H.run_table_html(state.snapshot())  # the bars' track
 
 
-def test_output_boxes_cap_their_height_and_mark_stderr():
-    lines = RankLines()
-    lines.feed(0, "stdout", "step 1\n")
-    lines.feed(0, "stderr", "checkpoint <1>\n")
-    html = output_pre(merged_lines(lines))
-    assert f"max-height:{OUTPUT_MAX_HEIGHT};overflow-y:auto" in html
-    assert "<span class='nbdist-stderr'" in html and "[0] checkpoint &lt;1&gt;</span>" in html
-    assert "[0] step 1\n" in html and "step 1</span>" not in html
-
-
 def test_the_text_view_prints_what_happened_once():
     import io
 
@@ -193,29 +181,6 @@ def test_the_scale_box_follows_the_cluster_it_shows():
     size[0] = 18
     panel.refresh()
     assert panel.count.value == 20
-
-
-def test_a_start_says_how_many_workers_are_ready():
-    from nbdist.display.start_view import StartProgress
-
-    shown = []
-
-    class Handle:
-        def update(self, bundle, raw):
-            shown.append(bundle["text/plain"])
-
-    def display(bundle, raw, display_id):
-        shown.append(bundle["text/plain"])
-        return Handle()
-
-    clock = iter([0.0, 1.0, 9.0, 27.0])
-    view = StartProgress(display, clock=lambda: next(clock))
-    view(0, 17)
-    view(5, 17)
-    view(17, 17)
-    assert shown == ["nbdist: starting 17 workers: 0 of 17 ready (1 s)",
-                     "nbdist: starting 17 workers: 5 of 17 ready (9 s)",
-                     "nbdist: 17 of 17 workers ready in 27 s"]
 
 
 def test_a_backend_tells_the_start_view_as_workers_come_up():

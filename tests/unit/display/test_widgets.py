@@ -14,7 +14,6 @@ from synthetic import T0, training_events  # noqa: E402
 from nbdist import table_layout as L  # noqa: E402
 from nbdist.display import display_medium, make_run_view, set_display  # noqa: E402
 from nbdist.display import html as H  # noqa: E402
-from nbdist.display.refresh import Throttle  # noqa: E402
 from nbdist.display.text import StreamView, TextDashboard, format_summary  # noqa: E402
 from nbdist.display.widgets import ClusterPanel, RunWidget, WidgetDashboard  # noqa: E402
 from nbdist.errors import NoClusterError  # noqa: E402
@@ -99,16 +98,6 @@ def test_an_unchanged_part_is_not_sent_again():
     w.table.observe(lambda c: sent.append(c), names="value")
     w.show(state.snapshot())
     assert sent == []
-
-
-def test_throttle_limits_redraws():
-    now = [0.0]
-    t = Throttle(0.25, clock=lambda: now[0])
-    assert t.due() and not t.due()
-    now[0] = 0.2
-    assert not t.due()
-    now[0] = 0.26
-    assert t.due()
 
 
 def test_medium_is_chosen_by_argument_env_and_setting(monkeypatch):

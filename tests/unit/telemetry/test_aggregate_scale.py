@@ -11,10 +11,8 @@ from synthetic import T0, ddp_job, stack_sleeping, stack_waiting
 
 from nbdist.backends.base import poll_until
 from nbdist.display.html import run_summary
-from nbdist.display.refresh import Throttle
-from nbdist.display.run_view import RunView
 from nbdist.display.tables import MAX_OUTLIERS, failure_lines, memory_table, run_table
-from nbdist.display.text import StreamView, format_line, format_summary
+from nbdist.display.text import format_line, format_summary
 from nbdist.runtime.capture import MAX_INTERVAL, MIN_INTERVAL, TICK, EventSink, flush_interval
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
@@ -192,30 +190,7 @@ def test_the_hang_doctor_groups_ranks_that_are_in_the_same_place():
     assert row.held and not row.broken
 
 
-# ----------------------------------------------------------------- refresh and batching
-class _Dashboard:
-    interval = 0.25
-
-    def __init__(self):
-        self.drawn = 0
-
-    def update(self, snap):
-        self.drawn += 1
-
-    def close(self, snap):
-        pass
-
-
-def test_a_costly_redraw_makes_the_next_one_wait_longer(monkeypatch):
-    cpu = iter([0.0, 0.06])  # the redraw took 60 ms of the kernel's CPU
-    monkeypatch.setattr("nbdist.display.run_view.time.thread_time", lambda: next(cpu))
-    view = RunView(StreamView("quiet"), _Dashboard())
-    view.refresh(lambda: None)
-    assert view.last_cost == pytest.approx(0.06)
-    assert view._throttle.interval == pytest.approx(0.06 / RunView.MAX_BUSY_SHARE)
-    assert isinstance(view._throttle, Throttle)
-
-
+# ----------------------------------------------------------------- batching
 def test_a_rank_sends_less_often_the_larger_the_job():
     assert flush_interval(1) == flush_interval(16) == MIN_INTERVAL > TICK
     xs = [flush_interval(w) for w in (64, 256, 1024, 4096, 10**6)]
