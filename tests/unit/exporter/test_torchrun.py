@@ -1,58 +1,24 @@
-"""The session's record and the torchrun script made from it, without processes: the script is
-run here by exec with torchrun's environment and a stand-in for torch.distributed."""
+"""The torchrun script made from the session's record, without processes: the script is run
+here by exec with torchrun's environment and a stand-in for torch.distributed. (The record
+itself: ``test_history.py``.)"""
 
 from __future__ import annotations
 
 import ast
 import os
-import pickle
 import sys
 import types
 from fractions import Fraction
 
-import cloudpickle
 import pytest
 
 from nbdist.errors import ExportError
-from nbdist.exporter.history import CellEntry, History, PushEntry, literal_code
+from nbdist.exporter.history import CellEntry, History, PushEntry
 from nbdist.exporter.torchrun import JobShape, data_name, launch_command, render, write
 from nbdist.options import ClusterOptions, LaunchOptions
 from nbdist.runtime.env import RankPlan
 
 SHAPE = JobShape(world_size=2, nproc_per_node=2)
-
-
-@pytest.mark.parametrize("value", [0.1, 3, "a'b", None, True, [1, (2, "x")], {"k": [1.5]}])
-def test_literals_are_kept_as_code(value):
-    assert eval(literal_code(value)) == value
-
-
-@pytest.mark.parametrize("value", [float("nan"), object(), bytearray(b"x"), frozenset({1})])
-def test_other_values_are_not_literals(value):
-    assert literal_code(value) is None
-
-
-def test_history_keeps_literals_as_code_and_pickles_the_rest():
-    h = History()
-    blob = cloudpickle.dumps({"w": [object]})
-    h.push({"w": [object]}, blob)
-    h.push({"lr": 0.1, "w": [object]})
-    h.cell(1, "x = 1")
-    first, second, cell = h.entries
-    assert first.blob is blob and first.code == {} and first.pickled == ("w",)
-    assert second.code == {"lr": "0.1"} and pickle.loads(second.blob) == {"w": [object]}
-    assert cell == CellEntry(1, "x = 1", None)
-    assert repr(h) == "<nbdist.History: 1 cells, 2 pushes>"
-    h.reset()
-    assert len(h) == 0
-
-
-def test_values_too_large_to_keep_are_named_not_kept():
-    h = History(max_kept_bytes=100)
-    h.push({"big": "x" * 10, "blob": bytearray(1000)})
-    (entry,) = h.entries
-    assert entry.code == {"big": repr("x" * 10)} and entry.blob is None
-    assert entry.dropped == ("blob",)
 
 
 class FakeDevice:

@@ -1,5 +1,5 @@
-"""``nbdist.elastic.State`` on one process: commit, restore, persist, and the code a
-replacement worker runs to resume a cell."""
+"""``nbdist.elastic.State`` on one process: commit, restore, persist, pickle. (The code a
+replacement worker runs to resume a cell: ``test_protocol.py``.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nbdist.elastic import ElasticError, State, run
-from nbdist.runtime.elastic.protocol import Wrapped, joiner_source, picklable_namespace
+from nbdist.runtime.elastic.protocol import Wrapped
 
 
 def model_and_opt():
@@ -119,31 +119,6 @@ def test_state_pickles_without_its_commit():
     assert back.commits == 1
 
 
-def test_the_replacement_resumes_at_the_calling_statement_with_its_assignment():
-    source = "\n".join([
-        "import torch",                     # 1
-        "def f(s):",                        # 2
-        "    return 1",                     # 3
-        "losses = train(",                  # 4
-        "    state)",                       # 5
-        "print(losses)",                    # 6
-    ])
-    out = joiner_source(source, 5, "RESUME")
-    lines = out.split("\n")
-    assert lines[3] == "losses = RESUME()" and lines[5] == "print(losses)"
-    assert lines[:3] == ["", "", ""]  # line numbers stay the cell's own
-    assert joiner_source(source, None, "RESUME") == "RESUME()\n"
-    compile(out, "<cell>", "exec")
-
-
-def test_names_that_cannot_travel_are_left_out_with_the_reason():
-    import threading
-
-    ns = {"__builtins__": {}, "rank": 0, "a": 1, "lock": threading.Lock()}
-    kept, dropped = picklable_namespace(ns, pickle.dumps)
-    assert kept == {"a": 1} and "lock" in dropped and "pickle" in dropped["lock"]
-
-
 def test_what_the_loop_reads_and_sets_on_a_state_is_its_public_api():
     m, _ = model_and_opt()
     s = State(model=m, step=0)
@@ -167,13 +142,3 @@ def test_a_model_in_transit_is_committed_through_its_module():
     s.commit()
     kind, snap = s.committed()[1]["model"]
     assert kind == "state_dict" and set(snap) == {"weight", "bias"}
-
-
-def test_both_sides_spell_the_store_keys_the_same():
-    from nbdist.runtime.elastic.protocol import arrive_key, cell_of, join_key, plan_key, run_key
-
-    key = run_key("c0ffee", 2)
-    assert cell_of(key) == "c0ffee"
-    assert len({plan_key(key, 1), plan_key(key, 2), join_key(key),
-                arrive_key(key, 1, "7")}) == 4
-    assert all(k.startswith(key + "/") for k in (plan_key(key, 1), join_key(key)))

@@ -10,7 +10,6 @@ from nbdist.display.html import detail_tables, run_summary
 from nbdist.display.tables import dims_table, pipeline_table
 from nbdist.display.text import format_line, format_summary
 from nbdist.records import Comparison
-from nbdist.runtime import mesh
 from nbdist.runtime.measure.model import Measurements
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
@@ -99,23 +98,6 @@ def test_collectives_after_the_last_optimizer_step_make_no_step(tel):
     tel.end_cell()
     assert len(sink.kinds("step")) == 1 and tel.steps == 1
     assert [c["op"] for c in sink.kinds("comm")] == ["all_reduce", "all_gather_single"]
-
-
-class FakeMesh:
-    def __init__(self, names, groups):
-        self.mesh_dim_names = names
-        self._dim_group_names = groups
-
-
-def test_mesh_dimensions_are_named_from_pairs_meshes_and_remembered_groups():
-    two_d = FakeMesh(("dp", "tp"), ["g1", "g2"])
-    mesh.remember(two_d)
-    assert mesh.dim_of((two_d, 1)) == "tp" and mesh.dim_of((two_d, "dp")) == "dp"
-    assert mesh.dim_of(FakeMesh(("tp",), ["g2"])) == "tp"
-    assert mesh.dim_of("g1") == "dp" and mesh.dim_of(None) is None
-    assert mesh.dim_of("unknown") is None
-    mesh.remember(FakeMesh(None, ["g9"]))
-    assert mesh.dim_of("g9") == "dim0"
 
 
 # ----------------------------------------------------------------- fold, views, trace
