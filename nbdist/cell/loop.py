@@ -20,7 +20,6 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol
 
 from ..backends.base import Call, Outcome, Submission, poll_until, wait_all
-from ..elastic.coordinator import live_workers, lost_worker, oom_kills
 from ..errors import (
     REBUILD_DDP,
     CellInterrupted,
@@ -29,6 +28,7 @@ from ..errors import (
     RanksRestarted,
     cell_error,
 )
+from ..group.losses import live_workers, lost_worker, oom_kills
 from ..runtime import results
 from ..telemetry.events import Batch
 from ..telemetry.recovery import Lost

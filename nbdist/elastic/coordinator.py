@@ -22,13 +22,12 @@ worker enters through :meth:`Membership.admit`, as every worker does.
 from __future__ import annotations
 
 import pickle
-import socket
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
 from ..backends.base import Call, Submission, WorkerId
+from ..group.losses import live_workers, lost_worker, oom_kills
 from ..runtime import worker as rt
 from ..runtime.elastic.protocol import Plan, join_key, plan_key
 from ..runtime.env import RankPlan
@@ -436,85 +435,3 @@ class Coordinator:
 
     def new_lines(self) -> list[str]:
         return [r.line() for r in self.news()]
-
-
-# ---------------------------------------------------------------- how a worker was lost
-# The coordinator asks when it finds a member gone; the cell loop asks too, for the workers
-# the engine lost in a cell without elastic training.
-def live_workers(membership: Membership, fallback: Iterable[WorkerId]) -> set[WorkerId]:
-    """The workers the engine still has, less those on this host whose process is gone (the
-    engine may not know yet); ``fallback`` where the engine cannot say."""
-    try:
-        live = set(membership.require().worker_ids())
-    except Exception:  # the engine cannot say: trust only the processes we can see
-        live = set(fallback)
-    here = socket.gethostname()
-    for w in list(live):
-        host, pid = _host_pid(membership, w)
-        if host == here and pid and not _pid_alive(pid):
-            live.discard(w)
-    return live
-
-
-def lost_worker(membership: Membership, w: WorkerId, rank: Optional[int], oom_before: int,
-                by: str = "nbdist.elastic") -> Lost:
-    """``w``'s worker is gone: a :class:`~nbdist.telemetry.recovery.Lost` record of ``rank``
-    with where it ran and how it ended, as far as the engine knows (``SIGKILL``, ``exit
-    status 1``; the out-of-memory killer named where this host counted more kills than
-    ``oom_before``, an :func:`oom_kills` reading from before the cell). ``by``: who found it.
-    May wait about a second for the engine's answer (see ``Backend.exit_cause``)."""
-    host, pid = _host_pid(membership, w)
-    try:
-        cause = membership.require().exit_cause(w, pid)
-    except Exception:  # how it died is a detail; that it died is the news
-        cause = None
-    if cause == "SIGKILL" and _oom_kills() > oom_before:
-        cause = "SIGKILL, by the kernel's out-of-memory killer"
-    return Lost(time.time(), rank, host, pid, cause, by)
-
-
-def _host_pid(membership: Membership, w: WorkerId) -> tuple[Optional[str], Optional[int]]:
-    info = membership.infos.get(w)
-    return (info["hostname"], info["pid"]) if info is not None else (None, None)
-
-
-def oom_kills() -> int:
-    """The out-of-memory kills this host's cgroup has counted (0 where it cannot be read): a
-    cell's baseline for :func:`lost_worker`, read before the cell runs."""
-    return _oom_kills(fresh_s=_OOM_FRESH_S)
-
-
-# A reading of the out-of-memory kill count this old serves as the next cell's baseline: a
-# cell run right after another does not open the cgroup's file again before it starts.
-_OOM_FRESH_S = 1.0
-_oom_read: tuple[float, int] = (float("-inf"), 0)  # (monotonic time, count) of the last read
-
-
-def _oom_kills(fresh_s: float = 0.0) -> int:
-    """The out-of-memory kills this host's cgroup has seen (0 where it cannot be read); the
-    last reading where it is under ``fresh_s`` seconds old."""
-    global _oom_read
-    now = time.monotonic()
-    if now - _oom_read[0] < fresh_s:
-        return _oom_read[1]
-    count = 0
-    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
-        try:
-            with open(path) as f:
-                count = next((int(line.split()[1]) for line in f
-                              if line.startswith("oom_kill ")), 0)
-            break
-        except (OSError, ValueError):
-            continue
-    _oom_read = (now, count)
-    return count
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        import psutil
-
-        p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE
-    except Exception:
-        return False
