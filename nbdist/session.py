@@ -399,9 +399,11 @@ class Session:
         hint = ""
         if len(selected) < self.world_size:
             hint = PARTIAL_RANKS.format(ranks=", ".join(map(str, selected)))
-        healer = (Coordinator(m, measure, default_max_failures=self.defaults.elastic_max_failures)
-                  if elastic else None)
-        cell_run = CellRun(m, calls, run, view, healer=healer, hint=hint, companions=beside)
+        coordinator = (Coordinator(m, measure,
+                                   default_max_failures=self.defaults.elastic_max_failures)
+                       if elastic else None)
+        cell_run = CellRun(m, calls, run, view, coordinator=coordinator, hint=hint,
+                           companions=beside)
         try:
             outcomes = cell_run.wait(opts.timeout)
         finally:

@@ -95,7 +95,7 @@ def cell_label(filename: str) -> Optional[str]:
     return f"In [{m.group(1)}]" if m else None
 
 
-def pump(job: Submission, run: Run, view: RunView, healer: Optional[Coordinator] = None,
+def pump(job: Submission, run: Run, view: RunView, coordinator: Optional[Coordinator] = None,
          carried: Sequence[Batch] = (), companions: Sequence[Companion] = (),
          redraw: bool = True) -> None:
     """Move the batches received so far, and those the results ``carried``, into the run's
@@ -105,28 +105,28 @@ def pump(job: Submission, run: Run, view: RunView, healer: Optional[Coordinator]
     ``redraw`` False (the view is closed next, and draws the run's end)."""
     batches = [*job.drain_events(), *carried]
     news = False
-    if healer is not None:
+    if coordinator is not None:
         # The coordinator reads them first: a replacement that joined is in the record (a row
         # of its own) before the steps it reported in the same batches are folded.
-        healer.feed(batches)
-        news = _note_news(run, healer)
+        coordinator.feed(batches)
+        news = _note_news(run, coordinator)
     if batches:
         view.output(batches)
         run.feed(batches)
         for c in companions:
             c.feed(batches)
     news |= run.stall_news()  # the hang doctor's verdict appeared or changed: show it now
-    if healer is not None:
-        healer.tick()
-        news |= _note_news(run, healer)
+    if coordinator is not None:
+        coordinator.tick()
+        news |= _note_news(run, coordinator)
     if redraw:
         view.refresh(run.snapshot, force=news)
 
 
-def _note_news(run: Run, healer: Coordinator) -> bool:
+def _note_news(run: Run, coordinator: Coordinator) -> bool:
     """Hand what the coordinator recorded since the last call to the run's record; True
     when there was some."""
-    records = healer.news()
+    records = coordinator.news()
     for record in records:
         run.note_recovery(record)  # the views show it once, each in its medium
     return bool(records)
@@ -135,18 +135,18 @@ def _note_news(run: Run, healer: Coordinator) -> bool:
 class CellRun:
     """Per-rank ``calls`` running as one job, streamed into ``run`` and ``view``.
 
-    With a ``healer``, ``nbdist.elastic.run`` calls in the cell are coordinated (see
+    With a ``coordinator``, ``nbdist.elastic.run`` calls in the cell are coordinated (see
     :mod:`nbdist.elastic.coordinator`): it may re-form the group in the membership while the
     cell runs. ``hint`` is added to a time-out's message.
     """
 
     def __init__(self, membership: Membership, calls: list[Call], run: Run, view: RunView, *,
-                 healer: Optional[Coordinator] = None, hint: str = "",
+                 coordinator: Optional[Coordinator] = None, hint: str = "",
                  companions: Sequence[Companion] = ()) -> None:
         self.membership, self.calls, self.run, self.view = membership, calls, run, view
-        self.healer, self.hint, self.companions = healer, hint, companions
+        self.coordinator, self.hint, self.companions = coordinator, hint, companions
         #: worker -> the rank it reports as (a replacement worker takes the lost rank's slot)
-        self.slots: dict[Any, int] = (healer.slots if healer is not None else
+        self.slots: dict[Any, int] = (coordinator.slots if coordinator is not None else
                                       {p.worker_id: p.rank for p in membership.plans})
         self.job: Optional[Submission] = None
         #: ranks an interrupt could not stop, whose processes the engine replaced
@@ -159,29 +159,29 @@ class CellRun:
     def reformed(self) -> bool:
         """An elastic run, or the restart of ranks an interrupt could not stop, formed a new
         group during the cell."""
-        return self.restarted is not None or (self.healer is not None
-                                              and self.healer.final() is not None)
+        return self.restarted is not None or (self.coordinator is not None
+                                              and self.coordinator.final() is not None)
 
     def wait(self, timeout: Optional[float]) -> list[results.CellResult]:
         """Run the calls to the end (or ``timeout`` seconds) and return each call's result,
         in call order; raise one error naming every rank that failed."""
-        run, healer = self.run, self.healer
+        run, coordinator = self.run, self.coordinator
         self._oom = oom_kills()
         job = self.job = self.membership.submit(self.calls)
-        if healer is not None:
-            healer.follow(job)
-            job = self.job = CompositeSubmission(job, healer.joiner_jobs)
+        if coordinator is not None:
+            coordinator.follow(job)
+            job = self.job = CompositeSubmission(job, coordinator.joiner_jobs)
         start, companions = time.monotonic(), self.companions
         try:
             while True:
                 done = job.wait(_POLL)
-                if done and (healer is None or not healer.coordinating):
+                if done and (coordinator is None or not coordinator.coordinating):
                     break  # _finish moves what is left onto the screen, in one pass
-                pump(job, run, self.view, healer, companions=companions)
+                pump(job, run, self.view, coordinator, companions=companions)
                 if done and job.wait(0):  # not if the pump let a replacement in just now
                     break
-                if healer is not None and healer.wrap_up_needed(job.pending()):
-                    healer.wrap_up()  # training ended before a replacement got in
+                if coordinator is not None and coordinator.wrap_up_needed(job.pending()):
+                    coordinator.wrap_up()  # training ended before a replacement got in
                 for c in companions:
                     c.tick({self.slots.get(w, -1) for w in job.pending()})
                 # time spent at a prompt is the user's, not the cell's
@@ -207,7 +207,7 @@ class CellRun:
 
     def _cell_outcomes(self, outcomes: list[Outcome]) -> list[Outcome]:
         """The outcomes that are the cell's own."""
-        final = self.healer.final() if self.healer is not None else None
+        final = self.coordinator.final() if self.coordinator is not None else None
         if final is None:
             return outcomes
         # The job is now the elastic run's last membership: calls of workers it lost are not
@@ -242,8 +242,8 @@ class CellRun:
         row says it (the engine's own words below, as the traceback)."""
         assert o.engine_error is not None
         lost = self.lost.get(o.worker)
-        if lost is None and self.healer is not None:
-            lost = self.healer.found_lost.get(o.worker)
+        if lost is None and self.coordinator is not None:
+            lost = self.coordinator.found_lost.get(o.worker)
         if lost is None:
             return results.engine_failure(o.engine_error)
         return results.cell_failed(results.plain_error("WorkerError", lost.gone(),
@@ -254,7 +254,7 @@ class CellRun:
         process is gone or the engine says how it ended) as a :class:`Lost` rank, as the
         elastic coordinator records the members it finds dead (those are not recorded
         twice). A call the engine failed on a worker that is still there is no death."""
-        known = self.healer.found_lost if self.healer is not None else {}
+        known = self.coordinator.found_lost if self.coordinator is not None else {}
         failed = [o.worker for o in self._cell_outcomes(outcomes)
                   if o.engine_error is not None and o.worker not in known]
         if not failed:
@@ -277,7 +277,7 @@ class CellRun:
         The run's record counts what was already drained while the calls ran: a rank that
         finished early may have had its last batch drained before the others returned.
         """
-        run, view, healer, job = self.run, self.view, self.healer, self.job
+        run, view, coordinator, job = self.run, self.view, self.coordinator, self.job
         if run.ended is not None or job is None:
             return  # finished already (a timeout or an interrupt shows its view first)
         if not job.pending():
@@ -286,7 +286,7 @@ class CellRun:
                       if o.engine_error is None and o.value["seq"]}
 
             def drained() -> bool:
-                pump(job, run, view, healer, companions=self.companions, redraw=False)
+                pump(job, run, view, coordinator, companions=self.companions, redraw=False)
                 return run.has_all(wanted)
 
             # Batches arrive on the engine's IO thread, which offers nothing to wait on (a
@@ -294,11 +294,11 @@ class CellRun:
             if wanted:
                 poll_until(drained, _EVENT_GRACE, interval=0.001)
             # then each rank's last batch, after all it sent before it
-            pump(job, run, view, healer, [r["tail"] for r in done if r.get("tail")],
+            pump(job, run, view, coordinator, [r["tail"] for r in done if r.get("tail")],
                  companions=self.companions, redraw=False)
             self._note_lost(job.outcomes())  # before the view draws the run's end
         else:
-            pump(job, run, view, healer, companions=self.companions, redraw=False)
+            pump(job, run, view, coordinator, companions=self.companions, redraw=False)
         run.finish()
         view.close(run.snapshot())
 

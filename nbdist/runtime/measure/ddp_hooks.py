@@ -62,7 +62,7 @@ from .. import faults
 from ..mesh import dim_of
 from . import memory, tuning
 from .model import measurements
-from .stall_probe import watch as hang_watch
+from .stall_probe import watch
 from .steps import Bucket, DDPTimes
 from .tensors import payload
 
@@ -171,7 +171,7 @@ def _mark_done(rec: Bucket) -> None:
         rec.cuda = (rec.cuda[0], end)
     else:
         rec.done = time.time()
-    hang_watch.progress()
+    watch.progress()
 
 
 #: DDP's timer times at most one step in this many seconds (every step that takes longer):
@@ -402,11 +402,11 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
             else args[group_at]
         dim = dim_of(group)  # the mesh dimension of an explicit group (FSDP2's, a 2-D mesh's)
         t0 = time.time()
-        hang_watch.enter(name, nbytes, dtype, t0)  # where the hang doctor finds it
+        watch.enter(name, nbytes, dtype, t0)  # where the hang doctor finds it
         try:
             work = fn(*args, **kwargs)
         finally:
-            hang_watch.leave()
+            watch.leave()
         if is_async and work is not None:
             try:
                 work.get_future().then(lambda _f: meas.on_collective(

@@ -70,7 +70,7 @@ from typing import Any, Callable, Optional
 
 from ...telemetry import events as ev
 from .spec import DEFAULT, Measure
-from .stall_probe import watch as hang_watch
+from .stall_probe import watch
 from .steps import DDPTimer, DDPTimes, Step, step_events
 from .tensors import batch_size
 
@@ -145,7 +145,7 @@ class Measurements:
         if sink is not None:
             sink.emit(event)
             if event["kind"] in ev.PROGRESS_KINDS:  # the hang doctor's clock restarts
-                hang_watch.progress()
+                watch.progress()
 
     # ------------------------------------------------------------- steps
     def open_step(self, t0: float, source: str) -> Step:
@@ -189,7 +189,7 @@ class Measurements:
         sink = self.sink
         if sink is None:
             return
-        hang_watch.progress()
+        watch.progress()
         defer = getattr(sink, "defer", None)
         if defer is not None and not st.buckets:
             # The step's events are built when its batch is sent, on the sending thread, a
@@ -357,7 +357,7 @@ class Measurements:
         closes (FSDP's all-gathers start a step in its forward).
         """
         exposed = t1 - t0 if blocking else exposed_s
-        hang_watch.progress()  # even when its event waits for an optimizer step to claim it
+        watch.progress()  # even when its event waits for an optimizer step to claim it
         if where.get("peer") is not None:
             self.pipe_wait += exposed
         with self.lock:

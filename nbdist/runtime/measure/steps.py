@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Optional, Protocol
 
 from ...telemetry import events as ev
 from ...telemetry.intervals import exposed_seconds
-from .stall_probe import watch as hang_watch
+from .stall_probe import watch
 
 
 class Bucket:
@@ -129,7 +129,7 @@ def step_events(st: Step, t1: float, final: bool,
         bwd = (start, max(x for x in (comm_end, ready_last, start) if x is not None))
     if final:
         t1 = max(x for x in (t1, comm_end, st.fwd1, st.t0) if x is not None)
-    hang_watch.step(t1 - st.t0)
+    watch.step(t1 - st.t0)
     if ddp is not None:
         nbuckets = ddp.buckets
     elif not timed:

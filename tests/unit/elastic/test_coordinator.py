@@ -87,15 +87,15 @@ def setup():
     membership.admit(workers)
     membership.replan(workers)
     membership.generation = 9  # the group the cell started with
-    healer = Coordinator(membership, {}, default_max_failures=None)
-    healer.follow(job)
-    return healer, backend, store, job
+    coordinator = Coordinator(membership, {}, default_max_failures=None)
+    coordinator.follow(job)
+    return coordinator, backend, store, job
 
 
-def feed(healer: Coordinator, worker: int, what: str, **info: Any) -> None:
+def feed(coordinator: Coordinator, worker: int, what: str, **info: Any) -> None:
     ev = elastic(what, 1.0, run=KEY, epoch=info.pop("epoch", 0), worker=str(worker), **info)
-    healer.feed([{"rank": worker, "seq": 1, "events": [ev]}])
-    healer.tick()
+    coordinator.feed([{"rank": worker, "seq": 1, "events": [ev]}])
+    coordinator.tick()
 
 
 def plan(store: dict, epoch: int):
@@ -103,42 +103,42 @@ def plan(store: dict, epoch: int):
 
 
 def test_the_survivors_form_the_next_group_and_a_replacement_is_asked_for(setup):
-    healer, backend, store, job = setup
-    feed(healer, 0, "begin", world=2, commit=1, max_failures=None)
+    coordinator, backend, store, job = setup
+    feed(coordinator, 0, "begin", world=2, commit=1, max_failures=None)
     backend.live.remove(1)  # rank 1's worker died
     job.running.discard(1)
-    feed(healer, 0, "failed", commit=5, error="RuntimeError: Connection closed by peer",
+    feed(coordinator, 0, "failed", commit=5, error="RuntimeError: Connection closed by peer",
          world=2)
     # the dead rank is news the moment the plan goes out, before the survivors healed
-    [lost] = healer.news()
+    [lost] = coordinator.news()
     assert str(lost) == "rank 1 on hostA (pid 101) died: SIGKILL" and lost.rank == 1
     p = plan(store, 1)
     assert list(p.ranks) == ["0"] and p.ranks["0"].rank == 0 and p.ranks["0"].world_size == 1
     assert p.generation == 10 and p.join_expected and p.abort is None
     assert backend.added == 1
     # the job's membership is the plan's from now on: nothing copies it back after the cell
-    assert healer.membership.plans == list(p.ranks.values())
-    assert healer.membership.generation == 10
-    feed(healer, 0, "healed", epoch=1, commit=5, rolled_back=0, discarded=2, seconds=0.1,
+    assert coordinator.membership.plans == list(p.ranks.values())
+    assert coordinator.membership.generation == 10
+    feed(coordinator, 0, "healed", epoch=1, commit=5, rolled_back=0, discarded=2, seconds=0.1,
          world=1, world_before=2, failures=1, joined=None)
-    [line] = healer.new_lines()  # the recovery's line; the death was said once, above
+    [line] = coordinator.new_lines()  # the recovery's line; the death was said once, above
     assert "re-formed without rank 1" in line and "died" not in line
     assert "rolled back to commit 5 (2 optimizer steps repeated)" in line
     assert "world 2 -> 1" in line
 
 
 def test_a_member_that_is_alive_and_has_not_reported_is_waited_for(setup):
-    healer, backend, store, job = setup
-    feed(healer, 0, "failed", commit=5, error="x", world=2)
+    coordinator, backend, store, job = setup
+    feed(coordinator, 0, "failed", commit=5, error="x", world=2)
     assert f"{KEY}/plan/1" not in store  # rank 1 is alive and still running: wait for it
-    feed(healer, 1, "failed", commit=4, error="x", world=2)
+    feed(coordinator, 1, "failed", commit=4, error="x", world=2)
     assert list(plan(store, 1).ranks) == ["0", "1"]
     assert backend.added == 0  # nobody was lost
 
 
 def test_an_error_in_the_code_stops_the_run_with_that_rank_named(setup):
-    healer, backend, store, job = setup
-    feed(healer, 1, "stopped", error="ValueError: bad batch")
+    coordinator, backend, store, job = setup
+    feed(coordinator, 1, "stopped", error="ValueError: bad batch")
     p = plan(store, 1)
     assert p.abort and "rank 1 stopped" in p.abort and "ValueError: bad batch" in p.abort
     assert p.stopped_by == 1
@@ -146,55 +146,55 @@ def test_an_error_in_the_code_stops_the_run_with_that_rank_named(setup):
 
 
 def test_the_failure_budget_ends_the_run(setup):
-    healer, backend, store, job = setup
-    feed(healer, 0, "begin", world=2, commit=1, max_failures=0)
+    coordinator, backend, store, job = setup
+    feed(coordinator, 0, "begin", world=2, commit=1, max_failures=0)
     backend.live.remove(1)
-    feed(healer, 0, "failed", commit=5, error="x", world=2)
+    feed(coordinator, 0, "failed", commit=5, error="x", world=2)
     assert "max_failures=0" in plan(store, 1).abort
     assert backend.added == 0
 
 
 def test_a_new_worker_is_let_in_at_the_next_epoch(setup):
-    healer, backend, store, job = setup
+    coordinator, backend, store, job = setup
     backend.live.remove(1)
     job.running.discard(1)
-    feed(healer, 0, "failed", commit=5, error="x", world=2)
+    feed(coordinator, 0, "failed", commit=5, error="x", world=2)
     backend.live.append(2)  # the engine started the replacement
-    healer.tick()
+    coordinator.tick()
     p = plan(store, 2)
     assert list(p.ranks) == ["0", "2"] and p.joiner == "2" and p.joiner_slot == 1
-    assert 2 in healer.membership.infos  # admitted as every worker is: described, connected
+    assert 2 in coordinator.membership.infos  # admitted as every worker is: described, connected
     assert [c.fn.__name__ for c in backend.submitted[-3:]] == ["describe", "set_transport",
                                                                "elastic_join"]
     assert store[f"{KEY}/join"] == b"2"
-    [(w, _)] = healer.joiner_jobs
+    [(w, _)] = coordinator.joiner_jobs
     assert w == 2
-    assert not healer.wrap_up_needed([0, 2])  # rank 0 still trains: it will let it in
-    assert healer.wrap_up_needed([2])  # only the newcomer is left waiting
-    healer.wrap_up()
+    assert not coordinator.wrap_up_needed([0, 2])  # rank 0 still trains: it will let it in
+    assert coordinator.wrap_up_needed([2])  # only the newcomer is left waiting
+    coordinator.wrap_up()
     assert "finished before the replacement joined" in plan(store, 3).abort
     assert store[f"{KEY}/join"] == b"-1"
-    assert [(p.worker_id, p.world_size) for p in healer.membership.plans] == [(0, 1)]
+    assert [(p.worker_id, p.world_size) for p in coordinator.membership.plans] == [(0, 1)]
 
 
 def test_a_replacement_that_healed_is_recorded_with_the_slot_and_step_it_took(setup):
-    healer, backend, store, job = setup
+    coordinator, backend, store, job = setup
     backend.live.remove(1)
     job.running.discard(1)
-    feed(healer, 0, "failed", commit=5, error="x", world=2)
-    assert list(healer.found_lost) == [1]  # the cell loop records no second death for it
+    feed(coordinator, 0, "failed", commit=5, error="x", world=2)
+    assert list(coordinator.found_lost) == [1]  # the cell loop records no second death for it
     backend.live.append(2)
-    healer.tick()
-    healer.news()
+    coordinator.tick()
+    coordinator.news()
     # the replacement's own report that it healed, at the job's step 20
-    feed(healer, 2, "healed", epoch=2, commit=20, rolled_back=0, discarded=0, seconds=0.5,
+    feed(coordinator, 2, "healed", epoch=2, commit=20, rolled_back=0, discarded=0, seconds=0.5,
          world=2, world_before=1, failures=1, joined="2", step=20)
-    [joined] = healer.news()
+    [joined] = coordinator.news()
     assert (joined.kind.value, joined.rank, joined.step) == ("joined", 1, 20)
     assert "a replacement worker joined at commit 20" in joined.line()
-    feed(healer, 0, "healed", epoch=2, commit=20, rolled_back=0, discarded=0, seconds=0.5,
+    feed(coordinator, 0, "healed", epoch=2, commit=20, rolled_back=0, discarded=0, seconds=0.5,
          world=2, world_before=1, failures=1, joined="2")
-    assert [r.kind.value for r in healer.news()] == []  # the survivor's report: no second join
+    assert [r.kind.value for r in coordinator.news()] == []  # the survivor's report: no second join
 
 
 def test_what_was_healed_shows_in_the_run_summary_once():

@@ -16,7 +16,7 @@ from synthetic import Sink
 from nbdist.backends.base import poll_until
 from nbdist.runtime import interrupt
 from nbdist.runtime.execute import run_code
-from nbdist.runtime.measure import stall_probe as hang
+from nbdist.runtime.measure import stall_probe
 from nbdist.runtime.measure.stall_probe import Watch, call_text, flight_recorder, stack_frames
 from nbdist.telemetry.events import STACK
 
@@ -242,10 +242,10 @@ def test_nccl_groups_are_read_from_nccls_own_recorder_and_no_entry_counts_twice(
 def test_the_flight_recorder_is_enabled_unless_the_user_chose_a_size(monkeypatch):
     monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
     monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
-    hang.enable_flight_recorder()
+    stall_probe.enable_flight_recorder()
     import os
 
-    assert os.environ["TORCH_FR_BUFFER_SIZE"] == str(hang.FLIGHT_RECORDER_ENTRIES)
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == str(stall_probe.FLIGHT_RECORDER_ENTRIES)
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
-    hang.enable_flight_recorder()
+    stall_probe.enable_flight_recorder()
     assert os.environ["TORCH_FR_BUFFER_SIZE"] == "0"

@@ -285,11 +285,11 @@ def test_session_interrupt_raises_a_keyboard_interrupt_with_the_reports(
     polls = [0]
     pump = cell_run.pump
 
-    def interrupted_on_the_third_poll(job, run, view, healer=None, carried=(), **kw):
+    def interrupted_on_the_third_poll(job, run, view, coordinator=None, carried=(), **kw):
         polls[0] += 1
         if polls[0] == 3:
             raise KeyboardInterrupt  # the kernel's stop button, while the cell runs
-        pump(job, run, view, healer, carried, **kw)
+        pump(job, run, view, coordinator, carried, **kw)
 
     monkeypatch.setattr(cell_run, "pump", interrupted_on_the_third_poll)
     with pytest.raises(KeyboardInterrupt) as info:
