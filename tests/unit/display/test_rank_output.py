@@ -1,9 +1,8 @@
-"""Per-rank output: lines per rank, the merged view's folding, warnings once, tqdm bars."""
+"""Per-rank output in the notebook: lines per rank, the merged view's folding, warnings once."""
 
 from __future__ import annotations
 
 import io
-import warnings
 
 import pytest
 
@@ -15,7 +14,6 @@ from nbdist.display.rank_output import (
     rank_label,
     rank_text,
 )
-from nbdist.runtime.capture import captured_output
 from nbdist.telemetry import events as ev
 
 
@@ -101,56 +99,6 @@ def test_output_view_without_a_kernel_streams_and_says_each_warning_once():
     q.feed([batch(0, 1, w)])
     q.close()
     assert quiet.getvalue() == ""
-
-
-def test_warnings_on_a_rank_become_events_not_stderr_text():
-    class Sink:
-        def __init__(self):
-            self.events = []
-
-        def emit(self, e):
-            self.events.append(e)
-
-    sink = Sink()
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        with captured_output(sink):
-            warnings.warn("lr is high", UserWarning, stacklevel=1)
-    [w] = [e for e in sink.events if e["kind"] == ev.WARNING]
-    assert w["category"] == "UserWarning" and w["message"] == "lr is high"
-    assert w["filename"].endswith("test_rank_output.py") and w["lineno"] > 0
-    assert not [e for e in sink.events if e["kind"] == ev.STREAM]
-
-
-def test_a_tqdm_bar_in_a_cell_reports_progress_and_writes_nothing(monkeypatch):
-    tqdm_std = pytest.importorskip("tqdm.std")
-    from nbdist.runtime.measure import tqdm_bars
-    from nbdist.runtime.measure.model import measurements
-
-    sent = []
-
-    class Sink:
-        def emit(self, e):
-            sent.append(e)
-
-    bar_class = tqdm_bars._reporting(tqdm_std.tqdm)
-    err = io.StringIO()
-    monkeypatch.setattr("sys.stderr", err)
-    measurements.begin_cell(Sink())
-    try:
-        for _ in bar_class(range(30), desc="train", mininterval=0):
-            pass
-    finally:
-        measurements.end_cell()
-    assert err.getvalue() == ""  # no "\r" redraws
-    bars = [e for e in sent if e["kind"] == ev.PROGRESS]
-    assert bars[0]["desc"] == "train" and bars[0]["total"] == 30
-    assert bars[-1]["n"] == 30 and bars[-1]["done"]
-    assert len({e["bar"] for e in bars}) == 1
-    # Outside a cell with telemetry it is tqdm, unchanged.
-    for _ in bar_class(range(3), file=err, mininterval=0):
-        pass
-    assert "\r" in err.getvalue() and "3/3" in err.getvalue()
 
 
 def test_all_output_as_tabs_per_rank_and_merged():

@@ -1,11 +1,10 @@
-"""Workers' output: batching on the worker, rank prefixes and filtering in the notebook."""
+"""Workers' output in the notebook: rank prefixes and filtering (:class:`StreamView`)."""
 
 from __future__ import annotations
 
 import io
 
 from nbdist.display.text import StreamView
-from nbdist.runtime.capture import _coalesce
 from nbdist.telemetry.events import stream
 
 
@@ -33,10 +32,3 @@ def test_stream_view_all_and_quiet():
     v = StreamView("quiet", stdout=quiet)
     v.feed([batch(0, 1, stream("stdout", "x\n"))])
     assert quiet.getvalue() == ""
-
-
-def test_coalesce_merges_consecutive_chunks_of_one_stream():
-    evs = [stream("stdout", "a"), stream("stdout", "b"), stream("stderr", "c"),
-           stream("stdout", "d")]
-    assert _coalesce(evs) == [stream("stdout", "ab"), stream("stderr", "c"),
-                              stream("stdout", "d")]

@@ -1,19 +1,17 @@
-"""The notebook at scale: the fold in pieces, views of a thousand ranks, the workers' batching."""
+"""The notebook at scale: the fold in pieces, views of a thousand ranks (the workers' batching:
+tests/unit/runtime/test_capture.py)."""
 
 from __future__ import annotations
 
 import random
-import threading
 from dataclasses import replace
 
 import pytest
 from synthetic import T0, ddp_job, stack_sleeping, stack_waiting
 
-from nbdist.backends.base import poll_until
 from nbdist.display.html import run_summary
 from nbdist.display.tables import MAX_OUTLIERS, failure_lines, memory_table, run_table
 from nbdist.display.text import format_line, format_summary
-from nbdist.runtime.capture import MAX_INTERVAL, MIN_INTERVAL, TICK, EventSink, flush_interval
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
 from nbdist.telemetry.columns import pack, rows
@@ -188,40 +186,6 @@ def test_the_hang_doctor_groups_ranks_that_are_in_the_same_place():
     row = next(r for r in run_table(snap).rows if r.cells[0] == "63")
     assert row.cells[-1] == "running · held the others: in time.sleep(0.05) at line 5"
     assert row.held and not row.broken
-
-
-# ----------------------------------------------------------------- batching
-def test_a_rank_sends_less_often_the_larger_the_job():
-    assert flush_interval(1) == flush_interval(16) == MIN_INTERVAL > TICK
-    xs = [flush_interval(w) for w in (64, 256, 1024, 4096, 10**6)]
-    assert xs == sorted(xs) and xs[-1] == MAX_INTERVAL
-    for w in (256, 512, 1024):  # about the same number of batches a second reach the notebook
-        assert w / flush_interval(w) == pytest.approx(256)
-
-
-def test_the_sink_packs_tables_and_sends_what_cannot_wait_at_the_next_tick():
-    sent: list[dict] = []
-    ticks = threading.Semaphore(0)
-    sink = EventSink(0, sent.append, interval=3600)
-    sink.on_tick = ticks.release
-    try:
-        steps = ddp_job({0: 0.01}, steps=3)[0]
-        for e in steps:
-            sink.emit(e)
-        for _ in range(3):  # three ticks pass: the interval has not, so nothing went out
-            assert ticks.acquire(timeout=5)
-        assert sent == []
-        sink.emit(stack_waiting(T0 + 5))  # the hang doctor's report cannot wait
-        assert poll_until(lambda: sent, 5, interval=0.01)
-        [batch] = sent
-        kinds = [e["kind"] for e in batch["events"]]
-        assert kinds == ["table", "stack"] and list(rows(batch["events"][0])) == steps
-        sink.prompt_output = True  # the rank whose output the notebook shows
-        sink.emit(ev.stream("stdout", "epoch 1\n"))
-        assert poll_until(lambda: len(sent) == 2, 5, interval=0.01)
-        assert sent[1]["events"] == [ev.stream("stdout", "epoch 1\n")]
-    finally:
-        sink.close()
 
 
 def test_the_widget_builds_again_only_what_changed(monkeypatch, thousand):
