@@ -1,5 +1,6 @@
-"""``start``/``connect`` while a cluster runs, on the scripted backend: the same options keep
-the warm workers (one line says so); other options say what stops and what is lost first."""
+"""``start``/``connect`` while a cluster runs (:mod:`nbdist.group.relaunch`, through the
+Session as users meet it), on the scripted backend: the same options keep the warm workers (one
+line says so); other options say what stops and what is lost first."""
 
 from __future__ import annotations
 
