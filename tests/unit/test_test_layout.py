@@ -5,7 +5,8 @@
 module has the module's name first: ``test_<module>_<aspect>.py``. A folder's ``__init__.py`` is
 tested under the folder's own name (``tests/unit/magics/test_magics.py``). Tests of the whole
 package or of the repository (import rules, public names, the docs) lie directly in
-``tests/unit/`` or ``tests/integration/``, beside the tests of the top-level modules.
+``tests/unit/`` or ``tests/integration/``, beside the tests of the top-level modules. At least
+70 % of the modules have a test file named after them (the count and its rule are below).
 """
 
 from __future__ import annotations
@@ -86,3 +87,36 @@ def test_the_layout_rules_catch_a_misplaced_file():
     assert named_after("test_magics", names_in(Path("magics")))
     assert not named_after("test_aggregate", names_in(Path(".")))
     assert named_after("test_session_lifecycle", names_in(Path(".")))
+
+
+#: the least share of the package's modules that have a test file named after them
+NAMED_AT_LEAST = 0.70
+
+
+def modules() -> list[Path]:
+    """Every module of the package, as the figure below counts them: each ``nbdist/**/*.py``
+    except ``__init__.py`` (a folder's, tested under the folder's name) and ``_version.py``
+    (written by the build)."""
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts
+                  and p.name not in ("__init__.py", "_version.py"))
+
+
+def has_a_test_named_after_it(module: Path) -> bool:
+    """``tests/unit/<folder>/test_<module>.py`` or ``test_<module>_<aspect>.py``, or the same
+    under ``tests/integration/``."""
+    folder = module.parent.relative_to(PACKAGE)
+    return any(named_after(t.stem, {module.stem})
+               for layer in LAYERS for t in (layer / folder).glob("test_*.py"))
+
+
+def test_most_modules_have_a_test_file_named_after_them():
+    """At least 70 % of the modules have a test file named after them. Counted: every
+    ``nbdist/**/*.py`` but ``__init__.py`` and ``_version.py``, each once; a module counts when
+    ``tests/unit/<folder>/`` or ``tests/integration/<folder>/`` holds ``test_<module>.py`` or
+    ``test_<module>_<aspect>.py``."""
+    every = modules()
+    without = [str(m.relative_to(PACKAGE)) for m in every if not has_a_test_named_after_it(m)]
+    share = 1 - len(without) / len(every)
+    assert share >= NAMED_AT_LEAST, (
+        f"{len(every) - len(without)} of {len(every)} modules ({share:.0%}) have a test file "
+        f"named after them, fewer than {NAMED_AT_LEAST:.0%}; without one: {', '.join(without)}")
