@@ -59,7 +59,7 @@ def test_extras_install_what_the_suite_and_the_notebooks_need():
 
 
 def test_each_launcher_extra_named_in_errors_installs_the_launchers_package():
-    from nbdist.backends.launchers import _EXTRAS, cluster_spec
+    from nbdist.backends.dask.launchers import _EXTRAS, cluster_spec
     from nbdist.options import LaunchOptions
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][

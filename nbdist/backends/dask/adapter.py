@@ -8,7 +8,7 @@ Events travel as Dask events: the worker logs them under a topic private to this
 client is subscribed to that topic.
 
 This module is the notebook's side; what runs inside the workers is :mod:`.worker`, and how
-clusters are launched is :mod:`nbdist.backends.launchers` (and :mod:`.elsewhere`).
+clusters are launched is :mod:`.launchers` (and :mod:`.elsewhere`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from ...runtime.interrupt import interrupt_calls
 from ...runtime.packing import Packed
 from ...telemetry.events import Batch
 from ..base import Backend, Call, Outcome, Submission, T, WorkerId, poll_until, signal_text
-from ..launchers import worker_process_config
-from ..template_launch import dask_template_options, stop_forkserver
 from .elsewhere import Elsewhere, new_client
+from .forkserver import dask_template_options, stop_forkserver
+from .launchers import worker_process_config
 from .logs import not_restart_lines, quiet_relay_errors
 from .nanny import signal_worker
 from .worker import Runner, publish

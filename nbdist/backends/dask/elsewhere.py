@@ -1,7 +1,7 @@
 """The Dask engine's clusters started through a launcher (a batch system, SSH, Kubernetes):
 how such a cluster starts, where its files go, and how it gets back to size when a worker is
 lost with its nanny (a batch job or a host gone). The Dask adapter owns one :class:`Elsewhere`
-for each such start; the recipes themselves are :mod:`nbdist.backends.launchers`."""
+for each such start; the recipes themselves are :mod:`.launchers`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import distributed
 
 from ...errors import ClusterError
 from ...options import LaunchOptions
-from ..launchers import cluster_spec, import_cluster_class, worker_process_config
 from ..remote import check_ssh_hosts, make_cluster_dir, remove_cluster_dir
+from .launchers import cluster_spec, import_cluster_class, worker_process_config
 
 
 def new_client(*args: Any, **kwargs: Any) -> distributed.Client:

@@ -19,7 +19,6 @@ from ...boot.template import Template, active, set_active
 from ...errors import ClusterError, LaunchFailed, MissingPackageError
 from ...telemetry.events import Batch
 from ..base import Backend, Call, Outcome, Submission, WorkerGone, WorkerId, poll_until, signal_text
-from ..launchers import launcher_settings
 from ..remote import (
     Host,
     check_ssh_hosts,
@@ -30,7 +29,8 @@ from ..remote import (
     remove_remotely,
     ssh_command,
 )
-from ..template_launch import TemplateEngineSetLauncher, start_template
+from .launchers import launcher_settings
+from .template import TemplateEngineSetLauncher, start_template
 from .worker import KEY, ByName, publish
 
 # How long the nanny of an engine may take to say it sent a signal.

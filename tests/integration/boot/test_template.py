@@ -16,8 +16,9 @@ import psutil
 import pytest
 from clusters import ENGINES, check_ddp_matches_union_batch, start_session
 
-from nbdist.backends import template_launch
 from nbdist.backends.base import poll_until
+from nbdist.backends.dask.forkserver import DASK_PRELOAD
+from nbdist.backends.ipyparallel.template import IPP_MODULES
 from nbdist.boot import template
 from nbdist.errors import CellInterrupted, DistributedError
 
@@ -117,10 +118,10 @@ def test_a_template_that_is_not_safe_to_fork_hands_over_to_fresh_workers(
         ".start()\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    monkeypatch.setattr(template_launch, "IPP_MODULES",
-                        (*template_launch.IPP_MODULES, "starts_a_thread"))
-    monkeypatch.setattr(template_launch, "DASK_PRELOAD",
-                        [*template_launch.DASK_PRELOAD, "starts_a_thread"])
+    monkeypatch.setattr("nbdist.backends.ipyparallel.template.IPP_MODULES",
+                        (*IPP_MODULES, "starts_a_thread"))
+    monkeypatch.setattr("nbdist.backends.dask.forkserver.DASK_PRELOAD",
+                        [*DASK_PRELOAD, "starts_a_thread"])
     s = start_session(engine)
     try:
         err = capfd.readouterr().err
