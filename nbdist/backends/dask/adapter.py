@@ -7,8 +7,9 @@ in module globals of the worker process and so persists across calls.
 Events travel as Dask events: the worker logs them under a topic private to this backend and the
 client is subscribed to that topic.
 
-This module is the notebook's side; what runs inside the workers is :mod:`.worker`, and how
-clusters are launched is :mod:`.launchers` (and :mod:`.elsewhere`).
+This module is the notebook's side; what runs inside the workers is :mod:`.worker`, the calls in
+flight on their runners are :mod:`.submission`, and how clusters are launched is
+:mod:`.launchers` (and :mod:`.elsewhere`).
 """
 
 from __future__ import annotations
@@ -22,140 +23,31 @@ import os
 import pickle
 import re
 import socket
-import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import distributed
-from distributed.actor import Actor
 from distributed.comm.addressing import get_address_host_port
 from distributed.security import Security
 
 from ...errors import ClusterError, OptionError
 from ...runtime import packing
 from ...runtime.interrupt import interrupt_calls
-from ...runtime.packing import Packed
 from ...telemetry.events import Batch
-from ..base import Backend, Call, Outcome, Submission, T, WorkerId, poll_until, signal_text
+from ..base import Backend, Call, Submission, T, WorkerId, poll_until, signal_text
 from .elsewhere import Elsewhere, new_client
 from .forkserver import dask_template_options, stop_forkserver
 from .launchers import worker_process_config
 from .logs import not_restart_lines, quiet_relay_errors
 from .nanny import signal_worker
+from .submission import DaskSubmission, RunnerRef
 from .worker import Runner, publish
 
 # How long a connect may take to find whether anything listens at the scheduler's address.
 _PROBE_TIMEOUT = 5.0
-# How often a running job asks the scheduler which workers are still alive.
-_LIVENESS_INTERVAL = 1.0
 _BESIDE_TIMEOUT = 10.0  # how long a call beside a worker's busy task may take
-_LEFT = "the worker left the cluster (its process died, or it lost the scheduler)"
-
-
-class _RunnerRef:
-    """Client side: one worker's runner actor."""
-
-    def __init__(self, client: distributed.Client, worker: WorkerId, created: Any):
-        self.created = created  # the actor's future: kept, or Dask drops the actor
-        self.ready = False  # True once the actor was made
-        # Bound to nbdist's client, not to whichever Dask client is this process's default.
-        with client.as_current():
-            self.actor = Actor(Runner, worker, created.key)
-
-    def release(self) -> None:
-        """Let Dask forget the actor now. The handle holds a future of its own, which would
-        otherwise go only when a garbage collection finds the handle."""
-        self.created.release()
-        own = getattr(self.actor, "_future", None)
-        if own is not None:
-            own.release()
-
-
-class _DaskSubmission(Submission):
-    """Actor calls in flight; each call's coroutine on the client's event loop files its
-    outcome here and wakes :meth:`wait`."""
-
-    def __init__(self, backend: DaskBackend, workers: list[WorkerId]):
-        self._backend = backend
-        self._workers = workers
-        self._done: dict[int, Outcome] = {}
-        self._cond = threading.Condition()
-        self._dead: dict[WorkerId, str] = {}
-        self._checked = time.monotonic()  # first check after an interval: most calls are quick
-
-    async def _run(self, i: int, runner: _RunnerRef, payload: Packed) -> None:
-        """On the client's event loop: make the call ``i`` and file its outcome."""
-        w = self._workers[i]
-        try:
-            if not runner.ready:  # a worker's first call waits until its runner is made
-                await runner.created
-                runner.ready = True
-            header, buffers, layout = payload  # buffers: each a frame of Dask's own
-            ok, value = await runner.actor.call(header, layout, *buffers)
-            outcome = Outcome(w, value=value) if ok else Outcome(w, engine_error=value)
-        except OSError:  # the scheduler's connection to the worker closed mid-call
-            outcome = Outcome(w, engine_error=f"worker {w}: {_LEFT}")
-        except Exception as exc:
-            outcome = Outcome(w, engine_error=f"{type(exc).__name__}: {exc}")
-        with self._cond:
-            self._done[i] = outcome
-            self._cond.notify_all()
-
-    def _unfinished(self) -> list[WorkerId]:
-        return [w for i, w in enumerate(self._workers)
-                if i not in self._done and w not in self._dead]
-
-    def _check_liveness(self) -> None:
-        """A call on a worker that died never finishes in Dask (the scheduler holds it for
-        that worker)."""
-        now = time.monotonic()
-        if now - self._checked < _LIVENESS_INTERVAL:
-            return
-        self._checked = now
-        with self._cond:
-            unfinished = self._unfinished()
-        if not unfinished:
-            return
-        try:
-            live = set(self._backend.live_workers())
-            why = _LEFT
-        except Exception as exc:
-            live, why = set(), f"lost contact with the scheduler: {exc}"
-        gone = [w for w in unfinished if w not in live]
-        with self._cond:
-            for w in gone:
-                self._dead[w] = why
-        self._backend._forget_runners(gone)
-
-    def wait(self, timeout: Optional[float]) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._check_liveness()
-            left = _LIVENESS_INTERVAL
-            if deadline is not None:
-                left = min(left, deadline - time.monotonic())
-            with self._cond:
-                if not self._unfinished():
-                    return True
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-
-    def pending(self) -> list[WorkerId]:
-        with self._cond:
-            return self._unfinished()
-
-    def outcomes(self) -> list[Outcome]:
-        with self._cond:
-            return [self._done[i] if i in self._done else
-                    Outcome(w, engine_error=f"worker {w}: {self._dead.get(w, 'no answer')}")
-                    for i, w in enumerate(self._workers)]
-
-    def drain_events(self) -> list[Batch]:
-        return self._backend._drain()
 
 
 class DaskBackend(Backend[distributed.Client]):
@@ -172,7 +64,7 @@ class DaskBackend(Backend[distributed.Client]):
         self._tag = f"nbdist-{uuid.uuid4().hex[:12]}"
         self._topic = f"{self._tag}-events"
         self._events: deque[bytes] = deque()
-        self._runners: dict[WorkerId, _RunnerRef] = {}
+        self._runners: dict[WorkerId, RunnerRef] = {}
         self._size = 0  # workers the cluster nbdist started should have
         self._forkserver = False  # workers fork from the template (use_forkserver)
         self._elsewhere: Optional[Elsewhere] = None  # the cluster a launcher started
@@ -327,20 +219,21 @@ class DaskBackend(Backend[distributed.Client]):
 
     def submit(self, calls: Sequence[Call]) -> Submission:
         client = self._require()
-        job = _DaskSubmission(self, [c.worker for c in calls])
+        job = DaskSubmission([c.worker for c in calls], live_workers=self.live_workers,
+                             forget=self._forget_runners, drain=self._drain)
         for i, c in enumerate(calls):
             payload = packing.pack((self._tag, c.fn, c.args, c.kwargs))
-            client.loop.add_callback(job._run, i, self._runner(client, c.worker), payload)
+            client.loop.add_callback(job.run, i, self._runner(client, c.worker), payload)
         return job
 
-    def _runner(self, client: distributed.Client, worker: WorkerId) -> _RunnerRef:
+    def _runner(self, client: distributed.Client, worker: WorkerId) -> RunnerRef:
         """The runner actor on ``worker``, made (not waited for) on the first call there."""
         runner = self._runners.get(worker)
         if runner is None:
             created = client.submit(Runner, actor=True, workers=[worker],
                                     allow_other_workers=False, pure=False,
                                     key=f"{self._tag}-runner-{uuid.uuid4().hex}")
-            runner = self._runners[worker] = _RunnerRef(client, worker, created)
+            runner = self._runners[worker] = RunnerRef(client, worker, created)
         return runner
 
     def _forget_runners(self, workers: Sequence[WorkerId]) -> None:
