@@ -1,9 +1,15 @@
 """The facade that magics, widgets and Python code all call.
 
-A Session composes the job's :class:`~nbdist.group.membership.Membership` (who is in it: workers,
-rank plans, store, generation) and runs each cell as a :class:`~nbdist.cell.loop.CellRun` (the
-cell loop). Commands flow down (Session → backend → worker runtime); results and events flow
-back up: the cell run turns results into errors and feeds events into the run's record
+A Session is a :class:`~nbdist.group.cluster.Cluster` (the workers and the process group on
+them: start, connect, scale, stop, status, through the job's
+:class:`~nbdist.group.membership.Membership`) that runs cells on it: each cell is prepared and
+kept by :class:`~nbdist.cell.runner.Cells` and run as a :class:`~nbdist.cell.loop.CellRun` (the
+cell loop). Beside the cells it owns what moves data (:mod:`nbdist.group.transfer`), what
+``--tune`` chose (:mod:`nbdist.tuning`), the faults due in the next cell
+(:mod:`nbdist.debugger.faults`) and the record ``export`` writes (:mod:`nbdist.exporter`).
+
+Commands flow down (Session → backend → worker runtime); results and events flow back up:
+the cell run turns results into errors and feeds events into the run's record
 (:class:`~nbdist.telemetry.run.Run`), whose snapshots the views draw.
 """
 
@@ -11,47 +17,31 @@ from __future__ import annotations
 
 import ast
 import os
-import threading
-import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
-from html import escape
 from typing import Any, Callable, Optional
 
 from .backends import get_backend
-from .backends.base import Backend, Call
+from .backends.base import Backend
 from .boot.store_host import StoreHost
-from .boot.template import forks_store
-from .cell.end_marks import EndMarks
-from .cell.loop import CellRun, cell_name
+from .cell.runner import Cells
 from .debugger.console import for_call, post_mortem
 from .debugger.faults import Faults
 from .display import make_run_view, make_start_view
-from .elastic.coordinator import Coordinator
-from .errors import PARTIAL_RANKS, NbdistError, NoClusterError, OptionError
 from .exporter.history import History
-from .group.membership import Membership
-from .group.relaunch import relaunch
+from .group.cluster import Cluster
 from .group.transfer import Transfers
-from .options import CellDefaults, CellOptions, ClusterOptions, parse_ranks
-from .records import ClusterStatus, Comparison, RemoteValue, TuneResult
-from .runtime import worker as rt
-from .runtime.env import count_local_gpus
-from .runtime.measure.spec import DDPSettings, Measure
-from .telemetry.compare import compare
+from .options import CellOptions, ClusterOptions, parse_ranks
+from .records import Comparison, RemoteValue, TuneResult
+from .runtime.measure.spec import DDPSettings
 from .telemetry.run import Run
 from .telemetry.snapshot import RunSnapshot
 from .tuning import DEFAULT_STEPS, Tuning
 
 
-def _membership(name: str, doc: str) -> Any:
-    """A read-only property of the session that reads the job's :class:`Membership`."""
-    return property(lambda self: getattr(self.membership, name), doc=doc)
-
-
-class Session:
+class Session(Cluster):
     """A data-parallel job on warm workers: start or connect, then run cells on every rank.
 
     Examples
@@ -63,245 +53,30 @@ class Session:
 
     def __init__(self, backends: Callable[[str], Backend] = get_backend,
                  stores: Optional[Callable[[str, float], StoreHost]] = StoreHost) -> None:
-        #: makes a fresh backend for an engine name (tests pass a scripted one)
-        self._backends = backends
-        #: who is in the job; ``stores`` starts its notebook-side rendezvous store (None: rank
-        #: 0's worker hosts it)
-        self.membership = Membership(stores)
-        self._target: dict[str, Any] = {}
-        self._cells = 0
-        self._id = uuid.uuid4().hex  # cells are named by it and their number, uniquely
-        self._lock = threading.Lock()
-        #: records of the latest runs that recorded telemetry, newest last
-        self.runs: deque[Run] = deque(maxlen=3)
-        #: what a cell does when its own flags say nothing (a profile's training section)
-        self.defaults = CellDefaults()
-        #: the profile file the session started from, if any
-        self.profile_path: Optional[str] = None
+        super().__init__(backends, stores, make_start_view)
         #: the cells and pushes since the process group formed, for :meth:`export`
         self.history = History()
-        #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
-        self.named: dict[str, Run] = {}
         #: pushes and pulls, and their data channel (:mod:`nbdist.group.transfer`)
         self.transfers = Transfers()
         #: what ``%%distributed --tune`` chose, applied to DDP models built in later cells
         self.tuning = Tuning()
         #: faults asked for on purpose (``%nbdist kill --after``), due in the next cell
         self.faults = Faults()
-
-    # ----------------------------------------------------------------- lifecycle
-    def start(self, n: Optional[int] = None, *, profile: Any = None,
-              engine: Optional[str] = None, device: Optional[str] = None,
-              dist_backend: Optional[str] = None, timeout: Optional[float] = None,
-              threads: Optional[int] = None, template: Optional[bool] = None) -> Session:
-        """Start ``n`` workers (default: one per GPU, else 2) and form the job.
-
-        ``profile`` is a YAML file (or a :class:`~nbdist.profiles.Profile`) saying where and
-        how (see ``docs/profiles.md``); the other arguments override it. Without one, the
-        workers start on this machine, on loopback. A bad profile raises
-        :class:`~nbdist.errors.ProfileError` before anything starts. ``template=False``
-        starts each worker as a fresh process instead of forking it from the host's worker
-        template (``docs/usage.md``, "Worker templates"). ``timeout`` is in seconds, for the
-        start and for any collective (default 300); ``threads`` are torch's, per worker.
-        Returns this session, running.
-
-        Raises
-        ------
-        ProfileError
-            The profile is missing, not YAML, or not valid (an ``OptionError``).
-        OptionError
-            A bad value or combination (``n=0``, nccl with ``device="cpu"``, an unknown engine).
-        ImportError
-            The engine's or the launcher's package is not installed; the message says which.
-        ClusterError
-            The workers did not start within ``timeout`` seconds, the launcher could not start
-            them, or the job could not be formed on them; what started is stopped.
-        RuntimeError
-            The notebook's rendezvous store process failed (``StoreError``).
-        """
-        base, defaults, path = ClusterOptions(), CellDefaults(), None
-        if profile is not None:
-            from .profiles import Profile, load_profile, to_options
-
-            if not isinstance(profile, Profile):
-                path = os.fspath(profile)
-                profile = load_profile(path)
-            base, defaults = to_options(profile)
-        options = base.override(n=n, engine=engine, device=device, dist_backend=dist_backend,
-                                timeout=timeout, threads=threads)
-        if template is not None:
-            options = replace(options, launch=replace(options.launch, template=template))
-        if options.n is None and not options.launch.local:
-            raise OptionError(f"the {options.launch.launcher!r} launcher needs a number of "
-                              "workers: set `workers` in the profile's cluster section, or -n",
-                              key="workers")
-        if options.n is None:
-            options = replace(options, n=count_local_gpus() or 2)
-        if not self._keeps(options, None):
-            self._launch(options, None)
-        self.defaults, self.profile_path = defaults, path
-        return self
-
-    def connect(self, *, engine: Optional[str] = None, device: Optional[str] = None,
-                dist_backend: Optional[str] = None, timeout: Optional[float] = None,
-                threads: Optional[int] = None, **target: Any) -> Session:
-        """Attach to a running cluster.
-
-        ``target`` names it: ipyparallel ``cluster_id``, ``ipp_profile`` (the ipcluster
-        profile's name; ``profile`` is its old spelling), ``url_file``; Dask
-        ``address`` or ``scheduler_file``, and ``security`` for TLS. ``timeout`` is in
-        seconds, to reach it and for any collective (default 300). Returns this session.
-
-        Raises
-        ------
-        OptionError
-            A bad option value, an unknown engine, or a target the engine cannot use.
-        ImportError
-            The engine's package is not installed.
-        ClusterError
-            The cluster cannot be reached or has no workers, or the job could not be formed.
-        RuntimeError
-            The notebook's rendezvous store process failed (``StoreError``).
-        """
-        options = ClusterOptions().override(engine=engine, device=device,
-                                            dist_backend=dist_backend, timeout=timeout,
-                                            threads=threads)
-        if self._keeps(options, target):
-            return self
-        self._launch(options, target)
-        self.defaults, self.profile_path = CellDefaults(), None
-        return self
-
-    def restart(self) -> Session:
-        """Stop and start again with the same options (fresh processes, empty namespaces).
-
-        Raises
-        ------
-        NoClusterError
-            No job is running.
-        ClusterError, ImportError, OptionError, RuntimeError
-            As for :meth:`start` (or :meth:`connect`, for a cluster it attached to).
-        """
-        if self.backend is None:
-            raise NoClusterError()
-        owned = self.backend.owns_cluster
-        return self._launch(self.options, None if owned else dict(self._target))
-
-    def _keeps(self, options: ClusterOptions, target: Optional[dict[str, Any]]) -> bool:
-        """While a job runs: True when it is what ``options`` and ``target`` ask for (kept);
-        else what :meth:`_launch` will stop and lose is said first. See :mod:`.group.relaunch`."""
-        if self.backend is None:
-            return False
-        decision = relaunch(self.membership, self._target, options, target)
-        print(f"nbdist: {decision.message}", flush=True)
-        return decision.keep
-
-    def _launch(self, options: ClusterOptions, target: Optional[dict[str, Any]]) -> Session:
-        """Start workers (``target`` None) or attach to ``target``; then form the job."""
-        self.stop()
-        backend = self._backends(options.engine)
-        m = self.membership
-        view = make_start_view()  # "k of n ready" while they come up
-        if target is None and options.launch.local:  # workers here reach the store on loopback
-            if forks_store(options):  # from the template, ready once it forked the workers
-                view = m.warming_store(view, options.timeout)
-            else:
-                m.warm_store(options.timeout)
-        if target is None:
-            backend.launch = options.launch
-            backend.on_ready = view
-            backend.start(options.n or 2, options.timeout)
-        else:
-            backend.connect(options.timeout, **target)
-        self._target = dict(target or {})
-        m.backend = backend
-        try:
-            self._form(replace(options, n=len(backend.worker_ids())))
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        #: the cells: their numbers, calls and runs (:mod:`nbdist.cell.runner`)
+        self.cells = Cells(self.membership, self.history, self.tuning, self.faults,
+                           lambda: self.defaults, make_run_view, for_call)
+        #: records of the latest runs that recorded telemetry, newest last
+        self.runs: deque[Run] = self.cells.runs
+        #: every run labelled with ``name=`` (``%%distributed --name``), kept for compare()
+        self.named: dict[str, Run] = self.cells.named
 
     def _form(self, options: ClusterOptions) -> None:
-        self.membership.form(options)
+        super()._form(options)
         self.history.reset()  # a new group: what ran before is not this job's script
-        if self.membership.note:  # e.g. ranks that share a GPU get gloo
-            print(f"nbdist: {self.membership.note}", flush=True)
 
     def stop(self) -> Optional[str]:
-        """Stop workers nbdist started (or disconnect from a cluster it attached to).
-
-        Returns what was stopped, in words (None when nothing was running).
-
-        Raises
-        ------
-        Exception
-            The engine's own error when a cluster nbdist started fails to stop (its processes
-            may still run); a client that fails to close is only logged.
-        """
-        n = self.world_size
         self.transfers.close()
-        backend = self.membership.release()
-        if backend is None:
-            return None
-        what, owned = backend.describe(), backend.owns_cluster
-        backend.stop()
-        if owned:
-            return f"stopped {n} worker{'s' if n != 1 else ''} of {what}"
-        return f"disconnected from {what}; its {n} worker{'s' if n != 1 else ''} keep running"
-
-    def scale(self, n: int) -> Session:
-        """Make the cluster ``n`` workers and re-form the process group at the new size.
-
-        Worker namespaces survive on workers that stay, but models wrapped in
-        DistributedDataParallel and optimizers must be rebuilt for the new world size.
-
-        Raises
-        ------
-        OptionError
-            ``n`` is less than 1.
-        NoClusterError
-            No job is running.
-        ClusterError
-            nbdist did not start this cluster, it did not reach ``n`` workers within the
-            cluster's ``timeout`` seconds, or the group could not be formed again.
-        """
-        if n < 1:
-            raise OptionError(f"cannot scale to {n} workers: at least 1 is needed")
-        backend = self.membership.require()
-        backend.scale(n, self.options.timeout)
-        self._form(replace(self.options, n=n))
-        return self
-
-    # ----------------------------------------------------------------- the job, read-only
-    backend = _membership("backend", "The engine's adapter (None when not running).")
-    options = _membership("options", "The cluster's :class:`~nbdist.options.ClusterOptions`.")
-    plans = _membership("plans", "One :class:`~nbdist.runtime.env.RankPlan` per rank, in "
-                                 "rank order.")
-    generation = _membership("generation", "Bumped whenever the process group must be formed "
-                                           "again before the next full cell.")
-    port = _membership("port", "The job store's port (``MASTER_PORT``).")
-
-    @property
-    def running(self) -> bool:
-        """Whether a job is running (started or attached to)."""
-        return self.backend is not None
-
-    @property
-    def world_size(self) -> int:
-        """Ranks in the job (0 when none runs)."""
-        return len(self.plans)
-
-    def status(self) -> ClusterStatus:
-        """One row per worker: rank, host, pid, device, alive, memory (a worker that does
-        not answer within 10 s is shown busy, or gone).
-
-        Raises
-        ------
-        NoClusterError
-            No job is running.
-        """
-        return self.membership.status()
+        return super().stop()
 
     # ----------------------------------------------------------------- cells
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
@@ -360,65 +135,7 @@ class Session:
                            stall_after=stall_after)
         measure = d.measure.override(telemetry=telemetry, collectives=time_collectives,
                                      buckets=bucket_timing, stall_after=opts.stall_after)
-        return self._run(code, opts, measure, first_line, execution_count)[0]
-
-    def _run(self, code: str, opts: CellOptions, measure: Measure, first_line: int,
-             execution_count: Optional[int], trial: bool = False
-             ) -> tuple[Optional[RemoteValue], Run]:
-        """Run ``code`` as one cell: its value and its run (a ``trial`` is not history)."""
-        m = self.membership
-        m.require()
-        selected = parse_ranks(opts.ranks, self.world_size)
-        with self._lock:
-            self._cells += 1
-            number = self._cells
-            cell = cell_name(number, execution_count)
-        # Blank lines in place of the lines before the code (the magic's own line): every line
-        # number Python reports, in tracebacks and syntax errors alike, is then the editor's.
-        shipped = "\n" * max(0, first_line - 1) + code
-        ast.parse(shipped, cell.filename, "exec")  # a syntax error is raised here, before shipping
-        cell_id = f"{self._id}-{number}"
-        # The cell loop's companions: the debugger's console, which answers the ranks' prompts
-        # (breakpoint(), input()) through the notebook's stdin, and the kills due in this cell
-        link, console = for_call(m, cell_id)
-        beside: list[Any] = [console, *self.faults.for_call(m)]
-        elastic = m.store is not None and len(selected) == self.world_size
-        if m.store is not None and len(selected) > 1:  # the notebook marks ranks that end
-            beside.append(EndMarks(m.store, cell_id, selected))
-        # One call for every rank (the lowest one returns the value): the engine packs it once
-        args = (shipped, cell.filename, cell_id, self.generation, list(selected), None)
-        kwargs = {"measure": measure, "coordinated": elastic, "link": link,
-                  "mark_end": m.store is None}
-        calls = [Call(self.plans[r].worker_id, rt.run_cell, args, kwargs) for r in selected]
-        run = Run("cell", selected, world_size=self.world_size, generation=self.generation,
-                  name=opts.name, stall_after=measure.stall_after)
-        run.label = cell.label
-        if not trial:  # what its verdicts may compare it with, once it is over
-            run.context = lambda: self.tuning.context(self.named, opts.name)
-        view = make_run_view(opts.output, selected[0], self.world_size, ranks=selected)
-        hint = ""
-        if len(selected) < self.world_size:
-            hint = PARTIAL_RANKS.format(ranks=", ".join(map(str, selected)))
-        coordinator = (Coordinator(m, measure,
-                                   default_max_failures=self.defaults.elastic_max_failures)
-                       if elastic else None)
-        cell_run = CellRun(m, calls, run, view, coordinator=coordinator, hint=hint,
-                           companions=beside)
-        try:
-            outcomes = cell_run.wait(opts.timeout)
-        finally:
-            if cell_run.reformed:
-                self.history.reset()  # a new group: the exported script starts after it
-            if run.recorded:
-                self.runs.append(run)
-            if opts.name is not None:
-                self.named.pop(opts.name, None)  # a re-run goes to the end, in run order
-                self.named[opts.name] = run
-        if not trial:  # a tuning's trials are one cell of the script: tune() adds it
-            self.history.cell(number, code, None if len(selected) == self.world_size else selected)
-        self.tuning.say_note(run.snapshot(), self.defaults, opts.output)  # under the cell
-        value = outcomes[0]["value"]
-        return (RemoteValue(selected[0], value) if value else None), run
+        return self.cells.run(code, opts, measure, first_line, execution_count)[0]
 
     def tune(self, code: str, steps: int = DEFAULT_STEPS, *, timeout: Optional[float] = None,
              time_collectives: Optional[bool] = None, bucket_timing: Optional[bool] = None,
@@ -446,13 +163,13 @@ class Session:
         self.membership.require()
         ast.parse(code)  # a syntax error before the first trial
         trial, limit = self.tuning.trials(
-            partial(self._run, code, first_line=first_line, execution_count=execution_count,
-                    trial=True), self.named, self.defaults, steps,
+            partial(self.cells.run, code, first_line=first_line,
+                    execution_count=execution_count, trial=True), self.named, self.defaults, steps,
             timeout, time_collectives, bucket_timing, stall_after)
         joined = next(iter(self.membership.joined.values()), {"backend": "gloo"})
         result = self.tuning.tune(trial, steps, joined["backend"], timeout=limit,
                                   say=(lambda line: None) if quiet else print)
-        self.history.cell(self._cells, code, None)
+        self.history.cell(self.cells.count, code, None)
         return result
 
     def tune_settings(self) -> DDPSettings:
@@ -487,30 +204,12 @@ class Session:
         RuntimeError
             The notebook's rendezvous store process failed (``StoreError``).
         """
-        m = self.membership
-        m.require()
-        try:
-            with open(path, encoding="utf-8") as f:
-                source = f.read()
-        except OSError as exc:
-            raise FileNotFoundError(f"cannot read script {path!r}: {exc.strerror}") from exc
-        port = m.open_store("run", "the script's rendezvous store")
-        try:
-            run_id = uuid.uuid4().hex[:12]  # fresh per launch, as torchrun --standalone does
-            calls = [Call(p.worker_id, rt.run_script,
-                          (os.path.abspath(path), source, list(argv), port, os.getcwd(),
-                           run_id))
-                     for p in self.plans]
-            run = Run(f"script {os.path.basename(path)}", range(self.world_size),
-                      world_size=self.world_size, generation=self.generation)
-            CellRun(m, calls, run, make_run_view(output, 0, self.world_size)).wait(timeout)
-        finally:
-            m.close_store("run")
+        self.cells.run_script(path, argv, timeout, output)
 
     @property
     def last_run(self) -> Optional[RunSnapshot]:
         """Summary of the latest run that recorded telemetry (None before any)."""
-        return self.runs[-1].snapshot() if self.runs else None
+        return self.cells.last()
 
     def timeline(self, path: str, run: int = -1) -> int:
         """Write a recorded run (default: the latest) as a Chrome trace; return its event count.
@@ -528,10 +227,7 @@ class Session:
         OSError
             The file cannot be written.
         """
-        if not self.runs:
-            raise NbdistError("no telemetry recorded yet: run a %%distributed cell (without "
-                              "--no-telemetry) first, then %nbdist timeline FILE.json")
-        return self.runs[run].write_trace(path)
+        return self.cells.trace(path, run)
 
     def compare(self, *names: str) -> Comparison:
         """Named runs side by side (all of them, or ``names`` in that order).
@@ -543,15 +239,7 @@ class Session:
         OptionError
             A name in ``names`` labels no run (the message lists those that do).
         """
-        if not self.named:
-            raise NbdistError("no named runs yet: label runs with %%distributed --name LABEL "
-                              "(Python: run_cell(code, name=...)), then compare them")
-        unknown = [n for n in names if n not in self.named]
-        if unknown:
-            raise OptionError(f"no run named {', '.join(map(repr, unknown))}; named runs: "
-                              f"{', '.join(self.named)}")
-        chosen = {n: self.named[n].snapshot() for n in (names or self.named)}
-        return Comparison(compare(chosen, self.tuning.known()))
+        return self.cells.compare(names)
 
     # ----------------------------------------------------------------- data
     def push(self, values: dict[str, Any], *, ranks: Optional[str] = None) -> None:
@@ -723,21 +411,6 @@ class Session:
             The engine cannot serve Dask work.
         """
         return self.membership.require().dask_client()
-
-    def __repr__(self) -> str:
-        if self.backend is None:
-            return "<nbdist.Session: not running>"
-        return (f"<nbdist.Session: {self.backend.describe()}, world_size={self.world_size}, "
-                f"generation={self.generation}>")
-
-    def _repr_html_(self) -> str:
-        """In a notebook, a session shows its workers (what ``nbdist.start()`` returns)."""
-        if self.backend is None:
-            return "<p><b>nbdist</b>: not running</p>"
-        try:
-            return self.status()._repr_html_()
-        except NbdistError as exc:  # a repr must not raise; say what is wrong instead
-            return f"<p><b>nbdist</b>: {escape(str(exc))}</p>"
 
 
 _default: Optional[Session] = None

@@ -120,18 +120,23 @@ def entry(obj: Any, qualname: str, shown: str, level: str = "###") -> list[str]:
 
 def methods(cls: type, prefix: str, names: list[str] | None = None) -> list[str]:
     """A table of ``cls``'s public methods and properties (first docstring line each), and
-    an anchor per method."""
+    an anchor per method; inherited ones first, in the order their classes define them (a
+    Session's lifecycle comes from its base, the Cluster)."""
     rows = []
     anchors = []
-    for name, member in vars(cls).items():
+    members: dict[str, object] = {}
+    for klass in reversed(cls.__mro__[:-1]):  # object last, and left out
+        members.update(vars(klass))
+    for name, member in members.items():
         if name.startswith("_") or (names is not None and name not in names):
             continue
         if isinstance(member, property):
             spelled, doc = f"{name}", member.__doc__
         elif callable(member) or isinstance(member, (staticmethod, classmethod)):
             fn = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
-            spelled, doc = signature(fn, name).replace("(self, ", "(").replace("(self)", "()"), \
-                fn.__doc__
+            doc = fn.__doc__ or next((getattr(k, name).__doc__ for k in cls.__mro__
+                                      if name in vars(k) and getattr(k, name).__doc__), None)
+            spelled = signature(fn, name).replace("(self, ", "(").replace("(self)", "()")
         else:
             continue
         first = " ".join(md(doc).split("\n\n")[0].split()) if doc else ""

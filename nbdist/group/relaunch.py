@@ -1,5 +1,8 @@
-"""Starting or connecting while a cluster runs: re-running the start cell is the commonest
-accident in a notebook, and it must not throw away warm workers without a word.
+"""Starting or connecting, and doing so while a cluster runs: re-running the start cell is the
+commonest accident in a notebook, and it must not throw away warm workers without a word.
+
+:func:`launch` brings a backend's workers up (or attaches it to a running cluster) and makes it
+the membership's; the session then forms the group on them.
 
 With the same options (and, for ``connect``, the same cluster), the running job is kept and
 one line says so; otherwise what will stop and what will be lost (the workers, their
@@ -9,15 +12,19 @@ namespaces and the names they held) is said before the session replaces it.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..backends.base import Call
+from ..backends.base import Backend, Call
+from ..boot.template import forks_store
 from ..errors import fmt_names
 from ..options import ClusterOptions
 from ..runtime import worker as rt
 
 if TYPE_CHECKING:
     from .membership import Membership
+
+#: told ``(ready, wanted)`` workers while a start brings them up
+Progress = Callable[[int, int], None]
 
 #: how long the running workers get to list the names they hold
 _NAMES_TIMEOUT = 10.0
@@ -33,6 +40,37 @@ class Relaunch:
     keep: bool
     #: the line that says so (printed by the session)
     message: str
+
+
+def launch(membership: Membership, backend: Backend, options: ClusterOptions,
+           target: Optional[dict[str, Any]], view: Optional[Progress]) -> None:
+    """Start ``options.n`` workers with ``backend`` (``target`` None) or attach it to the
+    cluster ``target`` names, then make it ``membership``'s backend. ``view`` is told "k of n
+    ready" while workers come up. Workers on this machine reach the store on loopback, so it
+    is started first: forked from the worker template where the engine forks it, else here.
+
+    Raises
+    ------
+    ClusterError
+        The workers did not start (or the cluster cannot be reached) within
+        ``options.timeout`` seconds.
+    ImportError
+        The engine's or the launcher's package is not installed.
+    RuntimeError
+        The rendezvous store process failed (``StoreError``).
+    """
+    if target is None and options.launch.local:
+        if forks_store(options):  # from the template, ready once it forked the workers
+            view = membership.warming_store(view, options.timeout)
+        else:
+            membership.warm_store(options.timeout)
+    if target is None:
+        backend.launch = options.launch
+        backend.on_ready = view
+        backend.start(options.n or 2, options.timeout)
+    else:
+        backend.connect(options.timeout, **target)
+    membership.backend = backend
 
 
 def relaunch(membership: Membership, running_target: dict[str, Any], options: ClusterOptions,

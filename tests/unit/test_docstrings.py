@@ -27,6 +27,7 @@ import pytest
 import nbdist
 from nbdist import errors, options
 from nbdist.group import membership
+from nbdist.group.cluster import Cluster
 from nbdist.runtime import packing
 from nbdist.session import Session
 
@@ -93,13 +94,19 @@ class Api:
 
 
 def public_methods(cls: type) -> Iterator[Api]:
+    """The public methods ``cls`` defines; an override without a docstring of its own is its
+    base's method to a reader (``help()`` and the reference show the base's docstring)."""
     for name, member in vars(cls).items():
-        if not name.startswith("_") and inspect.isfunction(member):
-            yield Api(f"{cls.__name__}.{name}", member)
+        if name.startswith("_") or not inspect.isfunction(member):
+            continue
+        if member.__doc__ is None and any(name in vars(b) for b in cls.__mro__[1:]):
+            continue
+        yield Api(f"{cls.__name__}.{name}", member)
 
 
 def the_api() -> list[Api]:
-    found = [*public_methods(Session), *public_methods(membership.Membership),
+    found = [*public_methods(Session), *public_methods(Cluster),
+             *public_methods(membership.Membership),
              Api("packing.pack", packing.pack)]
     for name, obj in vars(options).items():
         if (not name.startswith("_") and inspect.isfunction(obj)
@@ -121,7 +128,7 @@ API = the_api()
 
 def test_the_api_is_found():
     names = {a.qualname for a in API}
-    assert {"Session.run_cell", "Session.scale", "Session.kill", "Membership.call",
+    assert {"Session.run_cell", "Cluster.scale", "Session.kill", "Membership.call",
             "options.parse_ranks", "nbdist.start", "nbdist.mesh"} <= names
     assert {"options.ClusterOptions", "options.CellOptions"} <= names
     assert len(API) > 70
