@@ -6,6 +6,10 @@ hosted by rank 0's worker, as torchrun's agent hosts it. As under torchrun, each
 own ``TORCHELASTIC_ERROR_FILE``: a ``@record``-decorated entry point writes its failure there,
 and the notebook reports that recorded root cause.
 
+Each rank's end is its script's exit status, sent as the rank's end event (the run's record
+reads it as a cell's end): 0 finished, any other status failed with that status, a signal
+named as torchrun names it (``exit code -9``: SIGKILL).
+
 The child leads its own process session, so an interrupt or timeout stops the script and every
 process it started (DataLoader workers, its own children), by process group.
 """
@@ -20,9 +24,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import Any, Optional
 
-from ..telemetry.events import stream
+from ..telemetry.events import end, stream
 from .capture import EventSink
 from .results import CellResult, ErrorInfo, plain_error, script_result
 
@@ -67,6 +72,18 @@ def recorded_error(path: str) -> Optional[ErrorInfo]:
         when = None
     return plain_error(ename or "Error", evalue or str(message),
                        str(extra.get("py_callstack", "")), timestamp=when)
+
+
+def exit_words(code: int) -> str:
+    """How a script's process ended: ``exited with status 3``, or for a signal
+    ``killed by SIGKILL (exit code -9)`` (torchrun reports a signal as its number negated)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name} (exit code {code})"
+    return f"exited with status {code}"
 
 
 def _pump(pipe: Any, name: str, sink: EventSink) -> None:
@@ -140,10 +157,18 @@ def run(script: str, source: str, argv: list[str], env: dict[str, str], cwd: str
             t.join(timeout=5)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+    error: Optional[ErrorInfo] = None
+    if code != 0 and not interrupted:
+        error = (recorded_error(errors) if errors else None) or plain_error("ScriptError",
+                                                                           exit_words(code))
+    # The rank's end, as a cell's: its last event, so the run's record reads it last.
+    said = (f"KeyboardInterrupt: stopped, {exit_words(code)}" if interrupted
+            else f"{error['ename']}: {error['evalue']}" if error else None)
+    sink.emit(end(code == 0 and not interrupted, time.time(), said))
     seq = sink.flush()
     result = script_result(code, interrupted, seq if seq > seq0 else 0)
-    if code != 0 and not interrupted and errors:
-        result["error"] = recorded_error(errors)
+    if error is not None:
+        result["error"] = error
     if errors:
         shutil.rmtree(os.path.dirname(os.path.dirname(os.path.dirname(errors))),
                       ignore_errors=True)

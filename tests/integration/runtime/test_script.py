@@ -1,5 +1,7 @@
 """``%nbdist run`` fails like torchrun: torchrun's variables, a per-run id, a per-rank error
-file whose recorded root cause is shown, and no process of the script outliving a timeout."""
+file whose recorded root cause is shown, no process of the script outliving a timeout, and each
+rank's end read from its exit status (finished, failed with that status, killed by a named
+signal), also for a script that runs long enough for the dashboard to show it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import psutil
 import pytest
 
 from nbdist.errors import CellTimeoutError, DistributedError
+from nbdist.telemetry.snapshot import RunSnapshot
+from nbdist.telemetry.states import RankState
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -47,6 +51,102 @@ with open(os.path.join(sys.argv[1], f"pids{os.environ['RANK']}"), "w") as f:
     f.write(f"{os.getpid()} {child.pid}")
 time.sleep(600)
 """
+
+# Waits (past the dashboard's quiet threshold: the run then has news to draw) until the test
+# says the notebook's record shows the run, then ends with the exit status of argv[2] on rank 1.
+SHOWN_SCRIPT = """
+import os, sys, time
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("rank", os.environ["RANK"], "saw the dashboard:", os.path.exists(sys.argv[1]))
+sys.exit(int(sys.argv[2]) if os.environ["RANK"] == "1" else 0)
+"""
+
+KILLED_SCRIPT = """
+import os, signal
+if os.environ["RANK"] == "1":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+class Recorded:
+    """Wraps the session's view factory: touches ``shown`` once a snapshot of the running
+    script has news for the dashboard (it appears on screen then), and keeps the snapshot
+    the run's view is closed with (what the dashboard draws last)."""
+
+    def __init__(self, make_view, shown):
+        self.make_view, self.shown = make_view, shown
+        self.news = False
+        self.final: list[RunSnapshot] = []
+
+    def __call__(self, *args, **kw):
+        inner, outer = self.make_view(*args, **kw), self
+
+        class View:
+            def output(self, batches):
+                inner.output(batches)
+
+            def refresh(self, snapshot, force=False):
+                inner.refresh(snapshot, force)
+                if not outer.news and snapshot().has_news:
+                    outer.news = True
+                    outer.shown.touch()
+
+            def close(self, snap):
+                outer.final.append(snap)
+                inner.close(snap)
+
+        return View()
+
+
+def _run_shown(cluster, monkeypatch, tmp_path, status) -> Recorded:
+    """Run SHOWN_SCRIPT ending with ``status`` on rank 1; the recorder of its view."""
+    script = tmp_path / "shown.py"
+    script.write_text(SHOWN_SCRIPT)
+    rec = Recorded(cluster.cells._make_view, tmp_path / "shown")
+    monkeypatch.setattr(cluster.cells, "_make_view", rec)
+    try:
+        cluster.run_script(str(script), [str(rec.shown), str(status)], output="quiet",
+                           timeout=90)
+    finally:
+        assert rec.news, "the run never had news for the dashboard"
+    return rec
+
+
+def test_a_script_shown_on_the_dashboard_ends_finished_on_every_rank(cluster, monkeypatch,
+                                                                     tmp_path):
+    snap = _run_shown(cluster, monkeypatch, tmp_path, 0).final[-1]
+    assert [(r.rank, r.state, r.error) for r in snap.ranks] == [
+        (0, RankState.DONE, None), (1, RankState.DONE, None)]
+    assert snap.finished and not snap.failed
+
+
+def test_a_scripts_exit_status_is_its_ranks_end(cluster, monkeypatch, tmp_path):
+    with pytest.raises(DistributedError) as info:
+        _run_shown(cluster, monkeypatch, tmp_path, 3)
+    snap = cluster.cells._make_view.final[-1]  # the recorder _run_shown installed
+    assert [(r.rank, r.state, r.error) for r in snap.ranks] == [
+        (0, RankState.DONE, None),
+        (1, RankState.FAILED, "ScriptError: exited with status 3")]
+    err = info.value
+    assert [(f.rank, f.ename, f.evalue) for f in err.failures] == [
+        (1, "ScriptError", "exited with status 3")]
+    assert "rank 1" in str(err) and "exited with status 3" in str(err)
+
+
+def test_a_rank_killed_by_a_signal_is_named(cluster, monkeypatch, tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_SCRIPT)
+    rec = Recorded(cluster.cells._make_view, tmp_path / "shown")
+    monkeypatch.setattr(cluster.cells, "_make_view", rec)
+    with pytest.raises(DistributedError) as info:
+        cluster.run_script(str(script), output="quiet", timeout=60)
+    # torchrun reports this rank's exit code as -9, the signal's number negated
+    words = "killed by SIGKILL (exit code -9)"
+    assert [(f.rank, f.evalue) for f in info.value.failures] == [(1, words)]
+    assert [(r.rank, r.state, r.error) for r in rec.final[-1].ranks] == [
+        (0, RankState.DONE, None), (1, RankState.FAILED, f"ScriptError: {words}")]
 
 
 def test_script_sees_every_variable_torchrun_sets_and_a_fresh_run_id(cluster, tmp_path):
