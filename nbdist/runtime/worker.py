@@ -31,7 +31,11 @@ class WorkerState:
     """Everything one worker keeps between cells."""
 
     def __init__(self) -> None:
-        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+        #: the cells' ``__main__``, as a script's or IPython's is: pickle finds the classes and
+        #: functions they define by reference (a Pool's tasks, torch.save), once a rank joins
+        self.main = types.ModuleType("__main__")
+        self.namespace: dict[str, Any] = self.main.__dict__
+        self.namespace["__builtins__"] = __builtins__
         self.plan: Optional[envmod.RankPlan] = None
         self.env_before: dict[str, Optional[str]] = {}
         self.cwd_before: Optional[str] = None
@@ -152,6 +156,7 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     cell_env.setdefault(NCCL_ERRORS, os.environ.get(NCCL_ERRORS, "2"))
     _state.env_before = envmod.apply_env(os.environ, cell_env)
     _adaptive_malloc()
+    _plain_process()
     torch.set_num_threads(plan.threads)
     if device == "cuda" or (device == "auto" and plan.gpu is not None):
         if not torch.cuda.is_available():
@@ -184,6 +189,33 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     return results.Joined(rank=plan.rank, device=str(_state.device), backend=_state.backend,
                           threads=plan.threads, group_s=t_group,
                           warm_s=time.perf_counter() - t0 - t_group)
+
+
+_plain_pid = 0  # the process made to look like a plain one to the cells
+
+
+def _plain_process() -> None:
+    """Once per process, before its first cell: what a cell sees of its process is what a
+    script sees under torchrun.
+
+    * The cells' namespace is ``sys.modules["__main__"]``, so a class defined in a cell
+      pickles by reference, as in a script or a Jupyter kernel (``Pool.map`` with it).
+    * The default multiprocessing start method is the platform's (fork on Linux before Python
+      3.14). A process that multiprocessing started (a Dask worker, from its nanny's
+      forkserver or by spawn) has its parent's method forced as its own default, and a
+      ``DataLoader``'s workers would then pickle a Dataset class defined in a cell.
+
+    Later joins leave both as the cells may have set them.
+    """
+    global _plain_pid
+    import multiprocessing
+
+    if _plain_pid == os.getpid():
+        return
+    _plain_pid = os.getpid()
+    sys.modules["__main__"] = _state.main
+    if multiprocessing.parent_process() is not None:
+        multiprocessing.set_start_method(None, force=True)  # the platform's default again
 
 
 #: mallopt's parameters (glibc's malloc.h) and the values glibc's adaptive thresholds reach

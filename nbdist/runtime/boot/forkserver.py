@@ -25,8 +25,11 @@ from . import template
 
 
 def _before_fork() -> None:
-    """In the forkserver, right before each fork: is it still safe?"""
+    """In the forkserver, right before each fork: is it still safe? (At-fork handlers are
+    inherited: in a worker forked from it, a fork is the user's, not the template's.)"""
     global _hazards
+    if os.getpid() != _server_pid:
+        return
     _hazards = template.fork_hazards(_allowed)
     if _hazards:
         print(f"nbdist: the worker template (pid {os.getpid()}) is not safe to fork: "
@@ -58,6 +61,7 @@ def _serve_one(child_r: int, fds: list[int], unused_fds: list[int],
 
 
 _hazards: list[str] = []
+_server_pid = os.getpid()
 _blas_before = template.limit_blas()
 template.import_all(template.BASE_MODULES)
 _allowed = frozenset(template.open_sockets())  # the forkserver's own listener
