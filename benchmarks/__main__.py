@@ -1,6 +1,6 @@
 """Run the benchmarks one after another and repeat their ratio lines at the end.
 
-    python -m benchmarks [--quick] [--engine dask] [--log FILE]
+    python -m benchmarks [--quick] [--engine dask] [--only NAME] [--log FILE] [--check]
 
 Each benchmark runs in its own process (its own IPython shell and clusters); any failure is
 reported and the others still run. The exit status is non-zero if any benchmark failed.
@@ -63,11 +63,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="run only this benchmark (repeatable)")
     ap.add_argument("--log", default=None, metavar="FILE",
                     help="also write every benchmark's standard output to FILE")
+    ap.add_argument("--check", action="store_true",
+                    help="check each benchmark's command line as it would run, and exit: "
+                         "nothing is started")
     args = ap.parse_args(argv)
     summary: list[str] = []
     failed = []
     log = open(args.log, "w", encoding="utf-8") if args.log else None
-    head = describe_run(sys.argv[1:] if argv is None else argv)
+    # the run's context imports torch: not needed to check the command lines
+    head = ("checking each benchmark's command line" if args.check
+            else describe_run(sys.argv[1:] if argv is None else argv))
     print(head, flush=True)
     if log is not None:
         log.write(head + "\n")
@@ -80,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--engine", "ipyparallel", "--engine", "dask"]
             elif name in ("startup", "training"):  # alone, they time both engines
                 cmd += ["--engine", "ipyparallel"]
+            if args.check:
+                cmd.append("--check")
             header = f"\n=== {name}: {' '.join(cmd[1:])}"
             print(header, flush=True)
             t0 = time.perf_counter()

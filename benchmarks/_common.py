@@ -147,6 +147,26 @@ def kill_running(script: str) -> list[int]:
     return killed
 
 
+def parse_args(ap: Any, argv: Optional[Sequence[str]]) -> Any:
+    """``ap.parse_args(argv)``, with ``--check``: check the command line (its arguments parse,
+    the benchmark's modules import) and exit 0 without starting anything."""
+    ap.add_argument("--check", action="store_true",
+                    help="check the command line and exit: nothing is started")
+    args = ap.parse_args(argv)
+    if args.check:
+        print(f"{ap.prog}: command line ok", flush=True)
+        raise SystemExit(0)
+    return args
+
+
+def parse_result(out: str) -> Any:
+    """The JSON object of the ``RESULT {...}`` line a benchmark's child process printed."""
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"no RESULT line in the output:\n{out[-2000:]}")
+
+
 def run_torchrun(script: str, args: Sequence[str], nproc: int, timeout: float,
                  env: Optional[dict[str, str]] = None,
                  launcher_args: Sequence[str] = ()) -> tuple[float, str, str]:

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="overall limit, s (600)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="60 calls per variant, 10 warm-up")
-    args = ap.parse_args(argv)
+    args = c.parse_args(ap, argv)
     if args.quick:
         args.repeats, args.warmup = 60, 10
     if args.repeats < 1:

@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="steps at full width after the recovery before a trial ends (20)")
     ap.add_argument("--skip", choices=("overhead", "recovery"), action="append", default=[])
     ap.add_argument("--timeout", type=float, default=900, help="overall limit, s (900)")
-    args = ap.parse_args(argv)
+    args = c.parse_args(ap, argv)
     with c.deadline(args.timeout):
         return _run(args)
 

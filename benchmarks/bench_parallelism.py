@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="wall time of each parameter-server run")
     ap.add_argument("--engine", default="ipyparallel")
     ap.add_argument("--timeout", type=float, default=1200)
-    args = ap.parse_args(argv)
+    args = c.parse_args(ap, argv)
 
     sys.path.insert(0, c.REPO)
     from nbdist.session import Session

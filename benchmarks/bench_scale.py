@@ -367,8 +367,7 @@ def measure(code: str, world: int, view: str, wire: str, args: argparse.Namespac
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return c.parse_result(proc.stdout)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -407,7 +406,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--world", type=int, default=64, help=argparse.SUPPRESS)
     ap.add_argument("--view", default="text", help=argparse.SUPPRESS)
     ap.add_argument("--wire", default="tables", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    args = c.parse_args(ap, argv)
     if args.child:
         return child(args)
 

@@ -33,11 +33,11 @@ from typing import Any
 try:
     from benchmarks import _common as c
     from benchmarks import bench_elastic
-    from benchmarks.bench_training import WORKLOAD, parse_result
+    from benchmarks.bench_training import WORKLOAD
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import _common as c  # type: ignore[no-redef]
     import bench_elastic  # type: ignore[no-redef]
-    from bench_training import WORKLOAD, parse_result  # type: ignore[no-redef]
+    from bench_training import WORKLOAD  # type: ignore[no-redef]
 
 FIRST_CELL = (
     "import sys\n"
@@ -165,7 +165,7 @@ def torchrun_once(args: argparse.Namespace) -> dict[str, float]:
     total = time.perf_counter() - t0
     # torchrun waits for its workers: their CPU is in its own, which is in our children's
     cpu = children_cpu() - cpu0
-    r = parse_result(out)
+    r = c.parse_result(out)
     return {"main_s": r["main_started"] - launch, "group_s": r["group_formed"] - launch,
             "ddp_s": r["ddp_s"], "step_s": r["step_s"],
             "to_first_step_s": r["first_step_done"] - launch, "total_s": total,
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="one cold start and one heal per side, no priming round")
     ap.add_argument("--timeout", type=float, default=900, help="overall limit, s (900)")
-    args = ap.parse_args(argv)
+    args = c.parse_args(ap, argv)
     if args.quick:
         args.repeats, args.heals, args.no_prime = 1, 1, True
     engines = list(dict.fromkeys(args.engine or ["ipyparallel", "dask"]))

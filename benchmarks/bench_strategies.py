@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=5, help="FSDP2 telemetry on/off pairs")
     ap.add_argument("--engine", default="ipyparallel")
-    args = ap.parse_args(argv)
+    args = c.parse_args(ap, argv)
 
     sys.path.insert(0, c.REPO)
     from nbdist.session import Session

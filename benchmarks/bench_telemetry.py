@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--engine", default="ipyparallel")
     ap.add_argument("-n", type=int, default=2, help="workers (default 2)")
-    args = ap.parse_args(argv)
+    args = c.parse_args(ap, argv)
 
     sys.path.insert(0, c.REPO)
     from nbdist.session import Session

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1200, help="overall limit, s (1200)")
     ap.add_argument("--quick", action="store_true",
                     help="5 rounds of 100 timed steps after 10 warm-up")
-    args = ap.parse_args(argv)
+    args = c.parse_args(ap, argv)
     if args.quick:
         args.steps, args.warmup, args.repeats = 100, 10, 5
     engines = list(dict.fromkeys(args.engine or ["ipyparallel", "dask"]))

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1200, help="overall limit, s (1200)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="3 timed rounds")
-    args = ap.parse_args(argv)
+    args = c.parse_args(ap, argv)
     if args.quick:
         args.repeats = 3
     with c.deadline(args.timeout):

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune-steps", type=int, default=20, help="optimizer steps per trial")
     ap.add_argument("--engine", default="ipyparallel")
     ap.add_argument("--timeout", type=float, default=1800)
-    args = ap.parse_args(argv)
+    args = c.parse_args(ap, argv)
 
     sys.path.insert(0, c.REPO)
     from nbdist.session import Session
