@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -99,6 +100,17 @@ class _HookSlot:
         self.state = state
         self.user = False  # True once a hook other than DDP's default is in it
         self.chosen = False  # ... and that hook is the session's setting's: the cell's replaces it
+
+    def __reduce__(self) -> tuple:
+        # A pickled or deep-copied model gets a reducer of its own, which nbdist never
+        # hooked: the copy holds no slot (the live one holds a process group, which does
+        # not pickle), as a model built without nbdist holds no hook.
+        return _detached, ()
+
+
+def _detached() -> None:
+    """What nbdist's per-model state (a slot, a timer) becomes in a copy of its model."""
+    return None
 
 
 def _timed_hook(slot, bucket):  # type: ignore[no-untyped-def]
@@ -196,7 +208,10 @@ class _DDPTimer:
                  "rate", "paced")
 
     def __init__(self, ddp: Any):
-        self.ddp = ddp
+        # Weakly: the model holds its timer, and a step being sent may too. A strong reference
+        # would keep a model the cell dropped (and its reducer, whose hooks on the parameters
+        # then fire in a new model's backward) alive until the garbage collector runs.
+        self.ddp = weakref.ref(ddp)
         self.iterations = 0  # forwards that sync: DDP's reducer counts the same ones
         self.rate = 1
         self.paced = (0.0, 0)  # when pace() last ran, and the iteration count then
@@ -213,8 +228,11 @@ class _DDPTimer:
         store them now."""
         if iteration > 10 and iteration % self.rate:
             return None  # not a sampled iteration: nothing to read (and reading costs)
+        ddp = self.ddp()
+        if ddp is None:  # the model is gone: its last step goes out without its comm
+            return None
         try:
-            logger = self.ddp.logger
+            logger = ddp.logger
             if final:
                 logger.set_runtime_stats_and_log()
             data = logger._get_ddp_logging_data()
@@ -252,9 +270,13 @@ class _DDPTimer:
         # matches a step across ranks only where every rank timed it).
         want = int(TIMED_EVERY_S / step_s) if step_s > 0 else 1
         rate = 1 << min(max(want, 1).bit_length() - 1, 13)
-        if rate != self.rate:
+        ddp = self.ddp()
+        if rate != self.rate and ddp is not None:
             self.rate = rate
-            self.ddp._set_ddp_runtime_logging_sample_rate(rate)
+            ddp._set_ddp_runtime_logging_sample_rate(rate)
+
+    def __reduce__(self) -> tuple:
+        return _detached, ()  # a copy of the model has a reducer nbdist did not time
 
 
 def _forward_pre(module: Any, args: tuple) -> None:
