@@ -142,14 +142,19 @@ def _progress_label(b: BarState) -> str:
     return " · ".join(x for x in (b.desc, pct) if x)
 
 
+def _counted(n: int, noun: str) -> str:
+    """``1 step``, ``3 steps``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _rank_row(r: RankSnapshot, note: str = "", snap: Optional[RunSnapshot] = None) -> Row:
     b = r.bar
     if b is not None:
         count = f"{b.n}/{b.total} it" if b.total is not None else f"{b.n} it"
         rate = fmt_rate(b.rate, "it/s") if b.rate is not None else "-"
     else:
-        count = f"{r.steps} steps" if r.steps else (f"{r.collectives} calls" if r.collectives
-                                                      else "-")
+        count = (_counted(r.steps, "step") if r.steps else
+                 _counted(r.collectives, "call") if r.collectives else "-")
         rate = fmt_rate(r.steps_per_s, "steps/s") if r.steps_per_s else "-"
     frac = b.fraction if b is not None else None
     if frac is None and not r.state.active and r.state != RankState.WAITING:
@@ -267,7 +272,7 @@ def progress_phrases(snap: RunSnapshot, final: bool = False) -> list[str]:
         if rates:
             out.append(fmt_rate(min(rates), "it/s") + " per rank")
     elif any(r.steps for r in active):
-        out.append(f"{snap.steps} steps")
+        out.append(_counted(snap.steps, "step"))
         rates = [r.steps_per_s for r in active if r.steps_per_s]
         if rates:
             out.append(fmt_rate(min(rates), "steps/s") + " per rank")

@@ -235,3 +235,16 @@ def test_rank_states_come_from_the_enum():
     snap = failed_run()
     assert {r.state for r in snap.ranks} == {RankState.DONE, RankState.FAILED, RankState.STOPPED}
     assert all(isinstance(r.state, RankState) for r in snap.ranks)
+
+
+def test_the_count_column_says_one_step_and_one_call_in_the_singular():
+    def calls(n):
+        return [ev.comm("all_reduce", T0 + k, T0 + k + 0.01, 64) for k in range(n)]
+
+    counts = []
+    for events in (training_events(1), calls(1), calls(2)):
+        state = RunState((0, 1))
+        state.feed([{"rank": r, "seq": 1, "events": events} for r in (0, 1)])
+        (_, rows) = run_table(state.snapshot())
+        counts.append(dict(zip(RUN_HEADER, rows[0].cells))["count"])
+    assert counts == ["1 step", "1 call", "2 calls"]
