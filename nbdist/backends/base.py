@@ -315,14 +315,16 @@ class Backend(abc.ABC, Generic[ClientT]):
                                "add a worker to it")
         self._add_worker(known)
 
-    def scale(self, n: int, timeout: float) -> None:
-        """Make the cluster ``n`` workers (only where :attr:`owns_cluster`)."""
+    def scale(self, n: int, timeout: float,
+              order: Optional[Sequence[WorkerId]] = None) -> None:
+        """Make the cluster ``n`` workers (only where :attr:`owns_cluster`); ``order`` lists
+        its workers in rank order (default: :meth:`worker_ids`'s), the last ones leave first."""
         self._require()
         if not self.owns_cluster or self.cluster is None:
             raise ClusterError(
                 f"this {self.name} cluster was not started by nbdist: scale it with the tool "
                 f"that started it ({self._launchers}), then run %nbdist restart")
-        ids = self.worker_ids()
+        ids = list(order) if order is not None else self.worker_ids()
         try:
             if n > len(ids):
                 self._grow(n - len(ids), timeout)

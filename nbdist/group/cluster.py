@@ -209,8 +209,11 @@ class Cluster:
     def scale(self, n: int) -> Self:
         """Make the cluster ``n`` workers and re-form the process group at the new size.
 
-        Worker namespaces survive on workers that stay, but models wrapped in
-        DistributedDataParallel and optimizers must be rebuilt for the new world size.
+        Ranks, the same on every engine: to shrink, the highest ranks leave; the workers that
+        stay keep their ranks in order (one above a rank whose worker left moves down by as
+        many); new workers take the next ranks. Worker namespaces survive on workers that
+        stay, but models wrapped in DistributedDataParallel and optimizers must be rebuilt
+        for the new world size.
 
         Raises
         ------
@@ -225,7 +228,8 @@ class Cluster:
         if n < 1:
             raise OptionError(f"cannot scale to {n} workers: at least 1 is needed")
         backend = self.membership.require()
-        backend.scale(n, self.options.timeout)
+        # the highest ranks leave; the workers that stay keep their order (Membership.ranked)
+        backend.scale(n, self.options.timeout, self.membership.ranked(backend.worker_ids()))
         self._form(replace(self.options, n=n))
         return self
 

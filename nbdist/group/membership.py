@@ -187,6 +187,7 @@ class Membership:
         if not ids:
             raise ClusterError("the cluster has no workers")
         timeout = options.timeout
+        ids = self.ranked(ids)
         self.infos = {}
         infos = self.admit(ids)
         self.master = self._store_addr(infos)
@@ -236,6 +237,16 @@ class Membership:
             info["worker_id"] = w
             self.infos[w] = info
         return infos
+
+    def ranked(self, workers: Sequence[WorkerId]) -> list[WorkerId]:
+        """``workers`` in the order they take ranks when the job is formed again (a scale,
+        a restart of ranks): those in the job now keep their order, so each keeps its rank
+        unless a lower rank left (then it moves down by as many); workers new to the job
+        follow, in the engine's order, and take the next ranks. The same on every engine,
+        whatever order its workers are listed in."""
+        now = {p.worker_id: p.rank for p in self.plans}
+        stay = sorted((w for w in workers if w in now), key=now.__getitem__)
+        return stay + [w for w in workers if w not in now]
 
     def replan(self, workers: Sequence[WorkerId]) -> list[RankPlan]:
         """Make ``workers`` (admitted already) the job, ranked by host in this order, with the

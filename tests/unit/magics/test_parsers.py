@@ -26,6 +26,14 @@ def test_every_verb_and_the_cell_magic_answer_help_and_run_nothing(shell, backen
     assert len(backend.calls) == calls  # nothing reached the workers
 
 
+def test_scale_help_says_what_n_is_and_how_ranks_follow(shell, capsys):
+    shell.run_line_magic("nbdist", "scale -h")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "N the workers (world size) wanted: not a number to add or remove." in text
+    assert ("The highest ranks leave; workers that stay keep their ranks in order; new workers "
+            "take the next ranks") in text
+
+
 def test_a_script_gets_its_own_help_flag(shell, session, monkeypatch):
     seen = []
     monkeypatch.setattr(session, "run_script", lambda path, argv, **kw: seen.append(argv))
