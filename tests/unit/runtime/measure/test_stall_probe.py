@@ -3,12 +3,14 @@ collective it is in, the interrupt hooks, and the Flight Recorder's dump as torc
 
 from __future__ import annotations
 
+import gc
 import pickle
 import signal
 import sys
 import threading
 import time
 import types
+import weakref
 
 import pytest
 from synthetic import Sink
@@ -110,6 +112,36 @@ def test_sampling_is_off_with_stall_after_zero_but_interrupts_are_still_reported
         assert stacks(sink) == []
         watch.capture_interrupt()
     assert [e["reason"] for e in stacks(sink)] == ["interrupt"]
+
+
+def test_a_sampled_or_held_frame_keeps_none_of_the_cells_objects_past_the_cell():
+    sink, watch = Sink(), Watch()
+    refs = []
+
+    class Batch:
+        pass
+
+    def cell_body() -> None:
+        batch = Batch()  # what the cell's frame holds while it is sampled
+        refs.append(weakref.ref(batch))
+        here = sys._getframe()
+        watch.capture_interrupt(here)  # sampled, as the SIGINT handler samples the cell
+        watch.hold(here)  # and held, as the debugger holds the frame it stopped at
+        del here
+
+    collecting = gc.isenabled()
+    gc.disable()  # freed by reference counting alone, as the cell's own objects are
+    try:
+        watch.begin(sink, CELL, True, 0.2)
+        cell_body()
+        assert refs[0]() is not None  # the debugger's frame is held until the cell ends
+        watch.end()
+        assert refs[0]() is None
+    finally:
+        if collecting:
+            gc.enable()
+    [e] = stacks(sink)
+    assert e["reason"] == "interrupt" and e["frames"][-1]["name"].endswith("cell_body")
 
 
 def test_call_text_is_the_call_expression_in_progress():
