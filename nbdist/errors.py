@@ -374,13 +374,22 @@ class RanksRestarted:
     removed: tuple[int, ...] = ()
     #: why the group could not be formed again with the new processes ("" when it was)
     not_reformed: str = ""
+    #: the names each rank's fresh process bound again by importing them (modules, imported
+    #: classes and functions): not lost
+    restored: Mapping[int, Sequence[str]] = field(default_factory=dict)
 
     def held(self, rank: int) -> str:
-        """`` (it held: model, opt)``: what a rank's namespace held, as far as known."""
+        """`` (it held: model, opt); its imports are restored: np, torch``: what a rank's
+        namespace held, as far as known, and what was imported again."""
+        again = self.restored.get(rank, ())
+        back = f"; its imports are restored: {fmt_names(again)}" if again else ""
         if rank not in self.names:
-            return ""
+            return back
         names = self.names[rank]
-        return f" (it held: {fmt_names(names)})" if names else " (it held no names of its own)"
+        if not names:
+            return (" (it held no names of its own besides its imports)" if again
+                    else " (it held no names of its own)") + back
+        return f" (it held: {fmt_names(names)})" + back
 
 
 def fmt_names(names: Sequence[str]) -> str:

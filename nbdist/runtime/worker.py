@@ -8,6 +8,7 @@ module to name the functions it ships, and must not load torch for that.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import sys
@@ -473,6 +474,74 @@ def defined_names() -> list[str]:
     return sorted(k for k, v in list(_state.namespace.items())
                   if not k.startswith("_") and k not in PREDEFINED
                   and not isinstance(v, types.ModuleType))
+
+
+#: an import: the name it binds, the module, and the attribute path in it ("" for the module)
+Import = tuple[str, str, str]
+
+
+def imports_in(namespace: dict[str, Any]) -> list[Import]:
+    """The names in ``namespace`` that an import binds and a fresh process can bind again:
+    modules (``import numpy as np``, ``from torch import nn``) and classes and functions found
+    under their own module and qualified name (``from torch.utils.data import DataLoader``).
+    Reads no attribute that runs code (safe beside a running cell); a module the process made
+    itself, or an object another module merely holds, is not an import."""
+    found = []
+    for name, value in list(namespace.items()):
+        if name.startswith("__") or name in PREDEFINED:
+            continue
+        if isinstance(value, types.ModuleType):
+            module = value.__dict__.get("__name__")
+            if isinstance(module, str) and module not in _MAINS \
+                    and sys.modules.get(module) is value:
+                found.append((name, module, ""))
+            continue
+        if not isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+            continue
+        module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+        if not isinstance(module, str) or not isinstance(qualname, str) or module in _MAINS:
+            continue
+        owner: Any = sys.modules.get(module)
+        for part in qualname.split("."):
+            owner = vars(owner).get(part) if isinstance(owner, (types.ModuleType, type)) else None
+        if owner is value:
+            found.append((name, module, qualname))
+    return sorted(found)
+
+
+_MAINS = ("__main__", "__mp_main__")  # defined in cells or a script: not importable
+
+
+def reimport(namespace: dict[str, Any], imports: list[Import]) -> dict[str, str]:
+    """Bind each of ``imports`` (from :func:`imports_in`) in ``namespace`` again, as the import
+    statement did; returns why, for each name that could not be."""
+    failed = {}
+    for name, module, attr in imports:
+        try:
+            value: Any = importlib.import_module(module)
+            for part in attr.split(".") if attr else ():
+                value = getattr(value, part)
+        except Exception as exc:  # the user's module: say why, bind the others
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            continue
+        namespace[name] = value
+    return failed
+
+
+def namespace_held() -> dict[str, Any]:
+    """What a restart of this process would lose, for the notebook to say and restore:
+    ``{"names": [...], "imports": [...]}``, the names cells defined that are not imports, and
+    the imports (:func:`imports_in`). Safe to call beside a running cell."""
+    imports = imports_in(_state.namespace)
+    bound = {name for name, _, _ in imports}
+    return {"names": [k for k in defined_names() if k not in bound], "imports": imports}
+
+
+def restore_imports(imports: list[Import]) -> dict[str, str]:
+    """In a fresh process that took a restarted rank's place: import again what the old
+    namespace had imported (:func:`namespace_held`); returns why, for each name not bound."""
+    preload.wait()  # not beside the start-up imports: import locks
+    return reimport(_state.namespace, [tuple(i) for i in imports])  # type: ignore[misc]
 
 
 def call_in_namespace(fn: Callable[..., Any], *args: Any) -> Any:

@@ -113,6 +113,8 @@ class ScriptedBackend(Backend):
         self.restarted: list[WorkerId] = []  # old ids, in the order restarted
         self.no_nanny: set[WorkerId] = set()  # restart_workers only stops these
         self.names: dict[WorkerId, list[str]] = {}  # what run_beside(defined_names) answers
+        self.imports: dict[WorkerId, list] = {}  # namespace_held's imports, beside names
+        self.not_importable: set[str] = set()  # names whose restore_imports fails
 
     def script(self, **by_rank: Scripted) -> None:
         """Script the next cell: ``script(r0=Scripted(...), r1=...)`` (worker of rank i is
@@ -164,6 +166,8 @@ class ScriptedBackend(Backend):
             "status": lambda: {"rank": None, "hostname": self.hostname, "pid": c.worker,
                                "device": "cpu", "group": True, "rss": 2**20},
             "failure": lambda: self.failures.get(c.worker),
+            "restore_imports": lambda: {i[0]: "ModuleNotFoundError: gone" for i in c.args[0]
+                                        if i[0] in self.not_importable},
         }
         return answers.get(name, lambda: None)()
 
@@ -189,6 +193,9 @@ class ScriptedBackend(Backend):
 
     def run_beside(self, workers: Sequence[WorkerId], fn: Callable[..., Any], *args: Any
                    ) -> dict[WorkerId, Any]:
+        if getattr(fn, "__name__", "") == "namespace_held":
+            return {w: {"names": self.names[w], "imports": self.imports.get(w, [])}
+                    for w in workers if w in self.names}
         return {w: self.names[w] for w in workers if w in self.names}
 
     def transport(self) -> Callable[[Batch], None]:

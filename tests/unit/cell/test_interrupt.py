@@ -65,6 +65,84 @@ def test_a_rank_that_does_not_stop_is_restarted_and_the_group_formed_again(sessi
     assert {c.args[3] for c in cells} == {session.generation}
 
 
+IMPORTS = [("np", "numpy", ""), ("nn", "torch.nn", ""), ("torch", "torch", "")]
+
+
+def test_a_restarted_rank_imports_again_what_it_had_imported(session, backend):
+    stuck_rank1(backend)
+    old = list(backend.ids)
+    backend.names[old[1]] = ["t"]
+    backend.imports[old[1]] = IMPORTS
+    with pytest.raises(CellTimeoutError) as info:
+        session.run_cell("time.sleep(600)", timeout=0.1)
+    # the imports went to the fresh process in rank 1's place, after the group formed again
+    restores = [c for c in backend.submitted if c.fn.__name__ == "restore_imports"]
+    assert [(c.worker, c.args) for c in restores] == [(old[1] + 1000, (IMPORTS,))]
+    calls = backend.calls
+    assert calls.index("restore_imports") > max(i for i, n in enumerate(calls) if n == "join")
+    r = info.value.restarted
+    assert r.names == {1: ["t"]} and r.restored == {1: ["nn", "np", "torch"]}
+    text = str(info.value)
+    assert "Rank 1's namespace is lost (it held: t); its imports are restored: nn, np, torch." \
+        in text
+
+
+def test_a_fresh_process_under_its_old_workers_id_gets_the_imports(session, backend,
+                                                                   monkeypatch):
+    stuck_rank1(backend)
+    old = list(backend.ids)
+    backend.names[old[1]] = ["t"]
+    backend.imports[old[1]] = IMPORTS
+
+    def in_place(ids, timeout):  # an engine whose restarted worker keeps its id
+        backend.restarted.extend(ids)
+        return list(ids)
+
+    form = session.membership.form
+
+    def fresh_form(options):  # the old process's call has ended: the id answers again
+        backend.restarted.clear()
+        form(options)
+
+    monkeypatch.setattr(backend, "restart_workers", in_place)
+    monkeypatch.setattr(session.membership, "form", fresh_form)
+    with pytest.raises(CellTimeoutError) as info:
+        session.run_cell("time.sleep(600)", timeout=0.1)
+    restores = [c for c in backend.submitted if c.fn.__name__ == "restore_imports"]
+    assert [c.worker for c in restores] == [old[1]]
+    assert info.value.restarted.restored == {1: ["nn", "np", "torch"]}
+
+
+def test_an_import_that_fails_again_is_listed_as_lost(session, backend):
+    stuck_rank1(backend)
+    backend.names[backend.ids[1]] = []
+    backend.imports[backend.ids[1]] = IMPORTS
+    backend.not_importable.add("np")
+    with pytest.raises(CellTimeoutError) as info:
+        session.run_cell("time.sleep(600)", timeout=0.1)
+    assert "Rank 1's namespace is lost (it held: np); its imports are restored: nn, torch." \
+        in str(info.value)
+
+
+def test_imports_are_lost_with_the_rest_where_the_group_cannot_form_again(session, backend,
+                                                                         monkeypatch):
+    stuck_rank1(backend)
+    backend.names[backend.ids[1]] = ["t"]
+    backend.imports[backend.ids[1]] = IMPORTS
+    answer = backend._answer
+
+    def join_fails(name, c):
+        if name == "join":
+            raise RuntimeError("the store is gone")
+        return answer(name, c)
+
+    monkeypatch.setattr(backend, "_answer", join_fails)
+    with pytest.raises(CellTimeoutError) as info:
+        session.run_cell("time.sleep(600)", timeout=0.1)
+    assert "restore_imports" not in backend.calls
+    assert "Rank 1's namespace is lost (it held: t, np, nn, torch)." in str(info.value)
+
+
 def test_ranks_that_stop_within_the_grace_are_not_restarted(session, backend):
     backend.script(r0=Scripted(hang=True), r1=Scripted(hang=True))
     with pytest.raises(CellTimeoutError) as info:
@@ -139,3 +217,6 @@ def test_what_a_restart_lost_is_listed_briefly():
     assert "Rank 2's namespace is lost (it held no names of its own)" in text
     assert restarted_section(RanksRestarted((0,), 5.0, 1)).count("other ranks") == 0
     assert "Rank 0's namespace is lost." in restarted_section(RanksRestarted((0,), 5.0, 1))
+    only_imports = RanksRestarted((0,), 5.0, 1, names={0: []}, restored={0: ["torch"]})
+    assert ("Rank 0's namespace is lost (it held no names of its own besides its imports); "
+            "its imports are restored: torch.") in restarted_section(only_imports)
