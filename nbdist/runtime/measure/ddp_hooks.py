@@ -270,10 +270,11 @@ class _DDPTimer:
         # matches a step across ranks only where every rank timed it).
         want = int(TIMED_EVERY_S / step_s) if step_s > 0 else 1
         rate = 1 << min(max(want, 1).bit_length() - 1, 13)
-        ddp = self.ddp()
-        if rate != self.rate and ddp is not None:
+        if rate != self.rate:
             self.rate = rate
-            ddp._set_ddp_runtime_logging_sample_rate(rate)
+            ddp = self.ddp()
+            if ddp is not None:
+                ddp._set_ddp_runtime_logging_sample_rate(rate)
 
     def __reduce__(self) -> tuple:
         return _detached, ()  # a copy of the model has a reducer nbdist did not time
