@@ -134,7 +134,8 @@ def restart() -> Session:
 def scale(n: int) -> Session:
     """Resize the cluster to ``n`` workers (``n``: the new world size, not a number to add)
     and re-form the process group. The highest ranks leave; workers that stay keep their
-    ranks in order; new workers take the next ranks (:meth:`Session.scale`).
+    ranks; new workers take the ranks of workers that left, then the next ones
+    (:meth:`Session.scale`).
 
     Raises
     ------

@@ -210,10 +210,11 @@ class Cluster:
         """Make the cluster ``n`` workers and re-form the process group at the new size.
 
         Ranks, the same on every engine: to shrink, the highest ranks leave; the workers that
-        stay keep their ranks in order (one above a rank whose worker left moves down by as
-        many); new workers take the next ranks. Worker namespaces survive on workers that
-        stay, but models wrapped in DistributedDataParallel and optimizers must be rebuilt
-        for the new world size.
+        stay keep their ranks; new workers take the ranks of workers that left (lowest
+        first), then the next ranks; a rank left with no new worker to take it moves the
+        ranks above it down by one. Worker namespaces survive on workers that stay, but
+        models wrapped in DistributedDataParallel and optimizers must be rebuilt for the new
+        world size.
 
         Raises
         ------
@@ -228,7 +229,7 @@ class Cluster:
         if n < 1:
             raise OptionError(f"cannot scale to {n} workers: at least 1 is needed")
         backend = self.membership.require()
-        # the highest ranks leave; the workers that stay keep their order (Membership.ranked)
+        # the highest ranks leave; the workers that stay keep their ranks (Membership.ranked)
         backend.scale(n, self.options.timeout, self.membership.ranked(backend.worker_ids()))
         self._form(replace(self.options, n=n))
         return self

@@ -240,13 +240,21 @@ class Membership:
 
     def ranked(self, workers: Sequence[WorkerId]) -> list[WorkerId]:
         """``workers`` in the order they take ranks when the job is formed again (a scale,
-        a restart of ranks): those in the job now keep their order, so each keeps its rank
-        unless a lower rank left (then it moves down by as many); workers new to the job
-        follow, in the engine's order, and take the next ranks. The same on every engine,
-        whatever order its workers are listed in."""
+        a restart of ranks), the same on every engine whatever order it lists them in: those
+        in the job now keep their ranks; workers new to the job take the ranks of workers
+        that left, lowest first (a restarted rank's new process takes its rank back), then
+        the next ranks, in the engine's order. A rank that left with no new worker to take
+        it moves those above it down by one, keeping their order."""
         now = {p.worker_id: p.rank for p in self.plans}
-        stay = sorted((w for w in workers if w in now), key=now.__getitem__)
-        return stay + [w for w in workers if w not in now]
+        here = set(workers)
+        fresh = [w for w in workers if w not in now]
+        order = []
+        for plan in sorted(self.plans, key=lambda p: p.rank):
+            if plan.worker_id in here:
+                order.append(plan.worker_id)
+            elif fresh:  # its worker left: the first new worker takes its rank
+                order.append(fresh.pop(0))
+        return order + fresh
 
     def replan(self, workers: Sequence[WorkerId]) -> list[RankPlan]:
         """Make ``workers`` (admitted already) the job, ranked by host in this order, with the

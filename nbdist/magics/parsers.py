@@ -134,8 +134,8 @@ def build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPars
     p = verb("scale", "_scale", "resize to N workers and re-form the process group")
     p.add_argument("n", type=int, metavar="N",
                    help="the workers (world size) wanted: not a number to add or remove. The "
-                        "highest ranks leave; workers that stay keep their ranks in order; "
-                        "new workers take the next ranks")
+                        "highest ranks leave; workers that stay keep their ranks; new workers "
+                        "take the ranks of workers that left, then the next ones")
 
     p = verb("push", "_push", "send notebook variables to every worker")
     p.add_argument("names", nargs="+", metavar="NAME")

@@ -30,8 +30,8 @@ def test_scale_help_says_what_n_is_and_how_ranks_follow(shell, capsys):
     shell.run_line_magic("nbdist", "scale -h")
     text = " ".join(capsys.readouterr().out.split())
     assert "N the workers (world size) wanted: not a number to add or remove." in text
-    assert ("The highest ranks leave; workers that stay keep their ranks in order; new workers "
-            "take the next ranks") in text
+    assert ("The highest ranks leave; workers that stay keep their ranks; new workers take the "
+            "ranks of workers that left, then the next ones") in text
 
 
 def test_a_script_gets_its_own_help_flag(shell, session, monkeypatch):
