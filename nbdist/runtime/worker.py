@@ -18,10 +18,10 @@ import types
 from typing import Any, Callable, Optional
 
 from . import debugger, packing, pulling, results, shared_copy
-from . import env as envmod
 from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
 from .end_marks import end_key
+from .env import RankPlan, apply_env, restore_env
 from .execute import mimebundle, run_code
 from .interrupt import interruptible
 from .measure.spec import DEFAULT, Measure
@@ -37,7 +37,7 @@ class WorkerState:
         self.main = types.ModuleType("__main__")
         self.namespace: dict[str, Any] = self.main.__dict__
         self.namespace["__builtins__"] = __builtins__
-        self.plan: Optional[envmod.RankPlan] = None
+        self.plan: Optional[RankPlan] = None
         self.env_before: dict[str, Optional[str]] = {}
         self.cwd_before: Optional[str] = None
         self.port: Optional[int] = None
@@ -128,7 +128,7 @@ def close_store(purpose: str) -> None:
     group.close_store(purpose)
 
 
-def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeout: float,
+def join(plan: RankPlan, port: int, device: str, dist_backend: str, timeout: float,
          gen: int, warm: bool = True, working_dir: Optional[str] = None,
          form: bool = True) -> results.Joined:
     """Take ``plan``'s rank: set torchrun's env, pin threads and GPU, form the group, warm up.
@@ -155,7 +155,7 @@ def join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str, timeo
     # communicator and raise in the cell (2) rather than end the process and its namespace
     # (torch's default, 3). A value set here or in the profile stands.
     cell_env.setdefault(NCCL_ERRORS, os.environ.get(NCCL_ERRORS, "2"))
-    _state.env_before = envmod.apply_env(os.environ, cell_env)
+    _state.env_before = apply_env(os.environ, cell_env)
     _adaptive_malloc()
     _plain_process()
     torch.set_num_threads(plan.threads)
@@ -266,7 +266,7 @@ def leave() -> None:
     from . import group
 
     group.teardown()
-    envmod.restore_env(os.environ, _state.env_before)
+    restore_env(os.environ, _state.env_before)
     _state.env_before = {}
     _state.plan = None
     if _state.cwd_before is not None:
@@ -435,7 +435,7 @@ def status() -> results.WorkerStatus:
                                 group=group.generation() is not None, rss=mem)
 
 
-def elastic_join(plan: envmod.RankPlan, port: int, device: str, dist_backend: str,
+def elastic_join(plan: RankPlan, port: int, device: str, dist_backend: str,
                  timeout: float, elastic_plan: Any, key: str, slot: int, seq_base: int,
                  want_result: bool, measure: Measure = DEFAULT) -> results.CellResult:
     """On a replacement worker: take ``plan``'s rank without forming a group, join the

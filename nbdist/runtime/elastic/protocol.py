@@ -149,15 +149,15 @@ class Context:
 
     def form(self, plan: Plan) -> None:
         """Take this worker's rank in ``plan`` and form its group (every member calls it)."""
-        from .. import env as envmod
         from .. import group
+        from ..env import apply_env, restore_env
 
         st = self.worker
         mine = plan.ranks[self.me()]
         old_env = st.env_before
         # Restore what the worker had before nbdist, then apply the new rank's variables.
-        envmod.restore_env(os.environ, old_env)
-        st.env_before = envmod.apply_env(os.environ, mine.env(st.port))
+        restore_env(os.environ, old_env)
+        st.env_before = apply_env(os.environ, mine.env(st.port))
         st.plan = mine
         group.form(plan.generation, mine.rank, mine.world_size, st.backend, mine.master_addr,
                    st.port, st.timeout, st.device)

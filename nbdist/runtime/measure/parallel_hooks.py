@@ -48,7 +48,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
-from .. import mesh as meshes
+from ..mesh import dim_of, remember
 from .model import measurements
 from .tensors import batch_size, payload
 
@@ -274,7 +274,7 @@ def _wrap_funcol(name: str, fn: Callable, act: type) -> Callable:
         nbytes, dtype = payload(args[:1], {})
         if counts_output:
             nbytes = max(nbytes, payload((out,), {})[0])
-        rec = (name, t0, nbytes, dtype, meshes.dim_of(group))
+        rec = (name, t0, nbytes, dtype, dim_of(group))
         results = out if isinstance(out, (list, tuple)) else (out,)
         waiting = [r for r in results if isinstance(r, act) and not r.completed]
         if not waiting:  # already complete (waited inside, or traced)
@@ -391,7 +391,7 @@ def _remembering_init(init: Callable) -> Callable:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         try:
-            meshes.remember(self)
+            remember(self)
         except Exception:  # naming is a nicety; a mesh must build regardless
             pass
 
