@@ -463,7 +463,7 @@ class RunState:
                 curves.setdefault(name, {})[r] = curve
         dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3] / 1e9)
                      for dim, d in sorted(self._dims.items()))
-        stall = self.verdict(at) if at is not None else None
+        stall = self.stall_report(at) if at is not None else None
         running = stall is None and any(st.state.active for st in self._ranks.values())
         models, trial = self._setup = self._setup or models_and_trial(self._ranks)
         return RunSnapshot(tuple(out), tuple(matcher.series[s] for s in sorted(matcher.series)),
@@ -475,9 +475,10 @@ class RunState:
     def _states(self) -> dict[int, RankState]:
         return {r: st.state for r, st in self._ranks.items()}
 
-    def verdict(self, at: float) -> Optional[StallReport]:
-        """The hang doctor's verdict at ``at`` (None: no stall past the threshold)."""
-        return self.stall.verdict(self._ranks, self._states, at)
+    def stall_report(self, at: float) -> Optional[StallReport]:
+        """The hang doctor's report at ``at``: where each rank is (None: no stall past the
+        threshold)."""
+        return self.stall.stall_report(self._ranks, self._states, at)
 
     def where(self, at: float) -> Optional[StallReport]:
         """Where each rank was by its last report, threshold or not (for the error a timeout

@@ -122,7 +122,7 @@ class Run:
     def stall_news(self) -> bool:
         """True once each time the stall verdict appears, changes or goes (views redraw
         then, without waiting for their next turn)."""
-        v = self._state.verdict(self.ended if self.ended is not None else time.time())
+        v = self._state.stall_report(self.ended if self.ended is not None else time.time())
         key = v.key if v is not None else None
         if key == self._stall_key:
             return False

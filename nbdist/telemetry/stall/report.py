@@ -375,7 +375,7 @@ class StallWatch:
         v = judge(out, self.idle(at), threshold)
         return replace(v, stopped=self.debugging.now()) if self.debugging else v
 
-    def verdict(self, ranks: Iterable[int], states: Callable[[], Mapping[int, RankState]],
+    def stall_report(self, ranks: Iterable[int], states: Callable[[], Mapping[int, RankState]],
                 at: float) -> Optional[StallReport]:
         """The stall verdict at ``at``, or None while there is none to give.
 

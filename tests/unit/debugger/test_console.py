@@ -249,21 +249,21 @@ def test_a_rank_in_the_debugger_is_said_at_once_and_is_no_hang():
     state = RunState([0, 1], started=0.0, stall_after=2)
     state.feed([{"rank": 1, "seq": 1, "events": [
         ev.debugger("enter", 1.0, file=CELL, line=3, func="<module>")]}])
-    v = state.verdict(1.5)  # before any threshold: the run waits for the user
+    v = state.stall_report(1.5)  # before any threshold: the run waits for the user
     assert v is not None and [s.describe() for s in v.stopped] == \
         ["rank 1 is in the debugger (line 3)"]
     # rank 0 waits in its all_reduce far past --stall-after: still no hang verdict
     state.feed([{"rank": 0, "seq": 1, "events": [stall_waiting(0, 40.0)]}])
-    v = state.verdict(40.0)
+    v = state.stall_report(40.0)
     assert not v.hang and v.missing == () and v.rank(1).status == "debugging"
     assert headline(v).startswith("rank 1 is in the debugger (line 3); rank 0 waits in "
                                   "all_reduce")
     assert "rank 1: in the debugger at In [5], line 3" in where_lines(v, "In [5]")
     # it goes on: the time it spent there is not time without progress
     state.feed([{"rank": 1, "seq": 2, "events": [ev.debugger("leave", 41.0)]}])
-    assert state.verdict(42.0) is None
+    assert state.stall_report(42.0) is None
     state.feed([{"rank": 0, "seq": 2, "events": [stall_waiting(0, 43.0)]}])
-    v = state.verdict(43.5)  # then the stall clock runs again, from when it went on
+    v = state.stall_report(43.5)  # then the stall clock runs again, from when it went on
     assert v is not None and not v.stopped and 2.0 < v.idle_s < 3.0
 
 
