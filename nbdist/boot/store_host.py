@@ -86,7 +86,7 @@ class StoreHost:
             try:
                 self._proc.stdin.write(json.dumps(request) + "\n")
                 self._proc.stdin.flush()
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: its pipe closed by close()
                 raise StoreError(f"the rendezvous store process is gone: {exc}") from exc
             reply = self._read(30.0, request["op"])
         if not reply.get("ok"):

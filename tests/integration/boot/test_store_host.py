@@ -63,3 +63,5 @@ def test_closing_ends_the_process():
     proc = psutil.Process(h.pid)
     h.close()  # end of its input: the process closes the store and exits
     assert not h.alive and not proc.is_running()
+    with pytest.raises(StoreError, match="process is gone"):  # said as the store's error
+        h.set("late", b"x")
