@@ -38,6 +38,18 @@ def stuck_rank1(backend: ScriptedBackend) -> None:
     backend.names[backend.ids[1]] = ["model", "opt", "losses"]
 
 
+def joins_fail(backend: ScriptedBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on a worker's join fails, as when the job's store is gone."""
+    answer = backend._answer
+
+    def join_fails(name, c):
+        if name == "join":
+            raise RuntimeError("the store is gone")
+        return answer(name, c)
+
+    monkeypatch.setattr(backend, "_answer", join_fails)
+
+
 def test_a_rank_that_does_not_stop_is_restarted_and_the_group_formed_again(session, backend):
     stuck_rank1(backend)
     old = list(backend.ids)
@@ -129,14 +141,7 @@ def test_imports_are_lost_with_the_rest_where_the_group_cannot_form_again(sessio
     stuck_rank1(backend)
     backend.names[backend.ids[1]] = ["t"]
     backend.imports[backend.ids[1]] = IMPORTS
-    answer = backend._answer
-
-    def join_fails(name, c):
-        if name == "join":
-            raise RuntimeError("the store is gone")
-        return answer(name, c)
-
-    monkeypatch.setattr(backend, "_answer", join_fails)
+    joins_fail(backend, monkeypatch)
     with pytest.raises(CellTimeoutError) as info:
         session.run_cell("time.sleep(600)", timeout=0.1)
     assert "restore_imports" not in backend.calls
@@ -193,14 +198,7 @@ def test_a_worker_without_a_nanny_is_stopped_and_the_next_cell_says_so(session, 
 
 def test_a_group_that_cannot_be_formed_again_says_so(session, backend, monkeypatch):
     stuck_rank1(backend)
-    answer = backend._answer
-
-    def join_fails(name, c):
-        if name == "join":
-            raise RuntimeError("the store is gone")
-        return answer(name, c)
-
-    monkeypatch.setattr(backend, "_answer", join_fails)
+    joins_fail(backend, monkeypatch)
     with pytest.raises(CellTimeoutError) as info:
         session.run_cell("time.sleep(600)", timeout=0.1)
     assert "could not be formed again with the new process (RuntimeError: the store is gone)" \
