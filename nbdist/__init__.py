@@ -41,9 +41,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # progress/log live in the worker runtime; loaded on first use to keep `import nbdist` cheap.
     if name in ("progress", "log"):
-        from .runtime import progress as user_api
+        import importlib
 
-        return getattr(user_api, name)
+        return getattr(importlib.import_module(".runtime.progress", __name__), name)
     if name == "mesh":
         from .runtime.mesh import mesh
 
@@ -285,9 +285,9 @@ def load_profile(path: str) -> Profile:
     ProfileError
         The file is missing or unreadable, not YAML, or not a valid profile.
     """
-    from .profiles import load_profile as load
+    import importlib  # the module's function, not this twin of the same name
 
-    return load(path)
+    return importlib.import_module(".profiles", __name__).load_profile(path)
 
 
 def dask_client() -> Any:
