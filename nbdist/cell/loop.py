@@ -25,6 +25,7 @@ from ..errors import (
     CellInterrupted,
     CellTimeoutError,
     RankFailure,
+    RanksFinishedError,
     RanksRestarted,
     cell_error,
 )
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 _EVENT_GRACE = 3.0
 # How often the kernel looks at a running job: output and the dashboard move at this pace.
 _POLL = 0.1
+#: what stopped a cell whose running ranks wait in a collective that finished ranks never call
+PEERS_FINISHED = "peers that finished"
 
 
 class RunView(Protocol):
@@ -154,6 +157,8 @@ class CellRun:
         #: workers the engine lost during the cell, as recorded (see :meth:`_note_lost`)
         self.lost: dict[Any, Lost] = {}
         self._oom = 0  # out-of-memory kills counted before the cell
+        #: workers whose call returned while others ran, their last batch folded already
+        self._folded: set[Any] = set()
 
     @property
     def reformed(self) -> bool:
@@ -184,6 +189,15 @@ class CellRun:
                     coordinator.wrap_up()  # training ended before a replacement got in
                 for c in companions:
                     c.tick({self.slots.get(w, -1) for w in job.pending()})
+                self._fold_returned(job)
+                stranded = run.stranded() if coordinator is None else None
+                if stranded is not None:  # no call can complete: end it now, not at a timeout
+                    run.stopped(PEERS_FINISHED)
+                    late = self._late()
+                    restarted = self._interrupt()
+                    self._finish()
+                    raise RanksFinishedError(stranded, late, run.where(), run.label, run.what,
+                                             restarted)
                 # time spent at a prompt is the user's, not the cell's
                 paused = sum(c.paused() for c in companions)
                 if timeout is not None and time.monotonic() - start - paused > timeout:
@@ -247,7 +261,8 @@ class CellRun:
         if lost is None:
             return results.engine_failure(o.engine_error)
         return results.cell_failed(results.plain_error("WorkerError", lost.gone(),
-                                                       o.engine_error), group_alive=False)
+                                                       lost.said() + o.engine_error),
+                                   group_alive=False)
 
     def _note_lost(self, outcomes: list[Outcome]) -> None:
         """Record each worker the engine lost during the cell (its call failed, and its
@@ -267,6 +282,34 @@ class CellRun:
             self.lost[w] = lost
             self.run.note_recovery(lost)
 
+    def _fold_returned(self, job: Submission) -> None:
+        """Fold the last batch of each call that returned while others still run, once the
+        batches it sent before have arrived: its row then says the rank finished (or failed)
+        at once, and the hang doctor knows it ended rather than that it went silent.
+
+        A running job's :meth:`~nbdist.backends.base.Submission.outcomes` answers for the
+        calls that returned (every engine files a call's outcome as it returns); only those
+        are read.
+        """
+        pending = set(job.pending())
+        if not pending or not ({c.worker for c in self.calls} - pending - self._folded):
+            return
+        tails = []
+        for o in job.outcomes():
+            rank = self.slots.get(o.worker)
+            if o.worker in pending or o.worker in self._folded or rank is None:
+                continue
+            if o.engine_error is not None:
+                self._folded.add(o.worker)  # nothing to fold: the end names the engine's error
+                continue
+            if o.value["seq"] and not self.run.has_all({rank: o.value["seq"]}):
+                continue  # its earlier batches are still on their way
+            self._folded.add(o.worker)
+            if o.value.get("tail"):
+                tails.append(o.value["tail"])
+        if tails:
+            pump(job, self.run, self.view, self.coordinator, tails, self.companions)
+
     def _late(self) -> list[int]:
         assert self.job is not None
         return sorted(self.slots[w] for w in self.job.pending())
@@ -281,9 +324,9 @@ class CellRun:
         if run.ended is not None or job is None:
             return  # finished already (a timeout or an interrupt shows its view first)
         if not job.pending():
-            done = [o.value for o in job.outcomes() if o.engine_error is None]
-            wanted = {self.slots.get(o.worker): o.value["seq"] for o in job.outcomes()
-                      if o.engine_error is None and o.value["seq"]}
+            returned = [o for o in job.outcomes() if o.engine_error is None]
+            wanted = {self.slots.get(o.worker): o.value["seq"] for o in returned
+                      if o.value["seq"]}
 
             def drained() -> bool:
                 pump(job, run, view, coordinator, companions=self.companions, redraw=False)
@@ -294,8 +337,9 @@ class CellRun:
             if wanted:
                 poll_until(drained, _EVENT_GRACE, interval=0.001)
             # then each rank's last batch, after all it sent before it
-            pump(job, run, view, coordinator, [r["tail"] for r in done if r.get("tail")],
-                 companions=self.companions, redraw=False)
+            tails = [o.value["tail"] for o in returned
+                     if o.value.get("tail") and o.worker not in self._folded]
+            pump(job, run, view, coordinator, tails, companions=self.companions, redraw=False)
             self._note_lost(job.outcomes())  # before the view draws the run's end
         else:
             pump(job, run, view, coordinator, companions=self.companions, redraw=False)

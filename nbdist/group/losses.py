@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Optional
 
 from ..backends.base import WorkerId
+from ..runtime import fd_output
 from ..telemetry.recovery import Lost
 
 if TYPE_CHECKING:
@@ -49,7 +50,22 @@ def lost_worker(membership: Membership, w: WorkerId, rank: Optional[int], oom_be
         cause = None
     if cause == "SIGKILL" and _oom_kills() > oom_before:
         cause = "SIGKILL, by the kernel's out-of-memory killer"
-    return Lost(time.time(), rank, host, pid, cause, by)
+    line, tail, kept_at = _last_words(host, pid)
+    return Lost(time.time(), rank, host, pid, cause, by, line, tail, kept_at)
+
+
+def _last_words(host: Optional[str], pid: Optional[int]
+                ) -> tuple[Optional[str], tuple[str, ...], Optional[str]]:
+    """A dead worker's last lines on stderr, read (and removed) where its file is on this
+    host: the cell line a fatal signal's stack dump there names, the lines a person reads,
+    and (another host) where the file is kept instead."""
+    if pid is None:
+        return None, (), None
+    if host != socket.gethostname():
+        return None, (), f"{host}:{fd_output.paths(pid)['stderr']}"
+    lines = fd_output.read_tail(pid)
+    fd_output.remove(pid)
+    return fd_output.cell_line(lines), tuple(fd_output.told(lines)), None
 
 
 def _host_pid(membership: Membership, w: WorkerId) -> tuple[Optional[str], Optional[int]]:

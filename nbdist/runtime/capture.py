@@ -35,6 +35,7 @@ from ..telemetry.events import (
     stream,
     warning,
 )
+from . import fd_output
 
 Transport = Callable[[Batch], None]
 
@@ -226,6 +227,9 @@ class StreamTee(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
+        fds = fd_output.current()
+        if fds is not None:  # what the descriptors got before this print goes out first
+            fds.drain()
         sent = self._budget.take(text) if self._budget is not None and text else text
         if sent:
             self._sink.emit(stream(self.name, sent))
@@ -275,13 +279,23 @@ def fresh_warnings() -> None:
 
 @contextmanager
 def captured_output(sink: EventSink, limit: int = MAX_OUTPUT_CHARS) -> Iterator[OutputBudget]:
-    """Route ``sys.stdout``/``sys.stderr`` and shown warnings to ``sink`` during a cell.
+    """Route ``sys.stdout``/``sys.stderr``, shown warnings and, where this process captures
+    them (:mod:`.fd_output`), file descriptors 1 and 2 to ``sink`` during a cell.
 
     At most ``limit`` characters are sent; past them, output is counted and one notice says
     how much was held back (a print loop of millions of lines must not flood the notebook).
     """
     budget = OutputBudget(limit)
     fresh_warnings()
+    fds = fd_output.current()
+
+    def emit(name: str, text: str) -> None:
+        sent = budget.take(text)
+        if sent:
+            sink.emit(stream(name, sent))
+
+    if fds is not None:
+        fds.begin(emit)
     old = sys.stdout, sys.stderr, warnings.showwarning
     sys.stdout = StreamTee(sink, "stdout", budget)
     sys.stderr = StreamTee(sink, "stderr", budget)
@@ -290,5 +304,7 @@ def captured_output(sink: EventSink, limit: int = MAX_OUTPUT_CHARS) -> Iterator[
         yield budget
     finally:
         sys.stdout, sys.stderr, warnings.showwarning = old
+        if fds is not None:  # what the cell wrote to 1 and 2, read now: no wait at its end
+            fds.end()
         if budget.dropped_chars:
             sink.emit(stream("stderr", budget.notice()))

@@ -17,7 +17,7 @@ import time
 import types
 from typing import Any, Callable, Optional
 
-from . import debugger, packing, pulling, results, shared_copy
+from . import debugger, fd_output, packing, pulling, results, shared_copy
 from .boot import preload
 from .capture import EventSink, Transport, captured_output, flush_interval
 from .end_marks import end_key
@@ -158,6 +158,7 @@ def join(plan: RankPlan, port: int, device: str, dist_backend: str, timeout: flo
     _state.env_before = apply_env(os.environ, cell_env)
     _adaptive_malloc()
     _plain_process()
+    fd_output.install()  # each rank process its own files: a fork's are not its parent's
     torch.set_num_threads(plan.threads)
     if device == "cuda" or (device == "auto" and plan.gpu is not None):
         if not torch.cuda.is_available():
@@ -386,13 +387,13 @@ def push(header: bytes, layout: Optional[list], *buffers: Any,
          source: Optional[tuple] = None) -> None:
     """Put the values :func:`~.packing.pack` packed (a dict) into the namespace; their buffers
     come with the call, or from the notebook's shared copy on this machine, or over its data
-    channel (``source``: the channel's address, the push's ticket and the shared copy's
-    spec)."""
+    channel (``source``: the channel's address, the push's ticket, the shared copy's spec,
+    and the fingerprint of the channel's TLS certificate or None where it is plain TCP)."""
     if source is not None:
-        address, ticket, shared = source
+        address, ticket, shared, tls = source
         views = shared_copy.attach(shared, ticket) if shared is not None else None
         buffers = (tuple(views) if views is not None
-                   else tuple(packing.fetch(tuple(address), ticket, _state.timeout)))
+                   else tuple(packing.fetch(tuple(address), ticket, _state.timeout, tls)))
     _state.namespace.update(packing.unpack(header, buffers, layout))
 
 

@@ -52,22 +52,39 @@ class Lost:
     #: who found it, the first word of its line: elastic training's coordinator, or
     #: ``nbdist`` (the cell loop, for a worker the engine lost outside elastic training)
     by: str = "nbdist.elastic"
+    #: the cell line it was running, where a fatal signal's dump of its stack said
+    #: (``line 2 of In [5]``); None where nothing said (SIGKILL and ``os._exit`` leave none)
+    cell_line: Optional[str] = None
+    #: the last lines it wrote to stderr, as its host kept them
+    tail: tuple[str, ...] = ()
+    #: where its stderr is kept, where the notebook could not read it (another host)
+    kept_at: Optional[str] = None
 
     def __str__(self) -> str:
         where = f"rank {'?' if self.rank is None else self.rank} on {self.host or '?'}" + (
             f" (pid {self.pid})" if self.pid else "")
-        return f"{where} died" + (f": {self.cause}" if self.cause else "")
+        return f"{where} died" + (f": {self.reason}" if self.cause or self.cell_line else "")
 
     @property
     def reason(self) -> str:
-        """What the rank's row says after ``died:``: the cause, else that its worker is gone."""
-        return self.cause or "its worker is gone"
+        """What the rank's row says after ``died:``: the cause and the cell line it was
+        running (``SIGABRT at line 2 of In [5]``), else that its worker is gone."""
+        at = f"at {self.cell_line}" if self.cell_line else ""
+        return " ".join(x for x in (self.cause, at) if x) or "its worker is gone"
 
     def gone(self) -> str:
         """The death as the rank's error says it: ``its worker (pid 41) died: SIGKILL``, or
         ``its worker (pid 41) is gone`` where the cause is unknown."""
         worker = f"its worker (pid {self.pid})" if self.pid else "its worker"
-        return f"{worker} died: {self.cause}" if self.cause else f"{worker} is gone"
+        return f"{worker} died: {self.reason}" if self.cause or self.cell_line else \
+            f"{worker} is gone"
+
+    def said(self) -> str:
+        """Its last lines on stderr, indented under a line that says so ("" where there are
+        none), or where they are kept."""
+        if self.tail:
+            return "its last lines on stderr:\n" + "".join(f"    {ln}\n" for ln in self.tail)
+        return f"its stderr is kept in {self.kept_at}\n" if self.kept_at else ""
 
     def line(self) -> str:
         return f"{self.by} {_clock(self.t)}: {self}"

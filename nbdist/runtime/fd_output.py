@@ -1,0 +1,410 @@
+"""What a rank writes to its file descriptors 1 and 2, sent as its output; and what is left of
+it on disk when the rank dies.
+
+Python's prints reach the notebook through :class:`~.capture.StreamTee`, which replaces
+``sys.stdout``; output written to the descriptors themselves (``os.system``, ``subprocess.run``,
+``os.write(2, ...)``, C and C++ libraries: gloo, NCCL_DEBUG) bypasses it. While a cell runs,
+:class:`FdCapture` points descriptors 1 and 2 at two files this rank owns (0600, in a per-user
+directory, named by the pid: :func:`paths`), and a thread reads new bytes every
+:data:`POLL_S` seconds and sends them as the rank's ``stream`` events, as prints are sent: the
+notebook prefixes them by rank and shows them under the running cell, as ``--quiet``,
+``--all-output`` and ``--ranks`` say. A cell's end reads the files once more, synchronously,
+so nothing written in the cell arrives after it; a print reads them first too, so a print and
+an ``os.system`` of one thread reach the notebook in the order they ran.
+
+Between cells the descriptors are the worker's own again (the engine's log keeps its lines);
+child processes a cell started keep the files, and what they write between cells is sent
+with the next cell. Where the original descriptor was not a pipe (an engine's log file, a
+terminal), every byte read is written there too; a pipe is most likely the notebook kernel's
+own captured output, which would show it again, unprefixed.
+
+``faulthandler`` writes its dump of every thread's Python stack to the stderr file on a fatal
+signal (SIGABRT from a C++ abort, SIGSEGV, SIGBUS, SIGFPE), so when a rank dies the notebook
+reads its last lines there (:func:`read_tail`) and the cell line it was running
+(:func:`cell_line`). A file past :data:`ROTATE_BYTES` is replaced by a fresh one; the previous
+one is kept (for the tail) until the next replacement. The files are removed at the worker's
+normal exit, and by the notebook once it has read a dead rank's (:func:`remove`).
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import codecs
+import contextlib
+import faulthandler
+import os
+import re
+import stat
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Optional
+
+#: seconds between the reading thread's looks at the files (a look at an idle file: one fstat)
+POLL_S = 0.05
+#: bytes a file grows to before a fresh one replaces it
+ROTATE_BYTES = 4 << 20
+#: characters held for the next cell, of output written between cells (the latest kept)
+HELD_CHARS = 256 << 10
+#: bytes read at a time
+CHUNK = 1 << 20
+#: the two streams: descriptor and the name of its events
+STREAMS = ((1, "stdout"), (2, "stderr"))
+
+#: (stream name, text): where the text read goes (a cell's output, held between cells)
+Emit = Callable[[str, str], None]
+
+
+def directory() -> str:
+    """This user's directory for the files (made 0700 where missing)."""
+    path = os.path.join(tempfile.gettempdir(), f"nbdist-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def paths(pid: int, folder: Optional[str] = None) -> dict[str, str]:
+    """The files of process ``pid``: ``{"stdout": ..., "stderr": ...}``."""
+    folder = folder or os.path.join(tempfile.gettempdir(), f"nbdist-{os.getuid()}")
+    return {name: os.path.join(folder, f"rank-{pid}.{name[3:]}") for _, name in STREAMS}
+
+
+class _Stream:
+    """One descriptor's file: where it is read up to, and the descriptor it replaced."""
+
+    def __init__(self, fd: int, name: str, path: str, through: Optional[int]) -> None:
+        self.fd, self.name, self.path = fd, name, path
+        self.through = through  # the original descriptor (a dup), or None: not written there
+        self.write_fd = _open_new(path)
+        self.read_fd = os.open(path, os.O_RDONLY)
+        self.pos = 0  # bytes read of the file
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def read(self) -> bytes:
+        """The bytes written since the last read (one fstat where there are none)."""
+        if os.fstat(self.read_fd).st_size <= self.pos:
+            return b""
+        out = []
+        while True:
+            chunk = os.read(self.read_fd, CHUNK)
+            if not chunk:
+                return b"".join(out)
+            self.pos += len(chunk)
+            out.append(chunk)
+
+    def rotate(self) -> bytes:
+        """A fresh file in place of this one, which is kept as ``.old`` (the previous ``.old``
+        removed); returns what was left to read of the replaced one."""
+        old = self.path + ".old"
+        with contextlib.suppress(OSError):
+            os.unlink(old)
+        os.rename(self.path, old)
+        fresh = _open_new(self.path)
+        if os.fstat(self.fd).st_ino == os.fstat(self.write_fd).st_ino:
+            os.dup2(fresh, self.fd)  # in a cell: writers move to the fresh file at once
+        os.close(self.write_fd)
+        self.write_fd = fresh
+        rest = self.read()  # anything written before the move
+        os.close(self.read_fd)
+        self.read_fd, self.pos = os.open(self.path, os.O_RDONLY), 0
+        return rest
+
+    def close(self) -> None:
+        for fd in (self.write_fd, self.read_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for path in (self.path, self.path + ".old"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def _open_new(path: str) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC,
+                 0o600)
+    os.set_inheritable(fd, False)
+    return fd
+
+
+def _through(fd: int) -> Optional[int]:
+    """A duplicate of ``fd`` to write what is read through to, or None where ``fd`` is a pipe
+    (or closed)."""
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return None
+        dup = os.dup(fd)
+    except OSError:
+        return None
+    os.set_inheritable(dup, False)
+    return dup
+
+
+class FdCapture:
+    """This process's descriptors 1 and 2, captured while a cell runs (:meth:`begin`,
+    :meth:`end`) and read by a daemon thread.
+
+    Parameters
+    ----------
+    folder
+        Where the files are (default: :func:`directory`).
+    rotate_bytes
+        Bytes a file grows to before it is replaced (default :data:`ROTATE_BYTES`).
+    poll_s
+        Seconds between the thread's reads (default :data:`POLL_S`; 0: no thread, reads only
+        when asked).
+    """
+
+    def __init__(self, folder: Optional[str] = None, rotate_bytes: int = ROTATE_BYTES,
+                 poll_s: float = POLL_S) -> None:
+        self.pid = os.getpid()
+        self.rotate_bytes = rotate_bytes
+        files = paths(self.pid, folder or directory())
+        self.streams = [_Stream(fd, name, files[name], _through(fd)) for fd, name in STREAMS]
+        self._saved: list[int] = []  # the worker's own 1 and 2 while a cell has them
+        self._emit: Optional[Emit] = None
+        self._held: list[tuple[str, str]] = []
+        self._held_chars = 0
+        self.dropped_chars = 0  # held output dropped for the bound, since the last cell
+        self._lock = threading.RLock()
+        self._closed = False
+        # A fatal signal's dump of every thread's stack, for the notebook to find the cell line
+        # (the thread that aborts may be one of gloo's, with no Python frame)
+        faulthandler.enable(file=self.streams[1].write_fd, all_threads=True)
+        self._thread: Optional[threading.Thread] = None
+        if poll_s > 0:
+            self._poll_s = poll_s
+            self._wake = threading.Event()
+            self._thread = threading.Thread(target=self._loop, name="nbdist-fd-output",
+                                            daemon=True)
+            self._thread.start()
+
+    def begin(self, emit: Emit) -> None:
+        """A cell starts: descriptors 1 and 2 write to the files, and what is read goes to
+        ``emit`` (output held since the last cell first)."""
+        _flush_python()
+        with self._lock:
+            self.drain_locked()
+            self._emit = emit
+            held, self._held, self._held_chars = self._held, [], 0
+            if self.dropped_chars:
+                emit("stderr", f"[nbdist: {self.dropped_chars:,} characters written between "
+                               "cells were not kept]\n")
+                self.dropped_chars = 0
+            for name, text in held:
+                emit(name, text)
+            if not self._saved:
+                self._saved = [os.dup(fd) for fd, _ in STREAMS]
+                for s in self.streams:
+                    os.dup2(s.write_fd, s.fd)
+
+    def end(self) -> None:
+        """The cell ends: what it wrote is read and sent now, and 1 and 2 are the worker's
+        own again."""
+        _flush_python()
+        with self._lock:
+            if self._saved:
+                for (fd, _), saved in zip(STREAMS, self._saved):
+                    os.dup2(saved, fd)
+                    os.close(saved)
+                self._saved = []
+            self.drain_locked()
+            self._emit = None
+
+    def drain(self) -> None:
+        """Read what the files hold now and send (or hold) it."""
+        with self._lock:
+            self.drain_locked()
+
+    def drain_locked(self) -> None:
+        for s in self.streams:
+            data = s.read()
+            if s.through is not None and data:
+                with contextlib.suppress(OSError):
+                    _write_all(s.through, data)
+            text = s.decoder.decode(data) if data else ""
+            if text:
+                self._send(s.name, text)
+            if s.pos >= self.rotate_bytes:
+                rest = s.rotate()
+                if rest:
+                    if s.through is not None:
+                        with contextlib.suppress(OSError):
+                            _write_all(s.through, rest)
+                    self._send(s.name, s.decoder.decode(rest))
+                if s.fd == 2:
+                    faulthandler.enable(file=s.write_fd, all_threads=True)
+
+    def _send(self, name: str, text: str) -> None:
+        if self._emit is not None:
+            self._emit(name, text)
+            return
+        self._held.append((name, text))
+        self._held_chars += len(text)
+        while self._held_chars > HELD_CHARS and self._held:
+            first_name, first = self._held[0]
+            cut = min(len(first), self._held_chars - HELD_CHARS)
+            self.dropped_chars += cut
+            self._held_chars -= cut
+            if cut == len(first):
+                self._held.pop(0)
+            else:
+                self._held[0] = (first_name, first[cut:])
+
+    def _loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(self._poll_s)
+            if self._closed:
+                return
+            # Non-blocking: a cell's end or a print reading them now is as good
+            if self._lock.acquire(blocking=False):
+                try:
+                    self.drain_locked()
+                except Exception as exc:  # say so once, on the worker's own stderr
+                    sys.__stderr__.write(f"nbdist: could not read fd output: {exc!r}\n")
+                    self._closed = True
+                finally:
+                    self._lock.release()
+
+    def close(self) -> None:
+        """Stop reading, give 1 and 2 back, remove the files (in the process that made them:
+        a fork's exit leaves its parent's alone)."""
+        if os.getpid() != self.pid or not self.streams:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._wake.set()
+            self._thread.join(timeout=1)
+        with contextlib.suppress(Exception):
+            self.end()
+        with contextlib.suppress(Exception):
+            faulthandler.disable()
+        for s in self.streams:
+            if s.through is not None:
+                with contextlib.suppress(OSError):
+                    os.close(s.through)
+            s.close()
+        self.streams = []
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _flush_python() -> None:
+    """Flush Python's own streams on 1 and 2, so their buffered bytes land where they were
+    written (before a descriptor moves)."""
+    for stream in (sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
+
+
+_capture: Optional[FdCapture] = None
+
+
+def install(folder: Optional[str] = None) -> Optional[FdCapture]:
+    """This process's capture, made once per process (a fork makes its own: its parent's
+    files and thread are not its own); None where descriptors cannot be captured here."""
+    global _capture
+    if _capture is not None and _capture.pid == os.getpid():
+        return _capture
+    _capture = None  # a fork's copy of its parent's: not closed, the parent still uses it
+    try:
+        _capture = FdCapture(folder)
+    except OSError as exc:  # no temp directory: Python's prints still reach the notebook
+        sys.__stderr__.write(f"nbdist: output written to file descriptors 1 and 2 is not "
+                             f"captured on this worker: {exc}\n")
+        return None
+    atexit.register(_capture.close)
+    return _capture
+
+
+def current() -> Optional[FdCapture]:
+    """This process's capture, None where :func:`install` did not make one here."""
+    return _capture if _capture is not None and _capture.pid == os.getpid() else None
+
+
+# ------------------------------------------------------------------ after a rank died
+
+#: lines of a dead rank's stderr the notebook shows
+TAIL_LINES = 12
+#: bytes read from the end of a file for its tail
+TAIL_BYTES = 64 << 10
+
+
+def read_tail(pid: int, folder: Optional[str] = None) -> list[str]:
+    """The last lines (no blank ones; those of its last :data:`TAIL_BYTES` bytes) process
+    ``pid`` wrote to its stderr file (its previous file's too, where a fresh one replaced
+    it); [] where there is none."""
+    path = paths(pid, folder)["stderr"]
+    data = b""
+    for p in (path + ".old", path):
+        try:
+            with open(p, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL_BYTES))
+                data = (data + f.read())[-TAIL_BYTES:]
+        except OSError:
+            continue
+    text = data.decode("utf-8", errors="replace")
+    return [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+
+
+def remove(pid: int, folder: Optional[str] = None) -> None:
+    """Remove process ``pid``'s files (a dead rank's, once read)."""
+    for path in paths(pid, folder).values():
+        for p in (path, path + ".old"):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+
+
+def take_tail(pid: int) -> list[str]:
+    """:func:`read_tail`, then :func:`remove`: what a rank's host (a Dask nanny) runs for the
+    notebook once the rank is dead."""
+    try:
+        return read_tail(pid)
+    finally:
+        remove(pid)
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+)')
+#: the filename of a cell's code (``nbdist.cell.loop.cell_name``)
+_CELL_FILE = re.compile(r"<distributed cell")
+_NUMBERED = re.compile(r"<distributed cell \[(\d+)\]>")
+
+
+def cell_line(tail: list[str]) -> Optional[str]:
+    """The cell line a rank was running, from a fatal signal's dump of its threads' stacks
+    in its stderr ``tail`` (most recent call first): ``line 2 of In [5]`` (``line 2 of
+    <distributed cell 3>`` for a cell the kernel did not number), the innermost cell frame of
+    the last dump; None where no dump names a cell's line."""
+    found = None
+    in_stack = first = False
+    for ln in tail:
+        if "most recent call first" in ln:
+            in_stack, first = True, True
+            continue
+        m = _FRAME.match(ln)
+        if m is None:
+            in_stack = False
+            continue
+        if in_stack and first and _CELL_FILE.match(m["file"]):
+            number = _NUMBERED.fullmatch(m["file"])
+            found = f"line {m['line']} of " + (f"In [{number[1]}]" if number else m["file"])
+            first = False
+    return found
+
+
+def told(tail: list[str], lines: int = TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of ``tail`` a person reads for why the rank died: without
+    faulthandler's dump (its stacks say only where, which :func:`cell_line` reads)."""
+    out = []
+    for ln in tail:
+        if ln.startswith(("Fatal Python error:", "Thread 0x", "Current thread 0x",
+                          "Extension modules:")) or _FRAME.match(ln) \
+                or ln.strip().startswith("<no Python frame>"):
+            continue
+        out.append(ln)
+    return out[-lines:] if lines else []
