@@ -9,12 +9,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from .telemetry.stall.words import clash_sentences, missing_sentence, where_lines
+from .telemetry.stall.words import (
+    clash_sentences,
+    missing_sentence,
+    stranded_sentence,
+    where_lines,
+)
 from .telemetry.units import fmt_ranks
 
 if TYPE_CHECKING:
     from .runtime.results import CellResult
-    from .telemetry.stall.report import StallReport
+    from .telemetry.stall.report import StallReport, Stranded
 
 #: how to get a cluster, for every "no cluster" message
 NO_CLUSTER = ("no nbdist cluster is running. Start one with `%nbdist start -n 2` "
@@ -337,15 +342,16 @@ class NothingToDebug(NbdistError):
         super().__init__(text)
 
 
-def where_section(where: Optional[StallReport], label: Optional[str] = None) -> str:
+def where_section(where: Optional[StallReport], label: Optional[str] = None,
+                  blame: bool = True) -> str:
     """The "where was each rank" part of a timeout's or an interrupt's error ("" without
-    reports): a line per rank, then the ranks that never reached the collective."""
+    reports): a line per rank, then (``blame``) the ranks that never reached the collective."""
     if where is None:
         return ""
     lines = ["", "", "Where each rank was when it was interrupted:"]
     lines += [f"  {line}" for line in where_lines(where, label)]
     lines += clash_sentences(where)
-    sentence = missing_sentence(where)
+    sentence = missing_sentence(where) if blame else ""
     if sentence:
         lines += [sentence + " Look at what those ranks do before it: a collective must be "
                              "called by every rank of its group, in the same order."]
@@ -446,6 +452,40 @@ class CellTimeoutError(NbdistError):
             f"cell ran past --timeout {timeout:g} s; rank(s) {self.ranks} were still running and "
             f"were interrupted. {REBUILD_DDP}" + (f" {hint}" if hint else "")
             + restarted_section(restarted) + where_section(where, label))
+
+
+#: the remedy when a DDP model's collectives wait for ranks that ran out of inputs
+UNEVEN_DDP = ("The ranks had different numbers of batches (uneven inputs), and every "
+              "DistributedDataParallel step all-reduces the gradients with every rank. Wrap the "
+              "training loop in `with model.join():` (torch.distributed.algorithms.Join): a rank "
+              "that runs out of inputs then joins the others' collectives until all are done. "
+              "Or give every rank the same number of batches (DistributedSampler with "
+              "drop_last=True).")
+#: the remedy when collectives outside DDP wait for a rank that finished
+UNEVEN_CALLS = ("The ranks called different numbers of collectives: every rank of a group must "
+                "call each collective, in the same order. Look for a collective under "
+                "`if rank == ...`, or a loop whose length differs between ranks.")
+
+
+class RanksFinishedError(NbdistError):
+    """Some ranks finished the cell while others waited in a collective that needs every
+    rank: no call of it can complete, so the waiting ranks were interrupted at once instead
+    of at the group's timeout. ``stranded`` says which ranks finished and where the others
+    waited; ``where`` where each rank was when interrupted."""
+
+    def __init__(self, stranded: Stranded, ranks: Sequence[int],
+                 where: Optional[StallReport] = None, label: Optional[str] = None,
+                 what: str = "cell", restarted: Optional[RanksRestarted] = None) -> None:
+        self.finished = list(stranded.finished)
+        self.ranks = list(ranks)
+        self.stranded = stranded
+        self.where = where
+        self.restarted = restarted
+        remedy = UNEVEN_DDP if stranded.ddp else UNEVEN_CALLS
+        super().__init__(
+            f"{what} ended: {stranded_sentence(stranded, label)} Rank(s) {self.ranks} were "
+            f"interrupted now rather than at the group's timeout. {remedy} {REBUILD_DDP}"
+            + restarted_section(restarted) + where_section(where, label, blame=False))
 
 
 class CellInterrupted(KeyboardInterrupt):

@@ -190,7 +190,8 @@ class CellRun:
                 for c in companions:
                     c.tick({self.slots.get(w, -1) for w in job.pending()})
                 self._fold_returned(job)
-                stranded = run.stranded() if coordinator is None else None
+                elastic = coordinator is not None and coordinator.coordinating
+                stranded = None if elastic else run.stranded()  # elastic runs re-form groups
                 if stranded is not None:  # no call can complete: end it now, not at a timeout
                     run.stopped(PEERS_FINISHED)
                     late = self._late()

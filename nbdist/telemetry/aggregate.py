@@ -73,7 +73,7 @@ from .snapshot import (
     TrialPoint,
 )
 from .spread import ScalarSpread
-from .stall.report import StallReport, StallWatch
+from .stall.report import StallReport, StallWatch, Stranded
 from .states import RankState
 
 __all__ = ["MAX_RECORDED", "STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
@@ -479,6 +479,11 @@ class RunState:
         """The hang doctor's report at ``at``: where each rank is (None: no stall past the
         threshold)."""
         return self.stall.stall_report(self._ranks, self._states, at)
+
+    def stranded(self, at: float) -> Optional[Stranded]:
+        """Ranks that finished while others wait in a collective they will never call
+        (:meth:`~nbdist.telemetry.stall.report.StallWatch.stranded`); None: none."""
+        return self.stall.stranded(self._ranks, self._states(), at)
 
     def where(self, at: float) -> Optional[StallReport]:
         """Where each rank was by its last report, threshold or not (for the error a timeout

@@ -18,7 +18,7 @@ from .aggregate import RunState
 from .events import Batch, Event
 from .recovery import Lost, Recovery
 from .snapshot import RunSnapshot
-from .stall.report import StallReport
+from .stall.report import StallReport, Stranded
 from .trace import write_trace
 from .verdicts import NO_CONTEXT, Context, verdicts
 
@@ -129,6 +129,11 @@ class Run:
         self._stall_key = key
         self._stalled = self._stalled or key is not None
         return True
+
+    def stranded(self) -> Optional[Stranded]:
+        """Ranks that finished the cell while others wait in a collective they will never
+        call, once that is certain (a couple of seconds after the last one finished)."""
+        return self._state.stranded(time.time())
 
     def where(self) -> Optional[StallReport]:
         """Where each rank was by its last report (None: none reported): what the errors of

@@ -7,11 +7,13 @@ While a cell runs, :data:`watch` knows the thread running it, when the cell last
 :mod:`.ddp_hooks` record it on entry: a few attribute stores, nothing allocated). The event
 sink's thread, which wakes ten times a second anyway, calls :meth:`Watch.tick`: once the cell
 has made no progress for half the stall threshold
-(:func:`~nbdist.telemetry.stall.thresholds.probe_after`), it samples the cell thread's Python stack
-(``sys._current_frames()``) at most once a second and sends it as a ``stack`` event when it
-changed. An interrupt (a timeout or the stop button) makes it sample once more *before* the
-interrupt unwinds or severs the cell (:func:`.interrupt.set_hook`), so the error the notebook
-raises says where each rank was.
+(:func:`~nbdist.telemetry.stall.thresholds.probe_after`), or for a second inside a collective
+or torch's code, it samples the cell thread's Python stack (``sys._current_frames()``) at most
+once a second and sends it as a ``stack`` event when it changed: a rank that waits in a
+collective says so early enough for the notebook to end the cell at once when a peer that
+finished will never join it. An interrupt (a timeout or the stop button) makes it sample
+once more *before* the interrupt unwinds or severs the cell (:func:`.interrupt.set_hook`), so
+the error the notebook raises says where each rank was.
 
 Kept from a stack: the cell's own frames (their line numbers are the editor's, as tracebacks'
 are) and the innermost frame, with the call expression it is in (``time.sleep(0.05)``). Added:
@@ -44,6 +46,10 @@ from .. import interrupt
 
 #: at most one stack sample per this many seconds while a cell is stalled
 SAMPLE_S = 1.0
+#: seconds without progress inside a collective (or torch's code) before the first sample,
+#: whatever the threshold: a peer that finished the cell never joins it, and the notebook
+#: ends such a cell as soon as it knows (``StallWatch.stranded``)
+COLLECTIVE_PROBE_S = 1.0
 #: Flight Recorder entries per process (torch's ring buffer), unless the user set a size
 FLIGHT_RECORDER_ENTRIES = 2000
 #: finished Flight Recorder entries sent with a stack (the unfinished ones always are)
@@ -166,10 +172,20 @@ class Watch:
         if not threshold:
             return
         idle = now - self.last_progress
-        if idle < probe_after(threshold):
+        if idle < probe_after(threshold) and not (idle >= COLLECTIVE_PROBE_S
+                                                  and self._in_torch()):
             return
         self._next = now + SAMPLE_S
         self._sample("stall", None, idle, force=False)
+
+    def _in_torch(self) -> bool:
+        """The cell is inside a collective (nbdist's record of the call), or in torch's
+        code, where a collective DDP's reducer started may be waited for (the Flight
+        Recorder, read by the sample, says whether it is)."""
+        if self.op is not None:
+            return True
+        frame = sys._current_frames().get(self.thread) if self.thread is not None else None
+        return frame is not None and str(frame.f_globals.get("__name__", "")).startswith("torch.")
 
     def capture_interrupt(self, frame: Optional[FrameType] = None) -> None:
         """An interrupt is on its way: send where the cell is, once per cell, before it lands.

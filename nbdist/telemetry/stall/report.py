@@ -33,6 +33,11 @@ from .thresholds import STALL_WINDOW, quiet_after, stall_threshold
 
 #: above this many ranks, ranks whose places read the same share one line
 GROUP_ABOVE = 16
+#: seconds a collective must have waited after the last rank finished the cell before the cell
+#: is ended as one no call can complete (:meth:`StallWatch.stranded`)
+STRANDED_AFTER_S = 2.0
+#: how the Flight Recorder names the default group (nbdist's own count names none)
+DEFAULT_GROUPS = (None, "default_pg", "0")
 
 # rank states in a verdict
 IN_COLLECTIVE = "waiting"  # inside a collective
@@ -149,6 +154,21 @@ class StallReport:
         """What the verdict says, without the clock: it changes when a rank moves."""
         return tuple((w.rank, w.status, w.collective.key if w.collective else None, w.doing,
                       w.line) for w in self.ranks) + self.stopped
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """Ranks that finished the cell while others wait in a collective of the whole group:
+    one they will never call, so no call of it can complete."""
+
+    #: the ranks that ended the cell without error
+    finished: tuple[int, ...]
+    #: the ranks still running that wait in such a collective
+    waiting: tuple[RankWhere, ...]
+    #: where every rank is (the verdict the decision read)
+    report: StallReport
+    #: a waiting rank is inside a DistributedDataParallel model's forward or backward
+    ddp: bool
 
 
 # ----------------------------------------------------------------- the judgement
@@ -374,6 +394,39 @@ class StallWatch:
             return None
         v = judge(out, self.idle(at), threshold)
         return replace(v, stopped=self.debugging.now()) if self.debugging else v
+
+    def stranded(self, ranks: Iterable[int], states: Mapping[int, RankState], at: float,
+                 after: float = STRANDED_AFTER_S) -> Optional[Stranded]:
+        """Ranks that finished the cell while others wait in a collective they will never
+        call; None while there is none, or it is not yet certain.
+
+        Certain ``after`` seconds past the last rank's end, when some rank that still runs
+        has reported (since the last progress of any rank) that it waits in a collective of
+        the default group, which needs every rank: a rank that ended its cell runs no code,
+        so that collective can never complete. Not for a rank that computes (it may still
+        reach a collective the others wait in), a send or receive, or a collective of
+        another group (their peers may all be running), nor while a rank is in the debugger
+        or the hang doctor is off (``--stall-after 0``).
+        """
+        if self.debugging or self.override == 0:
+            return None
+        ranks = sorted(ranks)
+        finished = {r: t for r, (t, ok, _) in self.ended.items() if ok and r in ranks}
+        running = [r for r in ranks if r not in self.ended]
+        if not finished or not running or at - max(finished.values()) < after:
+            return None
+        v = self.where(ranks, states, at)
+        if v is None:
+            return None
+        waiting = tuple(w for w in v.ranks if w.rank in running and w.status == IN_COLLECTIVE
+                        and w.collective is not None and not w.collective.p2p
+                        and w.collective.group in DEFAULT_GROUPS)
+        if not waiting:
+            return None
+        ddp = any(w.frames and not w.frames[-1].cell
+                  and w.frames[-1].name.startswith(("torch.autograd", "torch.nn.parallel"))
+                  for w in waiting)
+        return Stranded(tuple(sorted(finished)), waiting, v, ddp)
 
     def stall_report(self, ranks: Iterable[int], states: Callable[[], Mapping[int, RankState]],
                 at: float) -> Optional[StallReport]:

@@ -17,6 +17,7 @@ from .report import (
     Collective,
     RankWhere,
     StallReport,
+    Stranded,
 )
 
 
@@ -124,3 +125,19 @@ def missing_sentence(v: StallReport) -> str:
                        for c, rs in v.waits)
     word = "Ranks" if len(v.missing) > 1 else "Rank"
     return f"{word} {fmt_ranks(v.missing)} never reached the {waited}."
+
+
+def stranded_sentence(s: Stranded, label: Optional[str] = None) -> str:
+    """``Rank 1 finished the cell while rank 0 waits in all_reduce (seq 13, float32 [5]) at
+    In [3], line 10: loss.backward(), a collective of every rank that rank 1 will never
+    call.``"""
+    places = []
+    for w in s.waiting:
+        assert w.collective is not None  # waiting ranks wait in one
+        at = _at(w.line, label)
+        places.append(f"rank {w.rank} waits in {w.collective.describe()}"
+                      + (f" at {at}" + (f": {w.code}" if w.code else "") if at else ""))
+    word = "Ranks" if len(s.finished) > 1 else "Rank"
+    who = fmt_ranks(s.finished)
+    return (f"{word} {who} finished the cell while {'; and '.join(places)}: a collective of "
+            f"every rank, which {word.lower()} {who} will never call.")
