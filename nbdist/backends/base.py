@@ -9,7 +9,7 @@ import signal
 import time
 from collections.abc import Hashable, Iterable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Optional, Protocol, TypeVar
+from typing import Any, Callable, Generic, NamedTuple, Optional, Protocol, TypeVar
 
 from ..errors import (
     ClusterError,
@@ -69,6 +69,14 @@ class Submission(abc.ABC):
     @abc.abstractmethod
     def drain_events(self) -> list[Batch]:
         """Event batches received since the last drain."""
+
+
+class TlsIdentity(NamedTuple):
+    """The certificate and key the notebook's client presents on an engine's TLS channel,
+    each as PEM text or a file's path (None where the engine has none)."""
+
+    cert: Optional[str] = None
+    key: Optional[str] = None
 
 
 class WorkerGone(LookupError):
@@ -204,6 +212,12 @@ class Backend(abc.ABC, Generic[ClientT]):
 
     def describe(self) -> str:
         return self.name
+
+    def channel_tls(self) -> Optional[TlsIdentity]:
+        """Whether the engine's own channel to this cluster is TLS, and with which client
+        identity: None where it is not (the notebook's data channel is then plain TCP too);
+        engines that can reach a cluster over TLS say so."""
+        return None
 
     def dask_client(self) -> Any:
         """A ``distributed.Client`` whose workers are these workers (engines that can)."""

@@ -18,7 +18,9 @@ frame of its own, not a copy in a pickle).
 Each transfer has its own random 16-byte ticket, handed to the worker over the engine's
 authenticated channel; a connection without a live ticket is closed unanswered. The channel
 listens where the workers reach the notebook's rendezvous store (loopback for a cluster on
-this machine), and goes with the session's cluster.
+this machine), and goes with the session's cluster. Where the engine reaches the cluster over
+TLS (Dask's ``tls://``), the channel speaks TLS too, with a certificate the workers pin
+(:mod:`.channel_tls`; its fingerprint travels with the ticket); elsewhere it is plain TCP.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from __future__ import annotations
 import hmac
 import secrets
 import socket
+import ssl
 import struct
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -37,6 +41,7 @@ from ..runtime import worker as rt
 from ..runtime.env import LOOPBACK
 from ..runtime.packing import GET, PUT, SHARE, TICKET, receive_buffers, recv_exactly, send_buffers
 from ..runtime.shared_copy import SharedCopy
+from .channel_tls import ChannelTls, server_tls
 
 if TYPE_CHECKING:
     from .membership import Membership
@@ -44,11 +49,18 @@ if TYPE_CHECKING:
 
 class DataChannel:
     """A listener on ``host`` serving tickets: buffers to hand out (push) or to take in
-    (pull). Thread per connection: ``sendall``/``recv_into`` release the GIL."""
+    (pull), over TLS with ``tls`` (else plain TCP). Thread per connection:
+    ``sendall``/``recv_into`` release the GIL."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, tls: Optional[ChannelTls] = None) -> None:
         self._sock = socket.create_server((host, 0))
         self.address = (host, self._sock.getsockname()[1])
+        self.tls = tls
+        #: the SHA-256 of the certificate workers must see (handed over with each ticket);
+        #: None on plain TCP
+        self.fingerprint = tls.fingerprint if tls is not None else None
+        #: connections served with a live ticket, by protocol ("tcp", "TLSv1.3", ...)
+        self.served: Counter[str] = Counter()
         self._lock = threading.Condition()
         self._out: dict[bytes, Sequence[Any]] = {}  # ticket -> buffers workers fetch
         self._in: dict[bytes, Optional[list[Any]]] = {}  # ticket -> what came
@@ -105,12 +117,19 @@ class DataChannel:
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
+                if self.tls is not None:  # a peer that never completes it frees the thread
+                    conn.settimeout(packing.HANDSHAKE_TIMEOUT)
+                    conn = self.tls.context.wrap_socket(conn, server_side=True)
+                    conn.settimeout(None)
                 head = recv_exactly(conn, 1 + TICKET)
                 op, ticket = head[:1], head[1:]
                 with self._lock:
                     out = self._known(self._out, ticket) if op == GET else None
                     into = self._known(self._in, ticket) if op in (PUT, SHARE) else None
                     buffers = self._out[out] if out is not None else None
+                    if out is not None or into is not None:
+                        self.served[conn.version() if isinstance(conn, ssl.SSLSocket)
+                                    else "tcp"] += 1
                 if buffers is not None:
                     send_buffers(conn, buffers)
                 elif into is not None and op == SHARE:  # a worker on this machine
@@ -126,6 +145,8 @@ class DataChannel:
                     conn.sendall(b"k")
             except (OSError, ValueError, struct.error):
                 return  # the worker's call reports what went wrong on its side
+            finally:
+                conn.close()  # the TLS wrapper, where there is one (``with`` holds the socket)
 
     def _arrived(self, ticket: bytes, got: list[Any]) -> None:
         with self._lock:
@@ -144,13 +165,18 @@ class Transfers:
         self.shared = True
 
     def channel(self, membership: Membership) -> Optional[DataChannel]:
-        """The data channel, on the address every worker reaches the notebook at (None
-        where there is none: rank 0's worker hosts the store)."""
+        """The data channel, on the address every worker reaches the notebook at, under TLS
+        where the engine reaches the cluster over TLS (None where there is none: rank 0's
+        worker hosts the store, or a TLS cluster without a certificate to present)."""
         host = membership.master if membership.store is not None else None
-        if self._channel is not None and self._channel.address[0] != host:
+        identity = membership.backend.channel_tls() if membership.backend else None
+        if self._channel is not None and (self._channel.address[0] != host
+                                          or (self._channel.tls is None) != (identity is None)):
             self.close()
         if self._channel is None and host is not None:
-            self._channel = DataChannel(host)
+            tls = server_tls(identity) if identity is not None else None
+            if identity is None or tls is not None:  # never plain on a TLS cluster
+                self._channel = DataChannel(host, tls)
         return self._channel
 
     def push(self, membership: Membership, values: dict[str, Any],
@@ -168,7 +194,8 @@ class Transfers:
                 if self.shared and channel.address[0] == LOOPBACK:  # every worker is here
                     shared = SharedCopy.make(buffers, ticket)
                 spec = shared.spec if shared is not None else None
-                args, kwargs = (header, layout), {"source": (channel.address, ticket, spec)}
+                args, kwargs = (header, layout), {
+                    "source": (channel.address, ticket, spec, channel.fingerprint)}
             plans = membership.plans
             membership.call([Call(plans[r].worker_id, rt.push, args, kwargs) for r in ranks],
                             membership.options.timeout, "push values")
@@ -183,7 +210,8 @@ class Transfers:
         """``name`` from rank ``rank``'s namespace; NameError (with the rank) if it cannot."""
         channel = self.channel(membership)
         ticket = channel.expect() if channel is not None else None
-        sink = (channel.address, ticket, self.shared) if ticket is not None else None
+        sink = ((channel.address, ticket, self.shared, channel.fingerprint)
+                if ticket is not None else None)
         timeout = membership.options.timeout
         try:
             [[res, *packed]] = membership.call(

@@ -16,10 +16,13 @@ Used on both sides: stdlib and cloudpickle; torch and numpy only where the value
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import mmap
 import pickle
 import socket
+import ssl
 import struct
 import sys
 from collections.abc import Sequence
@@ -42,6 +45,8 @@ CHANNEL_MIN = 1 << 20
 #: the data channel's operations (fetch a push's buffers, deliver a pull's, offer a pull's
 #: shared copy) and ticket size
 GET, PUT, SHARE, TICKET = b"G", b"P", b"S", 16
+#: the longest a TLS handshake with the data channel may take, in seconds (either side)
+HANDSHAKE_TIMEOUT = 30.0
 _COUNT = struct.Struct("<I")
 
 
@@ -235,22 +240,82 @@ def _allocate(n: int) -> Any:
     return buf
 
 
-def fetch(address: tuple[str, int], ticket: bytes, timeout: float) -> list[Any]:
-    """A push's buffers, from the notebook's data channel."""
-    with socket.create_connection(address, timeout=timeout) as conn:
+class ChannelTlsError(ConnectionError):
+    """A worker could not open TLS to the notebook's data channel, or what answered there
+    was not the notebook's (its certificate is not the one the call named)."""
+
+
+def connect(address: tuple[str, int], timeout: float,
+            tls: Optional[bytes] = None) -> socket.socket:
+    """A connection to the notebook's data channel: plain TCP, or with ``tls`` (the SHA-256
+    of the certificate the channel presents, handed over with the call) TLS to a listener
+    that presents exactly that certificate.
+
+    Raises
+    ------
+    ChannelTlsError
+        The TLS handshake failed or did not finish within ``timeout`` (at most
+        :data:`HANDSHAKE_TIMEOUT`) seconds, or the certificate is another; the message names
+        this host, the channel's address and what to check.
+    OSError
+        The channel cannot be reached at all.
+    """
+    conn = socket.create_connection(address, timeout=timeout)
+    if tls is None:
+        return conn
+    # Pinned, not verified against a CA: the handshake still proves that the listener holds
+    # the key of the certificate compared below.
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        conn.settimeout(min(timeout, HANDSHAKE_TIMEOUT))
+        wrapped = ctx.wrap_socket(conn)
+    except OSError as exc:  # ssl.SSLError, a reset, socket.timeout
+        conn.close()
+        reason = ("no answer to the handshake within "
+                  f"{min(timeout, HANDSHAKE_TIMEOUT):g} s" if isinstance(exc, TimeoutError)
+                  else f"{type(exc).__name__}: {exc}")
+        raise ChannelTlsError(_tls_failed(address, reason)) from None
+    der = wrapped.getpeercert(binary_form=True)
+    if der is None or not hmac.compare_digest(hashlib.sha256(der).digest(), tls):
+        wrapped.close()
+        raise ChannelTlsError(_tls_failed(
+            address, "it presented a certificate other than the notebook's (SHA-256 "
+            f"{hashlib.sha256(der or b'').hexdigest()[:16]}..., expected {tls.hex()[:16]}...)"))
+    wrapped.settimeout(timeout)
+    return wrapped
+
+
+def _tls_failed(address: tuple[str, int], reason: str) -> str:
+    host, port = address[0], address[1]
+    return (f"{socket.gethostname()} could not open TLS to the notebook's data channel at "
+            f"{host}:{port}: {reason}. The cluster is reached over TLS, so push and pull "
+            "carry their bytes under TLS too. Check that this host reaches "
+            f"{host}:{port} directly (no proxy or firewall that intercepts or drops TLS on "
+            "that port) and runs the notebook's version of nbdist; values under "
+            f"{CHANNEL_MIN >> 20} MiB travel in the engine's own messages instead")
+
+
+def fetch(address: tuple[str, int], ticket: bytes, timeout: float,
+          tls: Optional[bytes] = None) -> list[Any]:
+    """A push's buffers, from the notebook's data channel (under TLS with ``tls``, the
+    fingerprint of its certificate: see :func:`connect`)."""
+    with connect(address, timeout, tls) as conn:
         conn.sendall(GET + ticket)
         return receive_buffers(conn)
 
 
 def deliver(address: tuple[str, int], ticket: bytes, buffers: Sequence[Any],
-            timeout: float, shared: bool = True) -> None:
-    """A pull's buffers, to the notebook's data channel; returns once it has them all. A
-    notebook on this machine (the channel on loopback) is offered one shared copy to map
-    first (unless not ``shared``); where it cannot map it, the bytes follow over the
-    channel."""
-    if shared and address[0] == LOOPBACK and _share(address, ticket, buffers, timeout):
+            timeout: float, shared: bool = True, tls: Optional[bytes] = None) -> None:
+    """A pull's buffers, to the notebook's data channel (under TLS with ``tls``, as
+    :func:`fetch`); returns once it has them all. A notebook on this machine (the channel
+    on loopback) is offered one shared copy to map first (unless not ``shared``); where it
+    cannot map it, the bytes follow over the channel."""
+    if shared and address[0] == LOOPBACK and _share(address, ticket, buffers, timeout, tls):
         return
-    with socket.create_connection(address, timeout=timeout) as conn:
+    with connect(address, timeout, tls) as conn:
         conn.sendall(PUT + ticket)
         send_buffers(conn, buffers)
         if recv_exactly(conn, 1) != b"k":
@@ -258,14 +323,14 @@ def deliver(address: tuple[str, int], ticket: bytes, buffers: Sequence[Any],
 
 
 def _share(address: tuple[str, int], ticket: bytes, buffers: Sequence[Any],
-           timeout: float) -> bool:
+           timeout: float, tls: Optional[bytes]) -> bool:
     """Whether the notebook mapped a shared copy of ``buffers`` (closed here once it has:
     its mapping keeps the file)."""
     shared = SharedCopy.make(buffers, ticket)
     if shared is None:
         return False
     try:
-        with socket.create_connection(address, timeout=timeout) as conn:
+        with connect(address, timeout, tls) as conn:
             conn.sendall(SHARE + ticket + shared_copy.encode(shared.spec))
             return recv_exactly(conn, 1) == b"k"
     except (OSError, ValueError):  # no answer: the bytes go over the channel after all

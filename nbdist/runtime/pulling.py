@@ -15,8 +15,9 @@ def pull(namespace: dict[str, Any], name: str, sink: Optional[tuple],
     """``name`` (a dotted path) from the namespace, with tensors and modules on CPU, packed:
     ``[PullResult, header, layout, *buffers]``, or ``[PullResult]`` saying why not. (A flat
     list: the engines send each of its buffers as a frame of its own, without a copy.) With
-    ``sink`` (the notebook's data channel's address, the pull's ticket, and whether a shared
-    copy may be offered), large buffers go there instead, and the result says so.
+    ``sink`` (the notebook's data channel's address, the pull's ticket, whether a shared
+    copy may be offered, and the fingerprint of the channel's TLS certificate or None where
+    it is plain TCP), large buffers go there instead, and the result says so.
     ``timeout`` is the channel's socket timeout, in seconds."""
     parts = name.split(".")
     if parts[0] not in namespace:
@@ -42,8 +43,8 @@ def pull(namespace: dict[str, Any], name: str, sink: Optional[tuple],
         return [results.not_pulled(_too_big(name, packed.nbytes))]
     header, buffers, layout = packed
     if sink is not None and packing.channel_bytes(buffers) >= packing.CHANNEL_MIN:
-        address, ticket, shared = sink
-        packing.deliver(tuple(address), ticket, buffers, timeout, shared)
+        address, ticket, shared, tls = sink
+        packing.deliver(tuple(address), ticket, buffers, timeout, shared, tls)
         return [results.pulled(channel=True), header, layout]
     return [results.pulled(), header, layout, *buffers]
 

@@ -36,7 +36,16 @@ from ...errors import ClusterError, OptionError
 from ...runtime import packing
 from ...runtime.interrupt import interrupt_calls
 from ...telemetry.events import Batch
-from ..base import Backend, Call, Submission, T, WorkerId, poll_until, signal_text
+from ..base import (
+    Backend,
+    Call,
+    Submission,
+    T,
+    TlsIdentity,
+    WorkerId,
+    poll_until,
+    signal_text,
+)
 from .elsewhere import Elsewhere, new_client
 from .forkserver import dask_template_options, stop_forkserver
 from .launchers import worker_process_config
@@ -156,6 +165,15 @@ class DaskBackend(Backend[distributed.Client]):
             raise OptionError(f"no such file: {', '.join(missing)}")
         return {"security": Security(require_encryption=True,
                                      **{k: v for k, v in files.items() if v})}
+
+    def channel_tls(self) -> Optional[TlsIdentity]:
+        """The client's certificate and key where the scheduler is reached over ``tls://``
+        (the security given to :meth:`connect`, or the one a launcher's cluster made)."""
+        client = self.client
+        if client is None or not str(client.scheduler.address).startswith("tls://"):
+            return None
+        tls = client.security.get_tls_config_for_role("client")
+        return TlsIdentity(tls.get("cert"), tls.get("key"))
 
     def _subscribe(self) -> None:
         client = self._require()
