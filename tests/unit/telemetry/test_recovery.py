@@ -57,3 +57,24 @@ def test_each_record_becomes_a_mark_at_its_step_with_its_label_and_colour():
         ("joined", 12, "replacement joined", False), ("stopped", 30, "stopped", True)]
     assert inc.marks[0].text.endswith("rank 1 on ? died: SIGKILL")
     assert Mark(T, "died", "").label == "a rank died"
+
+
+def test_a_lost_rank_names_the_cell_line_and_its_last_lines_on_stderr():
+    gloo = "  what():  Received data size doesn't match expected size."
+    lost = Lost(T, 0, "h1", 41, "SIGABRT", "nbdist", cell_line="line 2 of In [5]",
+                tail=("terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+                      gloo))
+    # the same words in the row, the header and the error
+    assert lost.reason == "SIGABRT at line 2 of In [5]"
+    assert str(lost) == "rank 0 on h1 (pid 41) died: SIGABRT at line 2 of In [5]"
+    assert lost.gone() == "its worker (pid 41) died: SIGABRT at line 2 of In [5]"
+    assert lost.said().splitlines() == [
+        "its last lines on stderr:",
+        "    terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+        f"    {gloo}"]
+    # where nothing said the line (SIGKILL): the signal only, as before
+    killed = Lost(T, 1, "h1", 42, "SIGKILL", "nbdist")
+    assert (killed.reason, killed.gone(), killed.said()) == (
+        "SIGKILL", "its worker (pid 42) died: SIGKILL", "")
+    far = Lost(T, 1, "h2", 43, "SIGKILL", "nbdist", kept_at="h2:/tmp/nbdist-0/rank-43.err")
+    assert far.said() == "its stderr is kept in h2:/tmp/nbdist-0/rank-43.err\n"
