@@ -103,6 +103,23 @@ def test_the_collective_the_cell_is_in_and_its_count_go_with_the_stack():
     assert watch.op is None
 
 
+def test_a_wait_in_a_collective_is_sampled_after_a_second_whatever_the_threshold():
+    """With the default threshold (10 s: a first sample after 5 s), a cell inside a collective
+    says where it is after a second without progress (a peer that finished never joins it);
+    a cell elsewhere still waits for half the threshold."""
+    for enter in (True, False):
+        sink, watch = Sink(), Watch()
+        with CellThread(watch, sink, stall_after=None, enter=enter):
+            watch.last_progress -= stall_probe.COLLECTIVE_PROBE_S - 0.2
+            watch.tick()
+            assert stacks(sink) == []  # under a second
+            watch.last_progress -= 0.3
+            watch.tick()
+            assert len(stacks(sink)) == (1 if enter else 0), enter
+            if enter:
+                assert stacks(sink)[0]["collective"]["op"] == "all_reduce"
+
+
 def test_sampling_is_off_with_stall_after_zero_but_interrupts_are_still_reported():
     sink, watch = Sink(), Watch()
     with CellThread(watch, sink, stall_after=0):
