@@ -63,16 +63,31 @@ FORBIDDEN = {
     **{m: ("nbdist.session", "nbdist.backends", "nbdist.display", "nbdist.magics",
            "nbdist.runtime", "nbdist.group", "nbdist.cell", *UI, "torch")
        for m in ("nbdist.profiles", "nbdist.exporter")},
+    # A job started elsewhere: what runs in it is the workers' kind (stdlib, torch, runtime/),
+    # and what it sends up is events, never a call into the notebook's rooms.
+    "nbdist.agent": (*UI, "ipyparallel", "distributed", "dask", "nbdist.display",
+                     "nbdist.session", "nbdist.magics", "nbdist.backends", "nbdist.group",
+                     "nbdist.cell", "nbdist.boot", "nbdist.elastic", "nbdist.debugger",
+                     "nbdist.exporter", "nbdist.watch", "nbdist.telemetry.aggregate",
+                     "nbdist.telemetry.run", "nbdist.errors", "nbdist.options"),
+    # The notebook's half: a room the session's twins call; it folds, never draws nor runs
+    # the job's code.
+    "nbdist.watch": ("nbdist.session", "nbdist.magics", "nbdist.backends", "nbdist.group",
+                     "nbdist.cell", "nbdist.runtime", "nbdist.agent.rank",
+                     "nbdist.agent.forwarder", "nbdist.agent.hook", *UI, "torch"),
 }
 # Leaves: stdlib only, so any layer may use them.
 LEAVES = ("nbdist.table_layout", "nbdist.telemetry.units", "nbdist.telemetry.intervals",
           "nbdist.telemetry.states", "nbdist.telemetry.events",
           "nbdist.telemetry.stall.thresholds", "nbdist.runtime.results", "nbdist.runtime.env",
           # the engines by name: the option records and the worker template read it
-          "nbdist.backends.registry")
+          "nbdist.backends.registry",
+          # the attach line and its frames: the job's agent and the notebook's collector
+          "nbdist.agent.wire")
 # Packages whose __init__ only documents the room: importing a leaf inside them stays cheap.
 EMPTY_PACKAGES = ("nbdist.telemetry", "nbdist.telemetry.stall", "nbdist.runtime",
-                  "nbdist.backends.dask", "nbdist.backends.ipyparallel")
+                  "nbdist.backends.dask", "nbdist.backends.ipyparallel", "nbdist.agent",
+                  "nbdist.watch")
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

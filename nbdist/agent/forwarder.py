@@ -1,0 +1,244 @@
+"""A node's one connection to the notebook: the ranks' spool files, read and sent on.
+
+The forwarder lives in the launcher's process where there is one (``torchrun``'s agent, alive
+across its ranks' restarts), else in the rank that won the node's lock (:mod:`.hook`). It is
+one daemon thread: it reads the ranks' spool files (:class:`~.spool.SpoolReader`), keeps what
+it read in a bounded queue, and sends it to the notebook's collector when connected. The job
+never waits for the notebook: an unreachable notebook means reconnection with back-off
+(:data:`BACKOFF`), and a full queue drops batches and counts them (the notebook is told the
+count); the frames that say who each rank is and how it ended are kept and sent again on every
+new connection, so a restarted notebook learns the job again.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import socket
+import ssl
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Optional
+
+from . import wire
+from .spool import SpoolReader
+
+#: seconds between looks at the spool files
+POLL = 0.1
+#: bytes of batches held for the notebook before new ones are dropped
+MAX_QUEUED = 64 << 20
+#: seconds before the first reconnection, and the most between two
+BACKOFF = (0.5, 10.0)
+#: seconds a connection attempt or one send may take
+IO_TIMEOUT = 5.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a child that ended but is not reaped yet is no longer running
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+class Forwarder:
+    """Reads the spool ``directory`` and sends what it holds to ``address``."""
+
+    def __init__(self, address: wire.Address, directory: str, *,
+                 max_queued: int = MAX_QUEUED, owns_directory: bool = True):
+        self.address = address
+        self.directory = directory
+        self.owns_directory = owns_directory
+        self.host = socket.gethostname()
+        self.max_queued = max_queued
+        self._reader = SpoolReader(directory)
+        self._queue: deque[bytes] = deque()
+        self._queued = 0
+        self._kept: dict[int, list[bytes]] = {}  # pid -> its rank and exit frames
+        self._ranks: dict[int, dict[str, Any]] = {}  # pid -> its rank frame
+        self._ended: set[int] = set()
+        self.dropped: dict[tuple[str, int], int] = {}  # (job, rank) -> batches dropped here
+        self._dropped_sent: dict[tuple[str, int], int] = {}
+        self._sock: Optional[socket.socket] = None
+        self._retry_at = 0.0
+        self._backoff = BACKOFF[0]
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="nbdist-forwarder",
+                                        daemon=True)
+
+    def start(self) -> Forwarder:
+        self._thread.start()
+        return self
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    # ------------------------------------------------------------------ reading
+    def poll(self) -> None:
+        """Take what the ranks wrote since the last look; a rank that vanished without its
+        exit frame is reported lost (looked at before reading: its last words are in)."""
+        dead = [pid for pid in self._ranks if pid not in self._ended and not _alive(pid)]
+        for pid, frame in self._reader.read():
+            try:
+                msg = wire.decode(frame[4:])
+            except ValueError:
+                continue
+            kind = msg.get("type")
+            if kind == "batch":
+                self._enqueue_batch(msg, frame)
+                continue
+            if kind == "rank":
+                self._ranks[pid] = msg
+                self._kept[pid] = [frame]
+            elif kind == "exit":
+                self._ended.add(pid)
+                self._kept.setdefault(pid, []).append(frame)
+            self._enqueue(frame)
+        for pid in dead:
+            if pid in self._ended:
+                continue
+            self._ended.add(pid)
+            msg = self._ranks[pid]
+            frame = wire.encode({"type": "exit", "job": msg["job"], "rank": msg["rank"],
+                                 "pid": pid, "ok": False, "error": None, "lost": True,
+                                 "t": time.time()})
+            self._kept.setdefault(pid, []).append(frame)
+            self._enqueue(frame)
+
+    def _enqueue(self, frame: bytes) -> None:
+        self._queue.append(frame)
+        self._queued += len(frame)
+
+    def _enqueue_batch(self, msg: dict[str, Any], frame: bytes) -> None:
+        if self._queued + len(frame) > self.max_queued:
+            key = (str(msg.get("job")), int(msg.get("batch", {}).get("rank", -1)))
+            self.dropped[key] = self.dropped.get(key, 0) + 1
+            return
+        self._enqueue(frame)
+
+    # ------------------------------------------------------------------ sending
+    def _connect(self) -> bool:
+        addr = self.address
+        sock: Optional[socket.socket] = None
+        try:
+            sock = socket.create_connection((addr.host, addr.port), timeout=IO_TIMEOUT)
+            if addr.scheme == "tls":
+                ctx = ssl.create_default_context()
+                # The token authenticates the notebook's end; a self-signed certificate is
+                # the usual case, and the channel is what TLS is asked for here.
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+                sock = ctx.wrap_socket(sock, server_hostname=addr.host)
+            sock.sendall(wire.hello(addr.token, self.host, os.getpid()))
+            answer = bytearray()
+            while not (bodies := wire.split(answer, wire.MAX_HELLO)):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    raise ConnectionError("the collector closed the connection")
+                answer += chunk
+            if not wire.decode(bodies[0]).get("ok"):
+                raise ConnectionError("the collector refused the token")
+        except (OSError, ValueError, ConnectionError):
+            if sock is not None:
+                sock.close()
+            return False
+        self._sock = sock
+        self._dropped_sent = {}
+        # Everything a new notebook needs to know first: the ranks, and how some ended.
+        self._queue.extendleft(reversed([f for frames in self._kept.values() for f in frames]))
+        self._queued += sum(len(f) for frames in self._kept.values() for f in frames)
+        return True
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = None
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF[1])
+
+    def _closed_by_peer(self) -> bool:
+        """True if the notebook closed the connection (it sends nothing after its answer, so
+        anything to read is its end): a restarted kernel is then found again."""
+        assert self._sock is not None
+        try:
+            ready, _, _ = select.select([self._sock], [], [], 0)
+            return bool(ready)
+        except (OSError, ValueError):
+            return True
+
+    def send(self) -> bool:
+        """Send what is queued; True if everything went (connecting first if it is time)."""
+        if self._sock is None:
+            if time.monotonic() < self._retry_at:
+                return False
+            if not self._connect():
+                self._disconnect()  # the next try after the back-off
+                return False
+            self._backoff = BACKOFF[0]
+        elif self._closed_by_peer():
+            self._disconnect()
+            return False
+        news = {k: n for k, n in self.dropped.items() if self._dropped_sent.get(k) != n}
+        for (job, rank), n in news.items():
+            self._enqueue(wire.encode({"type": "dropped", "job": job, "rank": rank,
+                                       "where": "node", "count": n}))
+        try:
+            while self._queue:
+                frame = self._queue[0]
+                self._sock.sendall(frame)
+                self._queue.popleft()
+                self._queued -= len(frame)
+        except OSError:
+            self._disconnect()
+            return False
+        self._dropped_sent.update(news)
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL):
+            try:
+                with self._lock:
+                    self.poll()
+                    self.send()
+            except Exception as exc:  # the job must not notice: say it once, stop reporting
+                sys.__stderr__.write(f"nbdist: attach forwarder stopped: {exc!r}\n")
+                return
+
+    def close(self, wait_for_ranks: float = 0.0, timeout: float = 3.0,
+              code: Optional[int] = None) -> None:
+        """Stop: wait up to ``wait_for_ranks`` seconds for every rank's end, send the rest
+        (for at most ``timeout`` seconds) and a ``bye``, remove the spool directory."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=IO_TIMEOUT + 1)
+        deadline = time.monotonic() + wait_for_ranks
+        with self._lock:
+            self.poll()
+            while set(self._ranks) - self._ended and time.monotonic() < deadline:
+                time.sleep(POLL)
+                self.poll()
+            self._enqueue(wire.encode({"type": "bye", "code": code, "t": time.time()}))
+            end = time.monotonic() + timeout
+            self._retry_at = 0.0
+            while not self.send() and time.monotonic() < end:
+                time.sleep(POLL)
+                self._retry_at = 0.0  # the last moments: no back-off
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+        if self.owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,117 @@
+"""How a process of a job starts reporting, decided once at its start.
+
+``nbdist-attach.pth`` (installed with the package) runs :func:`activate` at every interpreter
+start where ``NBDIST_ATTACH`` is set, and only there: without the variable nothing of nbdist
+is imported. ``python -m nbdist.agent`` calls it too. A process is then one of:
+
+* **the launcher** (``torchrun`` or ``python -m torch.distributed.run``): the node's forwarder
+  (:mod:`.forwarder`), alive across its ranks' restarts. It makes the spool directory and
+  puts it in its environment (:data:`~.wire.SPOOL_ENV`), which every rank it starts inherits;
+* **a rank** (torchrun's ``RANK``, Slurm's ``SLURM_PROCID``, Open MPI's or PMI's rank): it
+  reports (:mod:`.rank`) through its launcher's forwarder, or, without one (``srun``,
+  ``mpirun``), through the node's: the first rank of the job on the host to lock the job's
+  directory runs the forwarder in a thread;
+* anything else (a process a rank started, a tool run with the variable set): nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional
+
+from . import wire
+
+#: what the launcher's command line holds, as ``sys.orig_argv`` gives it
+_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
+_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+_started: Optional[Any] = None  # the forwarder or the rank agent of this process
+
+
+def role(env: Any = os.environ, argv: Optional[list[str]] = None) -> Optional[str]:
+    """``"launcher"``, ``"rank"`` or None for this process (see the module's text)."""
+    if not env.get(wire.ENV) or env.get(wire.RANK_ENV):
+        return None
+    argv = list(getattr(sys, "orig_argv", sys.argv)) if argv is None else argv
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in _LAUNCHERS:
+            return "launcher"
+        if os.path.basename(arg) == "torchrun" and i == 1:
+            return "launcher"
+    return "rank" if any(v in env for v in _RANK_VARS) else None
+
+
+def node_directory(address: wire.Address, env: Any = os.environ) -> str:
+    """The job's directory on this host when no launcher made one: named from the token and
+    the job (so two jobs, or two notebooks, never share it), under the temporary directory."""
+    import hashlib
+    import tempfile
+
+    key = wire.job_key(env) or f"ppid-{os.getppid()}"
+    tag = hashlib.sha256(f"{address.token}\0{key}".encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"nbdist-attach-{tag}")
+
+
+def _elect(address: wire.Address) -> str:
+    """The spool directory of this rank's node; the first rank to lock it forwards."""
+    import fcntl
+
+    from .forwarder import Forwarder
+
+    directory = node_directory(address)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if os.stat(directory).st_uid != os.getuid():
+        raise PermissionError(f"{directory} belongs to another user")
+    fd = os.open(os.path.join(directory, "forwarder.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)  # another rank of this node forwards
+        return directory
+    forwarder = Forwarder(address, directory, owns_directory=False).start()
+    # The forwarding rank waits at its exit for its node's other ranks, a few seconds at most.
+    import atexit
+
+    atexit.register(forwarder.close, 10.0)
+    return directory
+
+
+def activate(measure: bool = True) -> Optional[str]:
+    """Start what this process's :func:`role` asks for; returns the role (None: nothing).
+
+    A bad ``NBDIST_ATTACH`` or a failure to start is said on stderr once, and the job runs on
+    unreported: it never fails because of the notebook."""
+    global _started
+    which = role()
+    if which is None or _started is not None:
+        return which
+    try:
+        address = wire.parse(os.environ[wire.ENV])
+        if which == "launcher":
+            import atexit
+            import tempfile
+
+            from .forwarder import Forwarder
+
+            directory = tempfile.mkdtemp(prefix="nbdist-attach-")
+            os.environ[wire.SPOOL_ENV] = directory
+            _started = Forwarder(address, directory).start()
+            atexit.register(_started.close, 10.0)
+        else:
+            from .rank import RankAgent
+
+            directory = os.environ.get(wire.SPOOL_ENV) or _elect(address)
+            os.environ[wire.RANK_ENV] = str(os.getpid())  # its own children stay quiet
+            _started = RankAgent(directory).start(measure)
+    except Exception as exc:
+        sys.stderr.write(f"nbdist: not reporting to the notebook: {exc}\n")
+        return None
+    return which
+
+
+def rank_agent() -> Optional[Any]:
+    """This process's rank agent, if it reports as a rank."""
+    from .rank import RankAgent
+
+    return _started if isinstance(_started, RankAgent) else None

@@ -1,0 +1,119 @@
+"""One rank of a job started outside the notebook, reporting as a ``%%distributed`` cell does.
+
+The rank measures with the workers' own instruments, installed as a worker installs them when
+it joins (:mod:`nbdist.runtime.measure`: DDP and collective timing, optimizer steps, memory,
+``tqdm`` loops, ``nbdist.progress``), and its whole life is one cell: the batches of its
+:class:`~nbdist.runtime.capture.EventSink` go to the node's forwarder through the spool
+(:mod:`.spool`), never to a socket, and the training thread pays what a cell pays. At exit it
+reports its open step, its memory and its end (the error that ended it, if one did).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Optional
+
+from ..runtime.capture import EventSink, flush_interval
+from ..telemetry import events
+from . import wire
+from .spool import SpoolWriter
+
+
+def _int(env: Any, *names: str, default: int = 0) -> int:
+    for name in names:
+        value = env.get(name)
+        if value is not None and value.strip().lstrip("-").isdigit():
+            return int(value)
+    return default
+
+
+def identity(env: Any) -> dict[str, Any]:
+    """This rank as the launcher describes it (torchrun, Slurm's ``srun``, Open MPI, PMI)."""
+    return {
+        "rank": _int(env, "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"),
+        "world_size": _int(env, "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE",
+                           "PMI_SIZE", default=1),
+        "local_rank": _int(env, "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        "restart": _int(env, "TORCHELASTIC_RESTART_COUNT"),
+    }
+
+
+class RankAgent:
+    """What one rank process reports, from :meth:`start` to its exit."""
+
+    def __init__(self, spool_dir: str, env: Any = os.environ):
+        self.env = env
+        self.who = identity(env)
+        self.job = wire.job_key(env) or f"host-{socket.gethostname()}-{os.getppid()}"
+        self.writer = SpoolWriter(spool_dir)
+        self.error: Optional[str] = None
+        self.sink: Optional[EventSink] = None
+        self._dropped_said = 0
+        self._ended = False
+
+    def _send(self, message: dict[str, Any], droppable: bool = True) -> bool:
+        return self.writer.write(wire.encode(message), droppable)
+
+    def _transport(self, batch: dict[str, Any]) -> None:
+        self._send({"type": "batch", "job": self.job, "batch": batch})
+        if self.writer.dropped != self._dropped_said:
+            self._dropped_said = self.writer.dropped
+            self._send({"type": "dropped", "job": self.job, "rank": self.who["rank"],
+                        "where": "rank", "count": self.writer.dropped}, droppable=False)
+
+    def start(self, measure: bool = True) -> RankAgent:
+        """Say who this rank is, and start measuring (``measure`` False: its output's end
+        only, without importing torch)."""
+        self._send({"type": "rank", "job": self.job, **self.who, "host": socket.gethostname(),
+                    "pid": os.getpid(), "t": time.time()}, droppable=False)
+        self.sink = EventSink(self.who["rank"], self._transport,
+                              flush_interval(self.who["world_size"]))
+        if measure:
+            from ..runtime.measure import ddp_hooks, tqdm_bars
+            from ..runtime.measure.model import measurements
+
+            ddp_hooks.install()
+            tqdm_bars.install()
+            measurements.begin_cell(self.sink)
+        hook = sys.excepthook
+
+        def excepthook(kind: type, value: BaseException, tb: Any) -> None:
+            self.failed(value)
+            hook(kind, value, tb)
+
+        sys.excepthook = excepthook
+        atexit.register(self.end)
+        return self
+
+    def failed(self, exc: BaseException) -> None:
+        """The script ended with ``exc`` (reported as the rank's error at its end)."""
+        tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self.error = tb.splitlines()[-1] if tb else type(exc).__name__
+
+    def end(self, code: Optional[int] = None) -> None:
+        """The rank's process ends: its last step, memory and end, then its exit frame.
+        ``code``: its exit status where known (not 0: failed)."""
+        if self._ended or self.sink is None:
+            return
+        self._ended = True
+        if code and self.error is None:
+            self.error = f"exited with status {code}"
+        try:
+            from ..runtime.measure.model import measurements
+
+            if measurements.sink is self.sink:
+                measurements.end_cell()
+        except Exception as exc:  # a telemetry bug must not change how the script ends
+            sys.__stderr__.write(f"nbdist: telemetry error: {exc!r}\n")
+        ok = self.error is None
+        self.sink.emit(events.end(ok, time.time(), self.error))
+        self.sink.close()
+        self._send({"type": "exit", "job": self.job, "rank": self.who["rank"],
+                    "pid": os.getpid(), "ok": ok, "error": self.error, "lost": False,
+                    "t": time.time()}, droppable=False)
+        self.writer.close()

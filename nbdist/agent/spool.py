@@ -1,0 +1,126 @@
+"""How a rank hands its frames to its node's forwarder: append-only spool files, no socket.
+
+Each rank process writes the frames of :mod:`.wire` to files ``<pid>.<n>`` in the forwarder's
+directory (mode 0700), each frame with one ``write`` on the sending thread, never the training
+thread. A segment holds about :data:`SEGMENT` bytes; the forwarder deletes a segment once it
+has read it and the next one exists. A rank whose forwarder lags :data:`MAX_SEGMENTS`
+segments behind drops its batches and counts them (the job never waits for the notebook);
+frames that say who a rank is and how it ended are always written.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional
+
+from . import wire
+
+#: bytes of one spool segment before the next is started
+SEGMENT = 4 << 20
+#: segments a rank may be ahead of its forwarder before it drops batches
+MAX_SEGMENTS = 4
+
+
+class SpoolWriter:
+    """One rank's side: frames appended to ``directory``'s files for this process."""
+
+    def __init__(self, directory: str, pid: Optional[int] = None,
+                 segment: int = SEGMENT, max_segments: int = MAX_SEGMENTS):
+        self.directory = directory
+        self.pid = os.getpid() if pid is None else pid
+        self.segment = segment
+        self.max_segments = max_segments
+        self.dropped = 0  # frames dropped because the forwarder lagged
+        self._n = 0
+        self._size = 0
+        self._fd: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def _path(self, n: int) -> str:
+        return os.path.join(self.directory, f"{self.pid}.{n}")
+
+    def _open(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self._path(self._n), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                               0o600)
+        return self._fd
+
+    def write(self, frame: bytes, droppable: bool = True) -> bool:
+        """Append ``frame``; False if it was dropped (counted in :attr:`dropped`)."""
+        with self._lock:
+            if self._size >= self.segment:
+                behind = self._n + 1 - self.max_segments
+                if droppable and behind >= 0 and os.path.exists(self._path(behind)):
+                    self.dropped += 1
+                    return False
+                if self._fd is not None:
+                    os.close(self._fd)
+                self._fd, self._n, self._size = None, self._n + 1, 0
+            try:
+                os.write(self._open(), frame)
+            except OSError:  # the forwarder's directory is gone: the job goes on unreported
+                self.dropped += 1
+                return False
+            self._size += len(frame)
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+class SpoolReader:
+    """The forwarder's side: the frames every rank process appended to ``directory``."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self._at: dict[int, tuple[int, int]] = {}  # pid -> (segment, offset)
+        self._partial: dict[int, bytearray] = {}
+
+    def pids(self) -> list[int]:
+        """The rank processes that wrote here, in the order of their pids."""
+        found = set(self._at)
+        for name in os.listdir(self.directory):
+            pid, dot, n = name.partition(".")
+            if dot and pid.isdigit() and n.isdigit():
+                found.add(int(pid))
+        return sorted(found)
+
+    def read(self) -> list[tuple[int, bytes]]:
+        """The complete frames (as sent, length included) appended since the last call, with
+        the pid of the process that wrote each; segments read to their end are deleted."""
+        out: list[tuple[int, bytes]] = []
+        for pid in self.pids():
+            seg, offset = self._at.get(pid, (self._first(pid), 0))
+            buf = self._partial.setdefault(pid, bytearray())
+            while True:
+                path = os.path.join(self.directory, f"{pid}.{seg}")
+                nxt = os.path.join(self.directory, f"{pid}.{seg + 1}")
+                done = os.path.exists(nxt)  # looked at before reading: the writer left seg
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(offset)
+                        data = f.read()
+                except FileNotFoundError:
+                    data = b""
+                offset += len(data)
+                buf += data
+                for body in wire.split(buf):
+                    out.append((pid, wire.framed(body)))
+                if not done:
+                    break
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+                seg, offset = seg + 1, 0
+            self._at[pid] = (seg, offset)
+        return out
+
+    def _first(self, pid: int) -> int:
+        segs = [int(name.partition(".")[2]) for name in os.listdir(self.directory)
+                if name.startswith(f"{pid}.") and name.partition(".")[2].isdigit()]
+        return min(segs, default=0)

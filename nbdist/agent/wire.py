@@ -1,0 +1,174 @@
+"""The attach line and the frames on the wire: a leaf (stdlib only) that the job's agent and
+the notebook's collector both read.
+
+``NBDIST_ATTACH=tcp://HOST:PORT/TOKEN`` (``tls://`` with certificates) says where a job's
+node forwarder connects and which token it presents. A frame is 4 bytes of length (big-endian)
+and a JSON object; bytes (the packed columns of a batch of events) travel as
+``{"$b": base64}``. Nothing is ever unpickled from a socket.
+
+The frames a forwarder sends after its :func:`hello` (each names its ``job``):
+
+* ``rank`` — a rank began: ``rank``, ``world_size``, ``local_rank``, ``host``, ``pid``,
+  ``restart`` (torchrun's restart count), ``t``;
+* ``batch`` — a rank's event batch, as a ``%%distributed`` cell's (``batch``);
+* ``dropped`` — ``count`` batches of ``rank`` that a full buffer dropped (a running total);
+* ``exit`` — a rank's process ended: ``rank``, ``pid``, ``ok``, ``error`` (text or None),
+  ``lost`` (True: it vanished without saying how it ended);
+* ``bye`` — the forwarder ends (the launcher exited): ``code``, its exit status if known.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import struct
+from typing import Any, NamedTuple, Optional
+
+#: the environment variable that activates the agent in a job
+ENV = "NBDIST_ATTACH"
+#: the node forwarder's spool directory, for the ranks it started
+SPOOL_ENV = "NBDIST_ATTACH_SPOOL"
+#: set in a rank that reports (its children do not report as ranks)
+RANK_ENV = "NBDIST_ATTACH_RANK_PID"
+PROTOCOL = 1
+#: bytes of one frame at most (a batch is far smaller); a hello much less
+MAX_FRAME = 16 << 20
+MAX_HELLO = 4096
+_LEN = struct.Struct(">I")
+
+
+class Address(NamedTuple):
+    """Where the notebook's collector listens, and the token it answers to."""
+
+    scheme: str  # "tcp" or "tls"
+    host: str
+    port: int
+    token: str
+
+    @property
+    def line(self) -> str:
+        """The value of :data:`ENV`: ``tcp://HOST:PORT/TOKEN``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}/{self.token}"
+
+
+def new_token() -> str:
+    """A fresh token: 32 random bytes, URL-safe text."""
+    return secrets.token_urlsafe(32)
+
+
+def parse(line: str) -> Address:
+    """The address in an :data:`ENV` value (``tcp://HOST:PORT/TOKEN``).
+
+    Raises
+    ------
+    ValueError
+        The value is not of that form; the message says what it should look like.
+    """
+    text = line.strip()
+    if text.startswith(f"{ENV}="):
+        text = text[len(ENV) + 1:]
+    scheme, sep, rest = text.partition("://")
+    hostport, _, token = rest.partition("/")
+    if not sep or scheme not in ("tcp", "tls") or not token or "/" in token:
+        raise ValueError(f"{ENV} should be tcp://HOST:PORT/TOKEN or tls://HOST:PORT/TOKEN, "
+                         f"as %nbdist attach prints it; got {line!r}")
+    if hostport.startswith("["):
+        host, _, port = hostport[1:].partition("]:")
+    else:
+        host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{ENV} names no HOST:PORT in {line!r} (expected "
+                         "tcp://HOST:PORT/TOKEN)")
+    return Address(scheme, host, int(port), token)
+
+
+def token_matches(given: Any, token: str) -> bool:
+    """True if ``given`` is ``token``, compared in constant time."""
+    if not isinstance(given, str):
+        return False
+    return secrets.compare_digest(given.encode(), token.encode())
+
+
+def token_tag(token: str) -> str:
+    """A short name derived from the token, safe to show and to put in a path."""
+    return hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return {"$b": base64.b64encode(bytes(obj)).decode("ascii")}
+    if isinstance(obj, (set, frozenset)):
+        return list(obj)
+    raise TypeError(f"cannot send {type(obj).__name__} to the notebook")
+
+
+def _hook(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1 and "$b" in obj:
+        return base64.b64decode(obj["$b"])
+    return obj
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One frame: length, then ``message`` as JSON."""
+    body = json.dumps(message, default=_default, separators=(",", ":")).encode()
+    return _LEN.pack(len(body)) + body
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    """The message in a frame's body (without its length).
+
+    Raises
+    ------
+    ValueError
+        The body is not a JSON object.
+    """
+    message = json.loads(body, object_hook=_hook)
+    if not isinstance(message, dict):
+        raise ValueError("a frame must hold a JSON object")
+    return message
+
+
+def split(buffer: bytearray, limit: int = MAX_FRAME) -> list[bytes]:
+    """Take the complete frames' bodies off the front of ``buffer`` (a partial one stays).
+
+    Raises
+    ------
+    ValueError
+        A frame says it is longer than ``limit`` bytes.
+    """
+    bodies = []
+    while len(buffer) >= _LEN.size:
+        (n,) = _LEN.unpack_from(buffer)
+        if n > limit:
+            raise ValueError(f"frame of {n} bytes, more than {limit}")
+        if len(buffer) < _LEN.size + n:
+            break
+        bodies.append(bytes(buffer[_LEN.size:_LEN.size + n]))
+        del buffer[:_LEN.size + n]
+    return bodies
+
+
+def framed(body: bytes) -> bytes:
+    """A frame's body with its length in front: the frame as sent."""
+    return _LEN.pack(len(body)) + body
+
+
+def hello(token: str, host: str, pid: int) -> bytes:
+    """The first frame of a forwarder's connection."""
+    return encode({"nbdist": PROTOCOL, "token": token, "host": host, "pid": pid})
+
+
+def job_key(env: Any) -> Optional[str]:
+    """The name every rank of one job shares, from the launcher's variables: torchrun's run
+    id, Slurm's job id, or the rendezvous address (None: none of these)."""
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return f"torchrun-{run_id}"
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm-{env['SLURM_JOB_ID']}"
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    return None

@@ -1,0 +1,244 @@
+"""``%nbdist attach``: the kernel's listener for jobs started elsewhere.
+
+One :class:`Collector` per kernel. It listens on loopback and a free port unless told another
+``HOST:PORT``, and answers only connections whose first frame carries its token (compared in
+constant time); others are closed unanswered. Each job's node forwarder
+(:mod:`nbdist.agent.forwarder`) keeps one connection, read by one thread, and its frames are
+folded into :class:`~.watched.Jobs`. With a certificate and key the connections are TLS.
+
+The token can live in a file (mode 0600) holding the whole attach line: a restarted kernel
+that is given the same file listens again on the same address with the same token, and the
+running job's forwarders, which retry, find it again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import ssl
+import stat
+import threading
+from typing import Optional
+
+from ..agent import wire
+from .watched import Jobs
+
+#: seconds a new connection has to present its token
+HELLO_TIMEOUT = 10.0
+LOOPBACK = "127.0.0.1"
+
+
+class AttachError(ValueError):
+    """An ``attach`` option that cannot be honoured; the message says why and what to do."""
+
+
+def parse_listen(listen: Optional[str]) -> tuple[Optional[str], Optional[int]]:
+    """``[HOST:]PORT`` as (host or None, port or None); None: neither.
+
+    Raises
+    ------
+    AttachError
+        Not of that form.
+    """
+    if listen is None or str(listen).strip() == "":
+        return None, None
+    text = str(listen).strip()
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]") or None
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise AttachError(f"--listen takes [HOST:]PORT (e.g. 9000 or 0.0.0.0:9000), not {text!r}")
+    return host, int(port)
+
+
+def read_token_file(path: str) -> Optional[wire.Address]:
+    """The attach line kept in ``path`` (None: no such file).
+
+    Raises
+    ------
+    AttachError
+        Others than its owner may read the file, or it holds no attach line.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise AttachError(f"token file {path} may be read by others (mode "
+                          f"{stat.S_IMODE(st.st_mode):o}): chmod 600 {path}, or remove it for "
+                          "a new token")
+    with open(path, encoding="utf-8") as f:
+        text = f.read().strip()
+    try:
+        return wire.parse(text)
+    except ValueError as exc:
+        raise AttachError(f"token file {path} holds no attach line: {exc}") from None
+
+
+def write_token_file(path: str, address: wire.Address) -> None:
+    """Keep ``address``'s line in ``path``, readable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(fd, 0o600)
+        f.write(f"{wire.ENV}={address.line}\n")
+
+
+class Collector:
+    """Listens for jobs' node forwarders and folds what they send into :attr:`jobs`.
+
+    Parameters
+    ----------
+    host : str
+        The interface to listen on (default loopback: only this machine's jobs reach it).
+    port : int
+        The port (0: a free one).
+    token : str, optional
+        The token connections must carry (default: a fresh one).
+    tls : (str, str), optional
+        Certificate and key files: connections are TLS.
+
+    Raises
+    ------
+    OSError
+        The address cannot be listened on (in use, not this machine's).
+    """
+
+    def __init__(self, host: str = LOOPBACK, port: int = 0, token: Optional[str] = None,
+                 tls: Optional[tuple[str, str]] = None):
+        self.token = token or wire.new_token()
+        self.jobs = Jobs()
+        self._ssl: Optional[ssl.SSLContext] = None
+        if tls is not None:
+            self._ssl = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._ssl.load_cert_chain(tls[0], tls[1])
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._server = socket.create_server((host, port), family=family, backlog=128)
+        self.host, self.port = host, self._server.getsockname()[1]
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._conns: set[socket.socket] = set()
+        self.refused = 0  # connections closed for a missing or wrong token
+        self._thread = threading.Thread(target=self._accept, name="nbdist-attach",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> wire.Address:
+        """Where jobs reach this collector, as they are told to (a wildcard host is named by
+        this machine's name)."""
+        host = socket.getfqdn() if self.host in ("0.0.0.0", "::", "") else self.host
+        return wire.Address("tls" if self._ssl else "tcp", host, self.port, self.token)
+
+    @property
+    def line(self) -> str:
+        """``NBDIST_ATTACH=tcp://HOST:PORT/TOKEN``: what a job's environment needs."""
+        return f"{wire.ENV}={self.address.line}"
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, next(self._ids)),
+                             name="nbdist-attach-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket, ident: int) -> None:
+        greeted = False
+        self._conns.add(conn)
+        try:
+            conn.settimeout(HELLO_TIMEOUT)
+            if self._ssl is not None:
+                conn = self._ssl.wrap_socket(conn, server_side=True)
+            buf = bytearray()
+            while not (first := wire.split(buf, wire.MAX_HELLO)):
+                chunk = conn.recv(wire.MAX_HELLO)
+                if not chunk:
+                    return
+                buf += chunk
+            hello = wire.decode(first[0])
+            if not wire.token_matches(hello.get("token"), self.token):
+                self.refused += 1
+                return
+            conn.sendall(wire.encode({"ok": True}))
+            greeted = True
+            conn.settimeout(None)
+            bodies = first[1:]
+            while True:
+                for body in bodies:
+                    self.jobs.fold(wire.decode(body), ident)
+                chunk = conn.recv(1 << 20)
+                if not chunk:
+                    return
+                buf += chunk
+                bodies = wire.split(buf)
+        except (OSError, ValueError, ssl.SSLError):
+            if not greeted:
+                self.refused += 1
+        finally:
+            self._conns.discard(conn)
+            conn.close()
+            if greeted:
+                self.jobs.closed(ident)
+
+    def close(self) -> None:
+        """Stop listening (jobs' forwarders keep retrying, and a new collector on the same
+        address and token takes them back)."""
+        self._closed = True
+        for sock in [self._server, *list(self._conns)]:
+            try:  # shutdown wakes the thread blocked on it; close alone would not
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        self._thread.join(timeout=2)
+
+
+_current: Optional[Collector] = None
+_lock = threading.Lock()
+
+
+def current() -> Optional[Collector]:
+    """The kernel's collector, if ``attach`` started one."""
+    return _current if _current is not None and _current.alive else None
+
+
+def attach(listen: Optional[str] = None, token_file: Optional[str] = None,
+           tls_cert: Optional[str] = None, tls_key: Optional[str] = None) -> Collector:
+    """The kernel's collector, started on first use (see :func:`nbdist.attach`).
+
+    Raises
+    ------
+    AttachError
+        Bad options, a token file others may read, or a running collector that listens
+        elsewhere than asked.
+    OSError
+        The address cannot be listened on.
+    """
+    global _current
+    if (tls_cert is None) != (tls_key is None):
+        raise AttachError("TLS needs both --tls-cert and --tls-key")
+    host, port = parse_listen(listen)
+    with _lock:
+        running = current()
+        if running is not None:
+            if (host is not None and host != running.host) or (port and port != running.port):
+                raise AttachError(f"the collector already listens at {running.host}:"
+                                  f"{running.port}; close it first (nbdist.attach().close())")
+            if token_file is not None and not os.path.exists(token_file):
+                write_token_file(token_file, running.address)
+            return running
+        kept = read_token_file(token_file) if token_file else None
+        if kept is not None and host is None and port is None:
+            host, port = (kept.host, kept.port)
+        collector = Collector(host or LOOPBACK, port or 0,
+                              token=kept.token if kept is not None else None,
+                              tls=(tls_cert, tls_key) if tls_cert and tls_key else None)
+        if token_file is not None:
+            write_token_file(token_file, collector.address)
+        _current = collector
+        return collector

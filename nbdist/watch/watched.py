@@ -1,0 +1,217 @@
+"""What the notebook knows of each job that reports to its collector: the fold of the frames
+its node forwarders send (:mod:`nbdist.agent.wire`) into a job's record.
+
+A job's events are folded by the same record a ``%%distributed`` cell's are
+(:class:`~nbdist.telemetry.run.Run`: the whole job is one run), so the same views draw it.
+What the run does not know is kept here: the hosts, each rank's process and how it ended, the
+events dropped on the way, the connections that carry the job. Pure: frames in, records out;
+the collector calls :meth:`Jobs.fold` from its connections' threads, under one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..telemetry.run import Run
+from ..telemetry.snapshot import RunSnapshot
+
+RUNNING, FINISHED, FAILED, LOST = "running", "finished", "failed", "lost"
+STATES = (RUNNING, FINISHED, FAILED, LOST)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One job as ``nbdist.jobs()`` lists it.
+
+    Attributes
+    ----------
+    id : str
+        The job's number in this notebook (``%nbdist job ID show``).
+    key : str
+        What the job's ranks share: ``torchrun-<run id>``, ``slurm-<job id>``, or the
+        rendezvous address.
+    world_size : int
+        Ranks in the job.
+    hosts : tuple of str
+        The hosts its ranks run on, sorted.
+    state : str
+        ``running``, ``finished`` (every rank ended well), ``failed`` (a rank's error ended
+        it: ``error``) or ``lost`` (a rank, or its node's connection, vanished unsaid).
+    steps : dict of int to int
+        Optimizer steps seen per rank.
+    started : float
+        When the notebook heard of it first (``time.time()`` seconds).
+    dropped : int
+        Event batches dropped on the way because the notebook was not keeping up.
+    error : str or None
+        The first error a rank ended with.
+    """
+
+    id: str
+    key: str
+    world_size: int
+    hosts: tuple[str, ...]
+    state: str
+    steps: dict[int, int]
+    started: float
+    dropped: int = 0
+    error: Optional[str] = None
+
+    def line(self) -> str:
+        """The record as one line of text."""
+        steps = ", ".join(f"{r}: {n}" for r, n in sorted(self.steps.items())) or "none"
+        extra = f", {self.dropped} batches dropped" if self.dropped else ""
+        extra += f": {self.error}" if self.error else ""
+        return (f"job {self.id} ({self.key}) {self.state}, {self.world_size} ranks on "
+                f"{', '.join(self.hosts) or 'no host yet'}, steps {{{steps}}}{extra}")
+
+
+@dataclass
+class RankProcess:
+    """One process of a rank (a restart is a new one)."""
+
+    rank: int
+    host: str
+    pid: int
+    restart: int = 0
+    ended: Optional[str] = None  # None: running; else FINISHED, FAILED or LOST
+    error: Optional[str] = None
+
+
+@dataclass
+class Job:
+    """What the notebook folded of one job so far."""
+
+    id: str
+    key: str
+    world_size: int
+    started: float = field(default_factory=time.time)
+    run: Optional[Run] = None
+    ranks: dict[int, RankProcess] = field(default_factory=dict)
+    dropped: dict[tuple[str, int], int] = field(default_factory=dict)
+    connections: set[int] = field(default_factory=set)
+    #: a connection that carried this job ended (or its forwarder said bye)
+    cut: bool = False
+    ended: bool = False
+
+    @property
+    def state(self) -> str:
+        ends = [p.ended for p in self.ranks.values()]
+        every = len(self.ranks) >= self.world_size and None not in ends
+        if every or (self.cut and not self.connections):
+            if FAILED in ends:
+                return FAILED
+            if LOST in ends or None in ends or len(self.ranks) < self.world_size:
+                return LOST
+            return FINISHED
+        return RUNNING
+
+    def record(self) -> JobRecord:
+        snap = self.snapshot()
+        steps = {r.rank: r.steps for r in snap.ranks} if snap is not None else {}
+        error = next((p.error for _, p in sorted(self.ranks.items()) if p.error), None)
+        return JobRecord(id=self.id, key=self.key, world_size=self.world_size,
+                         hosts=tuple(sorted({p.host for p in self.ranks.values()})),
+                         state=self.state, steps=steps, started=self.started,
+                         dropped=sum(self.dropped.values()), error=error)
+
+    def snapshot(self) -> Optional[RunSnapshot]:
+        return self.run.snapshot() if self.run is not None else None
+
+
+class Jobs:
+    """Every job this notebook's collector heard of, by key, numbered in the order seen."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self.lock = threading.Lock()
+
+    def _job(self, key: str, world_size: int = 0) -> Job:
+        job = self._jobs.get(key)
+        if job is None:
+            job = self._jobs[key] = Job(id=str(len(self._jobs) + 1), key=key,
+                                        world_size=world_size)
+        if world_size and job.run is None:
+            job.world_size = world_size
+            job.run = Run(f"job {job.id}", range(world_size), world_size=world_size)
+            job.run.started = job.started
+        return job
+
+    def fold(self, message: dict[str, Any], connection: int = 0) -> None:
+        """Take one frame's message from ``connection``."""
+        with self.lock:
+            self._fold(message, connection)
+
+    def _fold(self, m: dict[str, Any], connection: int) -> None:
+        kind = m.get("type")
+        if kind == "bye":  # the node's launcher ended: what it did not report is lost
+            self._closed(connection)
+            return
+        key = m.get("job")
+        if not isinstance(key, str):
+            return
+        if kind == "rank":
+            job = self._job(key, int(m["world_size"]))
+            job.connections.add(connection)
+            rank = int(m["rank"])
+            job.ranks[rank] = RankProcess(rank, str(m.get("host", "")), int(m.get("pid", 0)),
+                                          int(m.get("restart", 0)))
+        elif kind == "batch" and key in self._jobs and self._jobs[key].run is not None:
+            job = self._jobs[key]
+            job.connections.add(connection)
+            job.run.feed([m["batch"]])  # type: ignore[union-attr]
+        elif kind == "dropped":
+            job = self._job(key)
+            job.dropped[(str(m.get("where", "node")), int(m["rank"]))] = int(m["count"])
+        elif kind == "exit" and key in self._jobs:
+            proc = self._jobs[key].ranks.get(int(m["rank"]))
+            if proc is not None and proc.pid == int(m.get("pid", proc.pid)):
+                proc.ended = (LOST if m.get("lost") else FINISHED if m.get("ok")
+                              else FAILED)
+                proc.error = m.get("error") or (None if proc.ended != FAILED
+                                                else "ended with an error")
+        self._settle()
+
+    def closed(self, connection: int) -> None:
+        """``connection`` ended: once no connection carries a job, its ranks that did not
+        report their end are lost."""
+        with self.lock:
+            self._closed(connection)
+
+    def _closed(self, connection: int) -> None:
+        for job in self._jobs.values():
+            if connection in job.connections:
+                job.connections.discard(connection)
+                job.cut = True
+        self._settle()
+
+    def _settle(self) -> None:
+        """A job that ended stops its run (ranks that never said their end are stopped)."""
+        for job in self._jobs.values():
+            if not job.ended and job.run is not None and job.state != RUNNING:
+                job.ended = True
+                job.run.finish()
+
+    def records(self) -> list[JobRecord]:
+        with self.lock:
+            return [job.record() for job in self._jobs.values()]
+
+    def get(self, ident: str) -> Optional[Job]:
+        """A job by its number or its key."""
+        with self.lock:
+            for job in self._jobs.values():
+                if ident in (job.id, job.key):
+                    return job
+            return None
+
+    def forget(self, ident: str) -> bool:
+        """Drop a job's record; False if there was none."""
+        with self.lock:
+            for key, job in list(self._jobs.items()):
+                if ident in (job.id, job.key):
+                    del self._jobs[key]
+                    return True
+            return False

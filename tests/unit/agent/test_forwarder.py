@@ -1,0 +1,104 @@
+"""A node's forwarder against a real collector: ranks' frames reach the notebook, a notebook
+that is away costs the job dropped batches, counted and told, and a notebook that comes back
+(a restarted kernel on the same line) learns the job again."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from synthetic import batches, training_events
+
+from nbdist.agent import forwarder as fwd
+from nbdist.agent import wire
+from nbdist.agent.spool import SpoolWriter
+from nbdist.telemetry import events as ev
+from nbdist.watch.collector import Collector
+
+JOB = "torchrun-t"
+
+
+def _until(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.02)
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch):
+    monkeypatch.setattr(fwd, "BACKOFF", (0.05, 0.2))
+
+
+def _rank_writes(spool, rank, pid, steps, world=2):
+    w = SpoolWriter(str(spool), pid=pid)
+    w.write(wire.encode({"type": "rank", "job": JOB, "rank": rank, "world_size": world,
+                         "local_rank": rank, "host": "n1", "pid": pid, "restart": 0}), False)
+    for b in batches(rank, training_events(steps) + [ev.end(True, 0.0)]):
+        w.write(wire.encode({"type": "batch", "job": JOB, "batch": b}))
+    return w
+
+
+def _exit(w, rank):
+    w.write(wire.encode({"type": "exit", "job": JOB, "rank": rank, "pid": w.pid, "ok": True,
+                         "error": None, "lost": False}), False)
+
+
+def test_ranks_frames_reach_the_notebook_over_one_connection(tmp_path):
+    c = Collector()
+    f = fwd.Forwarder(c.address, str(tmp_path), owns_directory=False).start()
+    try:
+        import os
+        ws = [_rank_writes(tmp_path, r, os.getpid(), 5, world=1) for r in (0,)]
+        _until(lambda: c.jobs.records() and c.jobs.records()[0].steps == {0: 5})
+        _exit(ws[0], 0)
+        _until(lambda: c.jobs.records()[0].state == "finished")
+        assert f.connected
+    finally:
+        f.close(timeout=2)
+        c.close()
+
+
+def test_a_rank_that_vanishes_unsaid_is_reported_lost(tmp_path):
+    c = Collector()
+    f = fwd.Forwarder(c.address, str(tmp_path), owns_directory=False).start()
+    try:
+        dead = 2 ** 22 + 12345  # above the default pid_max: no such process
+        _rank_writes(tmp_path, 0, dead, 2, world=1)
+        _until(lambda: c.jobs.records() and c.jobs.records()[0].state == "lost")
+    finally:
+        f.close(timeout=2)
+        c.close()
+
+
+def test_a_notebook_away_costs_dropped_batches_then_it_learns_the_job_and_the_count(tmp_path):
+    import os
+
+    c = Collector()
+    address = c.address
+    c.close()  # the kernel is away: its port refuses
+    f = fwd.Forwarder(address, str(tmp_path), max_queued=3000, owns_directory=False)
+    w = _rank_writes(tmp_path, 0, os.getpid(), 20, world=1)
+    f.poll()
+    assert not f.send() and not f.connected
+    dropped = sum(f.dropped.values())
+    assert dropped > 0 and f._queued <= 3000  # bounded
+    f.start()
+    back = Collector(port=address.port, token=address.token)  # the same line again
+    try:
+        _until(lambda: back.jobs.records() and back.jobs.records()[0].dropped == dropped)
+        _exit(w, 0)
+        _until(lambda: back.jobs.records()[0].state == "finished")
+        rec = back.jobs.records()[0]
+        assert 0 < sum(rec.steps.values()) < 20  # what was not dropped
+        # the kernel restarts again: the job's record is sent again, ended
+        back.close()
+        again = Collector(port=address.port, token=address.token)
+        try:
+            _until(lambda: again.jobs.records()
+                   and again.jobs.records()[0].state == "finished", timeout=15)
+        finally:
+            again.close()
+    finally:
+        f.close(timeout=1)
+        back.close()

@@ -1,0 +1,58 @@
+"""Ranks hand frames to their node's forwarder through spool files: in order, bounded, and a
+lagging forwarder costs the rank dropped batches, counted, never a wait."""
+
+from __future__ import annotations
+
+import os
+
+from nbdist.agent import wire
+from nbdist.agent.spool import SpoolReader, SpoolWriter
+
+
+def _messages(reader):
+    return [(pid, wire.decode(frame[4:])) for pid, frame in reader.read()]
+
+
+def test_frames_arrive_in_order_across_segments_and_read_segments_go(tmp_path):
+    w = SpoolWriter(str(tmp_path), pid=11, segment=100, max_segments=1000)
+    reader = SpoolReader(str(tmp_path))
+    for i in range(30):
+        assert w.write(wire.encode({"i": i, "pad": "x" * 20}))
+    got = _messages(reader)
+    assert [m["i"] for _, m in got] == list(range(30)) and {p for p, _ in got} == {11}
+    # every segment but the one still written was read to its end and removed
+    assert sorted(os.listdir(tmp_path)) == [f"11.{w._n}"]
+    w.write(wire.encode({"i": 30}))
+    assert [m["i"] for _, m in _messages(reader)] == [30]
+
+
+def test_two_processes_are_read_apart(tmp_path):
+    a, b = SpoolWriter(str(tmp_path), pid=1), SpoolWriter(str(tmp_path), pid=2)
+    a.write(wire.encode({"who": "a"}))
+    b.write(wire.encode({"who": "b"}))
+    assert _messages(SpoolReader(str(tmp_path))) == [(1, {"who": "a"}), (2, {"who": "b"})]
+
+
+def test_a_frame_half_written_waits_for_its_rest(tmp_path):
+    frame = wire.encode({"x": 1})
+    with open(tmp_path / "5.0", "wb") as f:
+        f.write(frame[:6])
+    reader = SpoolReader(str(tmp_path))
+    assert reader.read() == []
+    with open(tmp_path / "5.0", "ab") as f:
+        f.write(frame[6:])
+    assert reader.read() == [(5, frame)]
+
+
+def test_a_lagging_forwarder_makes_the_rank_drop_and_count_batches_not_wait(tmp_path):
+    w = SpoolWriter(str(tmp_path), pid=3, segment=50, max_segments=2)
+    sent = [w.write(wire.encode({"i": i, "pad": "x" * 40})) for i in range(10)]
+    # no reader: two segments are written, then batches are dropped and counted
+    assert sent[:2] == [True, True] and not any(sent[2:])
+    assert w.dropped == 8
+    assert w.write(wire.encode({"type": "exit"}), droppable=False)  # its end always goes
+    got = [m for _, m in _messages(SpoolReader(str(tmp_path)))]
+    assert [m.get("i") for m in got] == [0, 1, None] and got[-1] == {"type": "exit"}
+    # the forwarder caught up: the rank writes again
+    assert w.write(wire.encode({"i": 99}))
+    assert w.dropped == 8

@@ -1,0 +1,61 @@
+"""The attach line and the frames: what the job's agent and the notebook's collector share."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbdist.agent import wire
+
+
+def test_the_attach_line_round_trips_and_names_its_parts():
+    address = wire.Address("tcp", "127.0.0.1", 9000, "abc-_9")
+    assert address.line == "tcp://127.0.0.1:9000/abc-_9"
+    assert wire.parse(address.line) == address
+    assert wire.parse(f"NBDIST_ATTACH={address.line}\n") == address  # as printed
+    six = wire.parse("tls://[::1]:443/tok")
+    assert (six.scheme, six.host, six.port, six.token) == ("tls", "::1", 443, "tok")
+    assert six.line == "tls://[::1]:443/tok"
+
+
+@pytest.mark.parametrize("bad", ["", "127.0.0.1:9000/t", "http://h:1/t", "tcp://h:1/",
+                                 "tcp://h/t", "tcp://:9000/t", "tcp://h:99999/t",
+                                 "tcp://h:1/a/b"])
+def test_a_malformed_line_is_refused_with_the_expected_form(bad):
+    with pytest.raises(ValueError, match="tcp://HOST:PORT/TOKEN"):
+        wire.parse(bad)
+
+
+def test_tokens_are_fresh_and_compared_exactly():
+    a, b = wire.new_token(), wire.new_token()
+    assert a != b and len(a) >= 40
+    assert wire.token_matches(a, a)
+    assert not wire.token_matches(b, a)
+    assert not wire.token_matches(a[:-1], a)
+    assert not wire.token_matches(None, a) and not wire.token_matches(123, a)
+    assert wire.token_tag(a) == wire.token_tag(a) != wire.token_tag(b)
+
+
+def test_frames_carry_bytes_and_split_only_when_complete():
+    msg = {"type": "batch", "batch": {"rank": 1, "events": [{"col": b"\x00\x01d"}]}}
+    frame = wire.encode(msg)
+    buf = bytearray(frame + frame[:7])
+    bodies = wire.split(buf)
+    assert [wire.decode(b) for b in bodies] == [msg]
+    assert bytes(buf) == frame[:7]  # the partial frame waits for its rest
+    buf += frame[7:]
+    assert [wire.decode(b) for b in wire.split(buf)] == [msg] and not buf
+    assert wire.framed(bodies[0]) == frame
+
+
+def test_a_frame_longer_than_the_limit_is_refused():
+    with pytest.raises(ValueError, match="more than 10"):
+        wire.split(bytearray(wire.encode({"x": "y" * 20})), limit=10)
+    with pytest.raises(ValueError):
+        wire.decode(b"[1, 2]")
+
+
+def test_the_job_key_comes_from_the_launcher():
+    assert wire.job_key({"TORCHELASTIC_RUN_ID": "abc", "SLURM_JOB_ID": "7"}) == "torchrun-abc"
+    assert wire.job_key({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "7"}) == "slurm-7"
+    assert wire.job_key({"MASTER_ADDR": "h", "MASTER_PORT": "29500"}) == "h:29500"
+    assert wire.job_key({}) is None

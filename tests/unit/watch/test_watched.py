@@ -1,0 +1,102 @@
+"""A job's record: the frames its node forwarders send, folded into a Run and a state."""
+
+from __future__ import annotations
+
+from synthetic import T0, batches, training_events
+
+from nbdist.telemetry import events as ev
+from nbdist.watch.watched import FAILED, FINISHED, LOST, RUNNING, Jobs
+
+KEY = "torchrun-x"
+
+
+def _rank(rank, pid, world=2, host="h1", restart=0):
+    return {"type": "rank", "job": KEY, "rank": rank, "world_size": world, "local_rank": rank,
+            "host": host, "pid": pid, "restart": restart, "t": T0}
+
+
+def _exit(rank, pid, ok=True, error=None, lost=False):
+    return {"type": "exit", "job": KEY, "rank": rank, "pid": pid, "ok": ok, "error": error,
+            "lost": lost, "t": T0}
+
+
+def _train(jobs, rank, steps, conn=1, ok=True):
+    evs = training_events(steps) + [ev.end(ok, T0 + 10, None if ok else "ValueError: x")]
+    for b in batches(rank, evs):
+        jobs.fold({"type": "batch", "job": KEY, "batch": b}, conn)
+
+
+def test_two_ranks_that_end_well_make_a_finished_job_with_their_steps():
+    jobs = Jobs()
+    jobs.fold(_rank(0, 100), 1)
+    jobs.fold(_rank(1, 101, host="h2"), 2)
+    _train(jobs, 0, 6, conn=1)
+    (rec,) = jobs.records()
+    assert (rec.id, rec.key, rec.world_size, rec.state) == ("1", KEY, 2, RUNNING)
+    assert rec.hosts == ("h1", "h2")
+    _train(jobs, 1, 6, conn=2)
+    jobs.fold(_exit(0, 100), 1)
+    assert jobs.records()[0].state == RUNNING  # rank 1 has not said its end
+    jobs.fold(_exit(1, 101), 2)
+    rec = jobs.records()[0]
+    assert rec.state == FINISHED and rec.steps == {0: 6, 1: 6} and rec.error is None
+    job = jobs.get("1")
+    assert job is jobs.get(KEY) and job.run.ended is not None
+
+
+def test_a_rank_that_ends_with_an_error_fails_the_job_and_says_it():
+    jobs = Jobs()
+    for r in (0, 1):
+        jobs.fold(_rank(r, 100 + r), 1)
+    jobs.fold(_exit(1, 101, ok=False, error="ValueError: bad batch"), 1)
+    jobs.fold(_exit(0, 100, ok=False, lost=True), 1)
+    rec = jobs.records()[0]
+    assert rec.state == FAILED and rec.error == "ValueError: bad batch"
+
+
+def test_a_connection_that_ends_while_ranks_run_loses_the_job():
+    jobs = Jobs()
+    jobs.fold(_rank(0, 100), 1)
+    jobs.fold(_rank(1, 101), 2)
+    jobs.closed(1)
+    assert jobs.records()[0].state == RUNNING  # rank 1's node still reports
+    jobs.closed(2)
+    assert jobs.records()[0].state == LOST
+
+
+def test_a_forwarder_that_says_bye_with_every_rank_ended_finishes_the_job():
+    jobs = Jobs()
+    jobs.fold(_rank(0, 100, world=1), 1)
+    jobs.fold(_exit(0, 100), 1)
+    jobs.fold({"type": "bye", "code": 0, "t": T0}, 1)
+    assert jobs.records()[0].state == FINISHED
+
+
+def test_an_old_process_exit_does_not_end_its_restarted_rank():
+    jobs = Jobs()
+    jobs.fold(_rank(0, 100, world=1), 1)
+    jobs.fold(_rank(0, 200, world=1, restart=1), 1)
+    jobs.fold(_exit(0, 100, ok=False, lost=True), 1)
+    assert jobs.records()[0].state == RUNNING
+
+
+def test_drops_are_summed_over_ranks_and_places_latest_count_each():
+    jobs = Jobs()
+    jobs.fold(_rank(0, 100), 1)
+    for where, rank, count in (("rank", 0, 3), ("rank", 0, 5), ("node", 0, 2), ("node", 1, 1)):
+        jobs.fold({"type": "dropped", "job": KEY, "rank": rank, "where": where,
+                   "count": count}, 1)
+    rec = jobs.records()[0]
+    assert rec.dropped == 8 and "8 batches dropped" in rec.line()
+
+
+def test_frames_without_a_job_or_before_its_ranks_are_ignored_and_jobs_are_numbered():
+    jobs = Jobs()
+    jobs.fold({"type": "batch", "job": KEY, "batch": batches(0, training_events(2))[0]}, 1)
+    jobs.fold({"type": "rank", "rank": 0}, 1)
+    assert jobs.records() == []
+    jobs.fold(_rank(0, 1), 1)
+    jobs.fold({**_rank(0, 2), "job": "slurm-9"}, 1)
+    assert [r.id for r in jobs.records()] == ["1", "2"]
+    assert jobs.forget("slurm-9") and not jobs.forget("slurm-9")
+    assert [r.key for r in jobs.records()] == [KEY]
