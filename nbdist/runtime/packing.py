@@ -289,12 +289,12 @@ def connect(address: tuple[str, int], timeout: float,
 
 
 def _tls_failed(address: tuple[str, int], reason: str) -> str:
-    host, port = address[0], address[1]
-    return (f"{socket.gethostname()} could not open TLS to the notebook's data channel at "
-            f"{host}:{port}: {reason}. The cluster is reached over TLS, so push and pull "
-            "carry their bytes under TLS too. Check that this host reaches "
-            f"{host}:{port} directly (no proxy or firewall that intercepts or drops TLS on "
-            "that port) and runs the notebook's version of nbdist; values under "
+    where = f"{address[0]}:{address[1]}"
+    return (f"worker host {socket.gethostname()} could not open TLS to the notebook's data "
+            f"channel at {where}: {reason}. The cluster is reached over TLS, so push and pull "
+            f"carry their bytes under TLS too. Check that this host reaches {where} directly "
+            "(no proxy or firewall that intercepts or drops TLS on that port) and runs the "
+            "notebook's version of nbdist; values under "
             f"{CHANNEL_MIN >> 20} MiB travel in the engine's own messages instead")
 
 

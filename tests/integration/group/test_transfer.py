@@ -1,6 +1,7 @@
 """Push and pull through real workers on both engines: values come back equal (dtype, shape,
 strides, views), large ones over the notebook's data channel and small ones through the
-engine, and the channel refuses a connection without a live ticket."""
+engine, and the channel (plain TCP on these plain clusters) refuses a connection without a
+live ticket."""
 
 from __future__ import annotations
 
@@ -68,9 +69,11 @@ def test_a_trained_module_and_a_view_of_a_worker_tensor(session):
 def test_the_data_channel_serves_only_live_tickets(session):
     channel = session.transfers.channel(session.membership)
     assert channel is not None and channel.address[0] == "127.0.0.1"
+    assert channel.tls is None  # a plain cluster: plain TCP, at no cost
     ticket = channel.offer([torch.arange(1000).numpy()])
     got = wire.fetch(channel.address, ticket, 10)
     assert bytes(got[0]) == torch.arange(1000).numpy().tobytes()
+    assert set(channel.served) == {"tcp"}
     channel.forget(ticket)
     with pytest.raises(ValueError):  # closed unanswered
         wire.fetch(channel.address, ticket, 10)

@@ -87,10 +87,10 @@ def test_a_worker_that_does_not_see_the_pinned_certificate_is_told_why(channel, 
         packing.fetch(channel.address, ticket, 10, other.fingerprint)
     text = str(err.value)
     host, port = channel.address
-    assert text.startswith(f"{socket.gethostname()} could not open TLS to the notebook's data "
-                           f"channel at {host}:{port}: it presented a certificate other than "
-                           f"the notebook's (SHA-256 {tls.fingerprint.hex()[:16]}..., expected "
-                           f"{other.fingerprint.hex()[:16]}...)")
+    assert text.startswith(
+        f"worker host {socket.gethostname()} could not open TLS to the notebook's data channel "
+        f"at {host}:{port}: it presented a certificate other than the notebook's (SHA-256 "
+        f"{tls.fingerprint.hex()[:16]}..., expected {other.fingerprint.hex()[:16]}...)")
     assert f"reaches {host}:{port} directly" in text
     assert channel.served == {}
 
