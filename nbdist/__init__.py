@@ -176,6 +176,9 @@ def run_cell(code: str, **options: Any) -> Optional[RemoteValue]:
         The cell raised on one or more ranks (the error names each, with its traceback).
     CellTimeoutError
         The cell ran past ``timeout`` seconds and was interrupted on every rank.
+    RanksFinishedError
+        Ranks finished the cell while others waited in a collective they will never call
+        (uneven inputs); the waiting ranks were interrupted about 2 s after the last finished.
     CellInterrupted
         The kernel was interrupted (a ``KeyboardInterrupt``).
     ClusterError
