@@ -22,8 +22,11 @@ second of wall time, from the call until the value is in place. Each round runs 
 variant once in a fresh random order; reported are the median, min and max over
 ``--repeats`` rounds, and each variant's ratio to raw TCP of the same pattern (target: nbdist
 at least 0.5x). ``--engine dask`` times nbdist on Dask workers too (against the same raw TCP).
+``--tls`` adds the data channel rows on a Dask cluster reached over ``tls://`` (a throwaway
+certificate authority, ``Security.temporary()``), where the channel speaks TLS too: the
+cost of encrypting what workers on other machines get.
 
-    python benchmarks/bench_transfer.py [--mb 256] [--repeats 5] [--engine dask]
+    python benchmarks/bench_transfer.py [--mb 256] [--repeats 5] [--engine dask] [--tls]
 """
 
 from __future__ import annotations
@@ -137,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds (5)")
     ap.add_argument("--engine", choices=("ipyparallel", "dask"), action="append",
                     default=None, help="also time nbdist on Dask workers ('dask')")
+    ap.add_argument("--tls", action="store_true",
+                    help="also the data channel rows on a Dask cluster over tls://")
     ap.add_argument("--timeout", type=float, default=1200, help="overall limit, s (1200)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="3 timed rounds")
@@ -160,10 +165,16 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
     payload_np = payload.numpy()
     sessions: dict[str, Session] = {}
     helpers: list[Helper] = []
+    tls_cluster = None
     try:
         for engine in ["ipyparallel", *sorted(engines - {"ipyparallel"})]:
             c.log(f"starting nbdist on {n} {engine} workers")
             s = sessions[engine] = Session().start(n, engine=engine, timeout=300)
+            s.run_cell(make, output="quiet")
+        if args.tls:
+            c.log(f"starting a Dask cluster of {n} workers over tls:// and connecting")
+            tls_cluster, s = _tls_session(n)
+            sessions["dask over TLS"] = s
             s.run_cell(make, output="quiet")
         helpers = [Helper(nbytes) for _ in range(n)]
         sink = memoryview(bytearray(nbytes))
@@ -215,8 +226,17 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
             variants["push: nbdist, dask, data channel"] = lambda: streamed(
                 d, lambda: d.push({"y": payload}))
 
+        if "dask over TLS" in sessions:
+            t = sessions["dask over TLS"]
+            variants["pull: nbdist, dask over TLS, data channel"] = lambda: streamed(
+                t, lambda: checked(t.pull("x", rank=1)))
+            variants["push: nbdist, dask over TLS, data channel"] = lambda: streamed(
+                t, lambda: t.push({"y": payload}))
+
         def after(name: str) -> None:
-            if name.startswith("push: nbdist, dask"):
+            if name.startswith("push: nbdist, dask over TLS"):
+                sessions["dask over TLS"].run_cell("del y", output="quiet")
+            elif name.startswith("push: nbdist, dask"):
                 sessions["dask"].run_cell("del y", output="quiet")
             elif name.startswith("push: nbdist"):
                 ipp.run_cell("del y", output="quiet")  # the memory goes before the next
@@ -225,11 +245,18 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
 
         c.log(f"timing {len(variants)} variants x {args.repeats} rounds of {args.mb} MiB")
         times = measure(variants, args.repeats, args.seed, after)
+        if "dask over TLS" in sessions:  # what the TLS rows' connections really were
+            t = sessions["dask over TLS"]
+            served = dict(t.transfers.channel(t.membership).served)
+            c.log(f"the TLS cluster's data channel served: {served}")
+            assert set(served) <= {"TLSv1.2", "TLSv1.3"}, served
     finally:
         for h in helpers:
             h.close()
         for s in sessions.values():
             s.stop()
+        if tls_cluster is not None:
+            tls_cluster.close()
 
     def gbs(name: str, t: float) -> float:
         delivered = nbytes * (n if name.startswith("push") else 1)
@@ -255,7 +282,37 @@ def _run(args: argparse.Namespace, engines: set[str]) -> int:
     for name in (k for k in times if k.startswith("push: nbdist")):
         print(f"transfer ratio {name} / raw TCP into fresh memory: "
               f"{gbs(name, c.median(times[name])) / fresh:.2f}x")
+    if "dask over TLS" in sessions:
+        for kind in ("pull", "push"):
+            plain = gbs(kind, c.median(times[f"{kind}: nbdist, data channel"]))
+            tls = gbs(kind, c.median(times[f"{kind}: nbdist, dask over TLS, data channel"]))
+            print(f"transfer ratio {kind}: nbdist, dask over TLS, data channel / "
+                  f"{kind}: nbdist, data channel (plain TCP): {tls / plain:.2f}x")
     return 0
+
+
+def _tls_session(n: int) -> tuple[Any, Any]:
+    """A Dask cluster of ``n`` workers on loopback over ``tls://``, and a session connected
+    to it (the data channel then speaks TLS)."""
+    import logging
+
+    import distributed
+    from distributed.security import Security
+
+    from nbdist.session import Session
+
+    sec = Security.temporary()
+    cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                       protocol="tls://", host="127.0.0.1", security=sec,
+                                       dashboard_address="127.0.0.1:0", memory_limit=0,
+                                       silence_logs=logging.WARNING)
+    try:
+        s = Session().connect(engine="dask", address=cluster.scheduler_address,
+                              security=sec, timeout=300)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster, s
 
 
 if __name__ == "__main__":
