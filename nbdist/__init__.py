@@ -34,7 +34,7 @@ __all__ = [
     "pull", "current_session", "load_ipython_extension", "unload_ipython_extension", "__version__",
     "progress", "log", "export", "save_profile", "load_profile", "dask_client", "mesh",
     "compare", "auto", "ParameterServer", "elastic", "tune", "tune_settings", "tune_reset",
-    "debug", "kill", "hang", "DebuggerQuit",
+    "debug", "kill", "hang", "DebuggerQuit", "attach", "jobs", "job",
 ]
 
 
@@ -450,3 +450,67 @@ def auto(on: bool = True) -> None:
     if "nbdist" not in shell.magics_manager.magics["line"]:
         load_ipython_extension(shell)
     shell.run_line_magic("nbdist", f"auto {'on' if on else 'off'}")
+
+
+def attach(listen: Optional[str] = None, token_file: Optional[str] = None,
+           tls_cert: Optional[str] = None, tls_key: Optional[str] = None) -> Any:
+    """Watch jobs started outside the notebook (``%nbdist attach``): start the kernel's
+    collector, or keep the running one, and return it; its ``line`` is what a job's
+    environment needs, ``NBDIST_ATTACH=tcp://HOST:PORT/TOKEN`` (its repr says how to launch).
+
+    Parameters
+    ----------
+    listen : str, optional
+        ``[HOST:]PORT`` to listen on; default loopback (``127.0.0.1``) and a free port, so only
+        jobs on this machine reach it. Name another interface to watch other hosts' jobs.
+    token_file : str, optional
+        A file (mode 0600) that keeps the line: given again after a kernel restart, the
+        collector listens on the same address with the same token and the running jobs
+        report again. Written if missing.
+    tls_cert : str, optional
+        A certificate file (PEM): connections are TLS and the line says ``tls://``.
+    tls_key : str, optional
+        Its key file (PEM); given with ``tls_cert`` only.
+
+    Raises
+    ------
+    ValueError
+        A bad ``listen``, half a TLS pair, a token file others may read, or a collector that
+        already listens elsewhere (``nbdist.attach().close()`` first).
+    OSError
+        The address cannot be listened on.
+    """
+    from .watch.collector import attach as start_collector
+
+    return start_collector(listen, token_file, tls_cert, tls_key)
+
+
+def jobs() -> list[Any]:
+    """The jobs watched since ``attach`` (``%nbdist jobs``): records with ``id``,
+    ``world_size``, ``hosts``, ``state`` (``running``, ``finished``, ``failed`` or ``lost``),
+    ``steps`` ({rank: optimizer steps seen}), ``started`` (seconds since the epoch) and
+    ``dropped`` (event batches lost on the way); empty before ``attach``."""
+    from .watch.collector import current
+
+    collector = current()
+    return collector.jobs.records() if collector is not None else []
+
+
+def job(ident: Any) -> Any:
+    """A handle on one watched job by its ``id`` (or key) (``%nbdist job ID ...``):
+    ``show()``, ``summary()``, ``snapshot()``, ``record``, ``detach()``.
+
+    Raises
+    ------
+    LookupError
+        No job has that id; the message lists the ones there are.
+    """
+    from .watch.collector import current
+    from .watch.watched import WatchedJob
+
+    collector = current()
+    found = collector.jobs.get(str(ident)) if collector is not None else None
+    if found is None:
+        known = ", ".join(r.id for r in jobs()) or "none (nbdist.attach() first)"
+        raise LookupError(f"no watched job {ident!r}; jobs: {known}")
+    return WatchedJob(collector.jobs, found)

@@ -71,6 +71,7 @@ class Forwarder:
         self._sock: Optional[socket.socket] = None
         self._retry_at = 0.0
         self._backoff = BACKOFF[0]
+        self._connected_once = False
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="nbdist-forwarder",
@@ -154,6 +155,7 @@ class Forwarder:
                 sock.close()
             return False
         self._sock = sock
+        self._connected_once = True
         self._dropped_sent = {}
         # Everything a new notebook needs to know first: the ranks, and how some ended.
         self._queue.extendleft(reversed([f for frames in self._kept.values() for f in frames]))
@@ -221,7 +223,8 @@ class Forwarder:
     def close(self, wait_for_ranks: float = 0.0, timeout: float = 3.0,
               code: Optional[int] = None) -> None:
         """Stop: wait up to ``wait_for_ranks`` seconds for every rank's end, send the rest
-        (for at most ``timeout`` seconds) and a ``bye``, remove the spool directory."""
+        and a ``bye`` (for at most ``timeout`` seconds to a notebook that was reached; one
+        try to one never reached), remove the spool directory."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=IO_TIMEOUT + 1)
@@ -234,7 +237,10 @@ class Forwarder:
             self._enqueue(wire.encode({"type": "bye", "code": code, "t": time.time()}))
             end = time.monotonic() + timeout
             self._retry_at = 0.0
-            while not self.send() and time.monotonic() < end:
+            # A notebook never reached gets one more try, not ``timeout`` seconds of the
+            # launcher's exit; one that was there gets them to take the last frames.
+            while (not self.send() and self._connected_once
+                   and time.monotonic() < end):
                 time.sleep(POLL)
                 self._retry_at = 0.0  # the last moments: no back-off
             if self._sock is not None:

@@ -164,6 +164,32 @@ class NbdistMagics(Magics):
     def _tune(self, session: Session, args: argparse.Namespace) -> None:
         print(session.tune_show() if args.action == "show" else session.tune_reset())
 
+    def _attach(self, session: Session, args: argparse.Namespace) -> None:
+        from ..watch.collector import AttachError, attach
+
+        try:
+            collector = attach(args.listen, args.token_file, args.tls_cert, args.tls_key)
+        except (AttachError, OSError) as exc:
+            raise UsageError(f"%nbdist attach: {exc}") from None
+        print(collector.instructions())
+
+    def _jobs(self, session: Session, args: argparse.Namespace) -> None:
+        from .. import jobs
+
+        print("\n".join(r.line() for r in jobs()) or "no jobs watched (%nbdist attach first)")
+
+    def _job(self, session: Session, args: argparse.Namespace) -> None:
+        from .. import job
+
+        try:
+            handle = job(args.id)
+        except LookupError as exc:
+            raise UsageError(f"%nbdist job: {exc.args[0]}") from None
+        if args.action == "show":
+            handle.show()
+        else:
+            print(handle.detach())
+
     def _run_script(self, session: Session, args: argparse.Namespace) -> None:
         session.run_script(args.script, args.args, timeout=args.timeout,
                            output="all" if args.all_output else "rank0")
@@ -322,6 +348,8 @@ NbdistMagics.nbdist.__doc__ = (
     "    %nbdist kill 1 --after 3           # SIGKILL rank 1's worker 3 s into the next cell\n"
     "    %nbdist hang 1 --seconds 30        # rank 1 holds at its next collective for 30 s\n"
     "    %nbdist tune show                  # the DDP setting %%distributed --tune chose\n"
+    "    %nbdist attach                     # the NBDIST_ATTACH line for jobs started elsewhere\n"
+    "    %nbdist jobs                       # the jobs watched; %nbdist job 1 show\n"
     "    %nbdist stop\n\n"
     + _PARSER.format_help()
     + "".join(f"\n%nbdist {name}:\n{sub.format_help()}" for name, sub in _VERBS.items())

@@ -201,6 +201,24 @@ def build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPars
     p.add_argument("script", metavar="SCRIPT", help="the script, as torchrun would be given it")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
                    help="the script's arguments: everything after SCRIPT, -h included")
+
+    p = verb("attach", "_attach", "watch jobs started elsewhere (torchrun, sbatch): print the "
+                                  "NBDIST_ATTACH line their environment needs")
+    p.add_argument("--listen", default=None, metavar="[HOST:]PORT",
+                   help="where to listen (default: 127.0.0.1 and a free port, this machine's "
+                        "jobs only)")
+    p.add_argument("--token-file", default=None, metavar="F",
+                   help="keep the line in F (mode 0600): a restarted kernel given F listens "
+                        "again with the same line")
+    p.add_argument("--tls-cert", default=None, metavar="F", help="certificate (PEM): TLS")
+    p.add_argument("--tls-key", default=None, metavar="F", help="its key (PEM)")
+
+    verb("jobs", "_jobs", "the jobs watched: id, ranks, hosts, state, steps per rank")
+
+    p = verb("job", "_job", "one watched job: show it, or stop watching it")
+    p.add_argument("id", metavar="ID", help="the job's id, as %%nbdist jobs lists it")
+    p.add_argument("action", choices=("show", "detach"),
+                   help="show: its record and run table; detach: stop watching it")
     return parser, subs
 
 

@@ -138,6 +138,22 @@ class Collector:
     def alive(self) -> bool:
         return not self._closed
 
+    def instructions(self) -> str:
+        """The line to add to a job's environment, and how to launch with it."""
+        line = self.line
+        return (f"{line}\n\n"
+                "Start a job with it in its environment; every rank then reports here:\n"
+                f"  {line} torchrun --nproc_per_node=2 train.py\n"
+                f"  sbatch --export=ALL,{line} job.sh   # srun in job.sh; or torchrun\n"
+                "Without nbdist's start-up hook (an editable install), run the script as\n"
+                f"  {line} torchrun --nproc_per_node=2 -m nbdist.agent train.py\n"
+                + ("" if self.host != LOOPBACK else
+                   "Listening on loopback: jobs on this machine only (--listen HOST:PORT for "
+                   "others).\n"))
+
+    def __repr__(self) -> str:
+        return self.instructions()
+
     def _accept(self) -> None:
         while not self._closed:
             try:

@@ -127,13 +127,15 @@ class Jobs:
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
+        self._detached: set[str] = set()  # keys whose frames are no longer folded
+        self._count = 0
         self.lock = threading.Lock()
 
     def _job(self, key: str, world_size: int = 0) -> Job:
         job = self._jobs.get(key)
         if job is None:
-            job = self._jobs[key] = Job(id=str(len(self._jobs) + 1), key=key,
-                                        world_size=world_size)
+            self._count += 1
+            job = self._jobs[key] = Job(id=str(self._count), key=key, world_size=world_size)
         if world_size and job.run is None:
             job.world_size = world_size
             job.run = Run(f"job {job.id}", range(world_size), world_size=world_size)
@@ -151,7 +153,7 @@ class Jobs:
             self._closed(connection)
             return
         key = m.get("job")
-        if not isinstance(key, str):
+        if not isinstance(key, str) or key in self._detached:
             return
         if kind == "rank":
             job = self._job(key, int(m["world_size"]))
@@ -207,11 +209,57 @@ class Jobs:
                     return job
             return None
 
-    def forget(self, ident: str) -> bool:
-        """Drop a job's record; False if there was none."""
+    def detach(self, ident: str) -> Optional[Job]:
+        """Stop watching a job (by number or key): its record goes and its frames are
+        ignored from now on. Returns the job (None: no such job)."""
         with self.lock:
             for key, job in list(self._jobs.items()):
                 if ident in (job.id, job.key):
                     del self._jobs[key]
-                    return True
-            return False
+                    self._detached.add(key)
+                    return job
+            return None
+
+
+class WatchedJob:
+    """A handle on one watched job (``nbdist.job(ID)``), read from the kernel's collector."""
+
+    def __init__(self, jobs: Jobs, job: Job):
+        self._jobs = jobs
+        self._job = job
+
+    @property
+    def id(self) -> str:
+        return self._job.id
+
+    @property
+    def record(self) -> JobRecord:
+        """The job now, as ``nbdist.jobs()`` lists it."""
+        with self._jobs.lock:
+            return self._job.record()
+
+    def snapshot(self) -> Optional[RunSnapshot]:
+        """The job's numbers now, as a cell's dashboard draws them (None: no rank seen yet)."""
+        with self._jobs.lock:
+            return self._job.snapshot()
+
+    def summary(self) -> str:
+        """The job as text: its record's line, then the run's table (steps, time split,
+        memory per rank, verdicts once it ended)."""
+        from ..display.text import format_summary
+
+        snap = self.snapshot()
+        line = self.record.line()
+        return line if snap is None else f"{line}\n{format_summary(snap)}"
+
+    def show(self) -> None:
+        """Print :meth:`summary` (``%nbdist job ID show``)."""
+        print(self.summary())
+
+    def detach(self) -> str:
+        """Stop watching the job (``%nbdist job ID detach``); says what was detached."""
+        self._jobs.detach(self._job.key)
+        return f"job {self._job.id} ({self._job.key}) detached: its reports are ignored"
+
+    def __repr__(self) -> str:
+        return f"<nbdist watched {self.record.line()}>"

@@ -98,5 +98,8 @@ def test_frames_without_a_job_or_before_its_ranks_are_ignored_and_jobs_are_numbe
     jobs.fold(_rank(0, 1), 1)
     jobs.fold({**_rank(0, 2), "job": "slurm-9"}, 1)
     assert [r.id for r in jobs.records()] == ["1", "2"]
-    assert jobs.forget("slurm-9") and not jobs.forget("slurm-9")
+    assert jobs.detach("2").key == "slurm-9" and jobs.detach("slurm-9") is None
+    jobs.fold({**_rank(1, 3), "job": "slurm-9"}, 1)  # a detached job's frames are ignored
     assert [r.key for r in jobs.records()] == [KEY]
+    jobs.fold({**_rank(0, 4), "job": "slurm-10"}, 1)
+    assert [r.id for r in jobs.records()] == ["1", "3"]  # numbers are never reused

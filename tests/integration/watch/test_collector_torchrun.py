@@ -1,0 +1,169 @@
+"""A real ``torchrun --standalone --nproc_per_node=2`` job, started with the line
+``%nbdist attach`` prints, reports to a collector in this process: both ranks, their steps
+while it runs, and its end. Without the variable the job imports nothing of nbdist; with a
+notebook that is not there it runs as without one.
+
+The start-up hook is the ``nbdist-attach.pth`` a wheel installs; this checkout is installed
+in editable mode, so the tests put that same file in a site directory of their own
+(``site.addsitedir`` from a ``sitecustomize``, as site-packages is processed at start-up)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from nbdist.watch.collector import Collector
+
+pytestmark = pytest.mark.timeout(400)
+
+REPO = Path(__file__).resolve().parents[3]
+STEPS = 24  # optimizer steps per rank
+HELD_AT = 8  # the script waits at this step for the test to see it live
+
+TRAIN = textwrap.dedent(f"""
+    import os, sys, time
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    go = sys.argv[1]
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range({STEPS}):
+        if i == {HELD_AT}:
+            deadline = time.time() + 120
+            while not os.path.exists(go) and time.time() < deadline:
+                time.sleep(0.05)
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(0.01)
+    dist.destroy_process_group()
+    print("NBDIST_MODULES", sorted(m for m in sys.modules if m.startswith("nbdist")))
+""")
+
+
+@pytest.fixture
+def site_dir(tmp_path):
+    """A site directory holding the hook as installed, and a sitecustomize that adds it."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "nbdist-attach.pth").write_bytes((REPO / "nbdist-attach.pth").read_bytes())
+    (site / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site)!r})\n")
+    return site
+
+
+def _env(site, attach=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NBDIST_ATTACH")}
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{REPO}"
+    if attach is not None:
+        env["NBDIST_ATTACH"] = attach
+    return env
+
+
+def _torchrun(tmp_path, env, go):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script), str(go)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+
+
+def _finish(proc, timeout=240):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:  # nothing the job started may outlive the test
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out
+
+
+def _until(cond, timeout, proc):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, "the job ended first:\n" + proc.stdout.read()
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_a_torchrun_job_reports_both_ranks_live_and_ends_finished_with_every_step(
+        tmp_path, site_dir):
+    collector = Collector()
+    go = tmp_path / "go"
+    proc = _torchrun(tmp_path, _env(site_dir, collector.address.line), go)
+    try:
+        def live():
+            recs = collector.jobs.records()
+            return recs and len(recs[0].steps) == 2 and min(recs[0].steps.values()) >= 1
+        _until(live, 180, proc)
+        (rec,) = collector.jobs.records()
+        # seen while the job runs, held before step HELD_AT
+        assert rec.state == "running" and rec.world_size == 2
+        assert all(1 <= n <= HELD_AT for n in rec.steps.values()), rec
+        assert rec.key.startswith("torchrun-") and rec.hosts == (socket.gethostname(),)
+        go.touch()
+        code, out = _finish(proc)
+        assert code == 0, out
+        _until_ended = time.monotonic() + 30
+        while collector.jobs.records()[0].state == "running":
+            assert time.monotonic() < _until_ended, collector.jobs.records()
+            time.sleep(0.05)
+        (rec,) = collector.jobs.records()
+        assert rec.state == "finished", rec
+        assert rec.steps == {0: STEPS, 1: STEPS}
+        assert rec.dropped == 0 and rec.error is None
+        # the ranks measured with the workers' instruments: nbdist was loaded there
+        assert out.count("nbdist.agent.rank") == 2
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        collector.close()
+
+
+def _imported(importtime: str) -> list[str]:
+    """The modules ``python -X importtime`` says it imported (an editable install's finder,
+    ``__editable___nbdist_..._finder``, is the installer's, not nbdist)."""
+    return [line.rsplit("|", 1)[1].strip() for line in importtime.splitlines()
+            if line.startswith("import time:") and "|" in line][1:]
+
+
+def test_without_the_variable_nothing_of_nbdist_is_imported(tmp_path, site_dir):
+    hooked = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"],
+                            env=_env(site_dir, "tcp://127.0.0.1:9/t"), capture_output=True,
+                            text=True, timeout=60)
+    assert "nbdist.agent.hook" in _imported(hooked.stderr)  # in place, and runs when set
+    plain = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"],
+                           env=_env(site_dir), capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and "site" in _imported(plain.stderr)
+    assert [m for m in _imported(plain.stderr) if m.split(".")[0] == "nbdist"] == []
+    go = tmp_path / "go"
+    go.touch()
+    code, out = _finish(_torchrun(tmp_path, _env(site_dir), go))
+    assert code == 0, out
+    assert out.count("NBDIST_MODULES []") == 2, out
+
+
+def test_a_notebook_that_is_not_there_costs_the_job_nothing(tmp_path, site_dir):
+    gone = Collector()
+    line = gone.address.line
+    gone.close()  # its port now refuses: the forwarder retries with back-off, ranks spool
+    go = tmp_path / "go"
+    go.touch()
+    code, out = _finish(_torchrun(tmp_path, _env(site_dir, line), go))
+    assert code == 0, out
+    assert out.count("NBDIST_MODULES") == 2 and "Traceback" not in out, out

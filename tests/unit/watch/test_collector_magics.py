@@ -1,0 +1,81 @@
+"""``%nbdist attach``, ``%nbdist jobs`` and ``%nbdist job ID show|detach`` in a real IPython
+shell, and their Python twins: the same collector, the same line, the same records."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("IPython")
+
+from IPython.core.error import UsageError  # noqa: E402
+from synthetic import T0, batches, training_events  # noqa: E402
+
+import nbdist  # noqa: E402
+from nbdist.telemetry import events as ev  # noqa: E402
+from nbdist.watch import collector as col  # noqa: E402
+
+KEY = "torchrun-abc"
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    monkeypatch.setattr(col, "_current", None)
+    yield
+    if col._current is not None:
+        col._current.close()
+
+
+def _job_of_two(jobs, steps=4):
+    for rank in (0, 1):
+        jobs.fold({"type": "rank", "job": KEY, "rank": rank, "world_size": 2, "host": "n1",
+                   "pid": 100 + rank}, 1)
+        for b in batches(rank, training_events(steps) + [ev.end(True, T0 + 5)]):
+            jobs.fold({"type": "batch", "job": KEY, "batch": b}, 1)
+        jobs.fold({"type": "exit", "job": KEY, "rank": rank, "pid": 100 + rank, "ok": True},
+                  1)
+
+
+def test_attach_prints_the_line_and_examples_and_again_the_same_line(shell, capsys, fresh):
+    shell.run_line_magic("nbdist", "attach")
+    out = capsys.readouterr().out
+    collector = nbdist.attach()
+    assert out.splitlines()[0] == collector.line
+    assert collector.line.startswith("NBDIST_ATTACH=tcp://127.0.0.1:")
+    assert "torchrun --nproc_per_node=2 train.py" in out and "sbatch --export=ALL," in out
+    assert "-m nbdist.agent train.py" in out and "loopback" in out
+    shell.run_line_magic("nbdist", "attach  # again")
+    assert capsys.readouterr().out.splitlines()[0] == collector.line
+    assert nbdist.attach() is collector
+
+
+def test_a_bad_attach_is_a_usage_error_that_says_why(shell, fresh):
+    with pytest.raises(UsageError, match=r"--listen takes \[HOST:\]PORT"):
+        shell.run_line_magic("nbdist", "attach --listen nowhere")
+    with pytest.raises(UsageError, match="TLS needs both"):
+        shell.run_line_magic("nbdist", "attach --tls-cert c.pem")
+
+
+def test_jobs_and_job_show_the_records_and_detach_forgets(shell, capsys, fresh):
+    assert nbdist.jobs() == []
+    shell.run_line_magic("nbdist", "jobs")
+    assert "no jobs watched" in capsys.readouterr().out
+    collector = nbdist.attach()
+    capsys.readouterr()
+    _job_of_two(collector.jobs)
+    (rec,) = nbdist.jobs()
+    assert (rec.id, rec.world_size, rec.hosts, rec.state, rec.steps) == (
+        "1", 2, ("n1",), "finished", {0: 4, 1: 4})
+    assert rec.started > 0
+    shell.run_line_magic("nbdist", "jobs")
+    assert capsys.readouterr().out.strip() == rec.line()
+    shell.run_line_magic("nbdist", "job 1 show")
+    shown = capsys.readouterr().out
+    assert shown.startswith(rec.line()) and "nbdist run:" in shown
+    assert nbdist.job("1").record == rec and nbdist.job(KEY).id == "1"
+    with pytest.raises(UsageError, match="no watched job '7'; jobs: 1"):
+        shell.run_line_magic("nbdist", "job 7 show")
+    shell.run_line_magic("nbdist", "job 1 detach")
+    assert "job 1 (torchrun-abc) detached" in capsys.readouterr().out
+    assert nbdist.jobs() == []
+    with pytest.raises(LookupError, match="jobs: none"):
+        nbdist.job("1")
