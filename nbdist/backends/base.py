@@ -132,7 +132,9 @@ class Backend(abc.ABC, Generic[ClientT]):
         ``run_beside`` where a busy worker still answers;
     8.  optionally, where the registration declares ``connect_flags``,
         :meth:`target_from_flags`: their values made into :meth:`connect`'s keywords
-        (Dask's ``--tls-*`` files into a ``security``).
+        (Dask's ``--tls-*`` files into a ``security``);
+    9.  optionally, where the engine can reach a cluster over TLS, :meth:`channel_tls`: the
+        client's certificate and key while it does (push and pull then go under TLS too).
 
     In return you get
 
