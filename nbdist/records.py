@@ -42,14 +42,44 @@ class WorkerRow:
 
 
 @dataclass(frozen=True)
+class Held:
+    """What the notebook keeps across cells, each store against its bound
+    (``Session.held()``; ``docs/limits.md``, "What the notebook keeps").
+
+    Sizes are in bytes; ``trace_events`` counts the telemetry events the kept runs hold for
+    ``%nbdist timeline`` and ``compare``.
+    """
+
+    cells: int
+    max_cells: int
+    pushes: int
+    push_bytes: int
+    push_budget: int
+    runs: int
+    max_runs: int
+    named: int
+    max_named: int
+    trace_events: int
+
+    def __str__(self) -> str:
+        return (f"history {self.cells} of {self.max_cells} cells, {self.pushes} pushes / "
+                f"push copies {self.push_bytes / 2**20:.1f} MiB of "
+                f"{self.push_budget / 2**20:.0f} MiB / runs {self.runs} of {self.max_runs} / "
+                f"named runs {self.named} of {self.max_named} / traces {self.trace_events} "
+                "events")
+
+
+@dataclass(frozen=True)
 class ClusterStatus:
-    """What ``%nbdist status`` shows: wanted vs. observed workers, one row per worker."""
+    """What ``%nbdist status`` shows: wanted vs. observed workers, one row per worker, and
+    what the notebook holds (``held``, when a session reports it)."""
 
     engine: str
     wanted: int
     rows: tuple[WorkerRow, ...] = field(default_factory=tuple)
     dist_backend: Optional[str] = None
     master: Optional[str] = None
+    held: Optional[Held] = None
 
     @property
     def alive(self) -> int:
@@ -67,11 +97,13 @@ class ClusterStatus:
 
     def __repr__(self) -> str:
         return status_text(self.engine, self.alive, self.wanted, self.table(),
-                           dist_backend=self.dist_backend, master=self.master)
+                           dist_backend=self.dist_backend, master=self.master,
+                           held=str(self.held) if self.held else None)
 
     def _repr_html_(self) -> str:
         return status_html(self.engine, self.alive, self.wanted, self.table(),
-                           dist_backend=self.dist_backend, master=self.master)
+                           dist_backend=self.dist_backend, master=self.master,
+                           held=str(self.held) if self.held else None)
 
 
 def _or_dash(value: Optional[object]) -> str:

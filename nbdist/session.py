@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 from .backends import get_backend
 from .backends.base import Backend
 from .boot.store_host import StoreHost
-from .cell.runner import Cells
+from .cell.runner import KEPT_RUNS, MAX_NAMED, Cells
 from .debugger.console import for_call, post_mortem
 from .debugger.faults import Faults
 from .display import make_run_view, make_start_view
@@ -34,7 +34,7 @@ from .exporter.history import History
 from .group.cluster import Cluster
 from .group.transfer import Transfers
 from .options import CellOptions, ClusterOptions, parse_ranks
-from .records import Comparison, RemoteValue, TuneResult
+from .records import ClusterStatus, Comparison, Held, RemoteValue, TuneResult
 from .runtime.measure.spec import DDPSettings
 from .telemetry.run import Run
 from .telemetry.snapshot import RunSnapshot
@@ -76,7 +76,37 @@ class Session(Cluster):
 
     def stop(self) -> Optional[str]:
         self.transfers.close()
-        return super().stop()
+        said = super().stop()
+        self.release()
+        return said
+
+    def release(self) -> None:
+        """Let go of what the session keeps across cells: the export record and its push
+        copies, the kept runs and named runs (``stop`` does it; ``docs/limits.md``)."""
+        self.history.reset()
+        self.cells.release()
+
+    def held(self) -> Held:
+        """What the notebook keeps across cells, each store with its bound (the last line of
+        ``%nbdist status``; ``docs/limits.md``, "What the notebook keeps")."""
+        h = self.history
+        runs, named, events = self.cells.held()
+        return Held(cells=len(h.cells), max_cells=h.max_cells,
+                    pushes=len(h.entries) - len(h.cells), push_bytes=h.kept_bytes,
+                    push_budget=h.budget, runs=runs, max_runs=KEPT_RUNS, named=named,
+                    max_named=MAX_NAMED, trace_events=events)
+
+    def status(self) -> ClusterStatus:
+        """One row per worker: rank, host, pid, device, alive, memory (a worker that does
+        not answer within 10 s is shown busy, or gone); then what the notebook holds
+        (:meth:`held`).
+
+        Raises
+        ------
+        NoClusterError
+            No job is running.
+        """
+        return replace(super().status(), held=self.held())
 
     # ----------------------------------------------------------------- cells
     def run_cell(self, code: str, *, ranks: Optional[str] = None,
@@ -369,7 +399,7 @@ class Session(Cluster):
         m.require()
         options = replace(self.options, dist_backend=m.dist_backend)  # gloo on shared GPUs
         return write(path, self.history.entries, self.plans, options, self.profile_path,
-                     version=__version__, force=force)
+                     version=__version__, force=force, forgotten=self.history.forgotten)
 
     def save_profile(self, path: str) -> str:
         """Write this session's options as a profile that ``start(profile=path)`` reads;

@@ -172,22 +172,26 @@ def html_table(table: Table, widths: Optional[Sequence[Optional[int]]] = None,
 
 # ----------------------------------------------------------------- a cluster's status
 def status_text(engine: str, alive: int, wanted: int, table: Table, *,
-                dist_backend: Optional[str] = None, master: Optional[str] = None) -> str:
-    """A cluster's status as text: a line, then one row per worker."""
+                dist_backend: Optional[str] = None, master: Optional[str] = None,
+                held: Optional[str] = None) -> str:
+    """A cluster's status as text: a line, one row per worker, then what the notebook holds."""
     head = (f"nbdist cluster: {engine}, {alive}/{wanted} workers alive"
             + (f", backend {dist_backend}" if dist_backend else "")
             + (f", MASTER_ADDR {master}" if master else ""))
-    return "\n".join([head, *text_table(table)])
+    return "\n".join([head, *text_table(table), *([f"notebook holds: {held}"] if held else [])])
 
 
 def status_html(engine: str, alive: int, wanted: int, table: Table, *,
-                dist_backend: Optional[str] = None, master: Optional[str] = None) -> str:
-    """A cluster's status as HTML: a line, then one row per worker."""
+                dist_backend: Optional[str] = None, master: Optional[str] = None,
+                held: Optional[str] = None) -> str:
+    """A cluster's status as HTML: a line, one row per worker, then what the notebook holds."""
     head = (f"<b>nbdist</b> {escape(engine)}: {alive}/{wanted} workers alive"
             + (f", backend <code>{escape(dist_backend)}</code>" if dist_backend else "")
             + (f", MASTER_ADDR <code>{escape(master)}</code>" if master else ""))
+    foot = (f"<div style='margin-top:4px;font-size:12px;color:{MUTED}'>notebook holds: "
+            f"{escape(held)}</div>" if held else "")
     return (f"<div class='nbdist-status'><div style='margin-bottom:4px'>{head}</div>"
-            f"{html_table(table)}</div>")
+            f"{html_table(table)}{foot}</div>")
 
 
 # ----------------------------------------------------------------- runs side by side

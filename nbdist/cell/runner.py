@@ -46,6 +46,9 @@ ConsoleFactory = Callable[["Membership", str], tuple[Any, Any]]
 
 #: how many of the latest runs are kept (their records hold every rank's events)
 KEPT_RUNS = 3
+#: how many named runs are kept for compare (the oldest name goes first); those that are not
+#: among the latest :data:`KEPT_RUNS` keep their figures, not their trace events
+MAX_NAMED = 50
 
 
 class Cells:
@@ -147,10 +150,12 @@ class Cells:
             if cell_run.reformed:
                 self.history.reset()  # a new group: the exported script starts after it
             if run.recorded:
-                self.runs.append(run)
+                self._keep(run)
             if opts.name is not None:
                 self.named.pop(opts.name, None)  # a re-run goes to the end, in run order
                 self.named[opts.name] = run
+                while len(self.named) > MAX_NAMED:
+                    self.named.pop(next(iter(self.named)))
         if not trial:  # a tuning's trials are one cell of the script: tune() adds it
             self.history.cell(number, code, None if len(selected) == world else selected)
         self.tuning.say_note(run.snapshot(), defaults, opts.output)  # under the cell
@@ -182,6 +187,25 @@ class Cells:
             CellRun(m, calls, run, self._make_view(output, 0, world)).wait(timeout)
         finally:
             m.close_store("run")
+
+    def _keep(self, run: Run) -> None:
+        """Keep ``run`` among the latest; a named run that leaves them keeps only its figures
+        (what compare shows): its trace events are no longer reachable by ``timeline``."""
+        if len(self.runs) == self.runs.maxlen:
+            leaving = self.runs[0]
+            if any(leaving is r for r in self.named.values()):
+                leaving.let_go_trace()
+        self.runs.append(run)
+
+    def release(self) -> None:
+        """Let go of every kept run and named run (the session stopped)."""
+        self.runs.clear()
+        self.named.clear()
+
+    def held(self) -> tuple[int, int, int]:
+        """``(runs kept, named runs, trace events they hold)``."""
+        ids = {id(r): r for r in (*self.runs, *self.named.values())}
+        return len(self.runs), len(self.named), sum(r.trace_events for r in ids.values())
 
     def last(self) -> Optional[RunSnapshot]:
         """Summary of the latest run that recorded telemetry (None before any)."""

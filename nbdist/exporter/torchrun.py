@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 
 from ..errors import ExportError
 from ..options import ClusterOptions, LaunchOptions
-from .history import CellEntry, Entry, PushEntry
+from .history import CellEntry, Entry, PushEntry, covers
 
 if TYPE_CHECKING:
     from ..runtime.env import RankPlan
@@ -86,8 +86,10 @@ def data_name(script_path: str) -> str:
 
 
 def render(entries: Sequence[Entry], shape: JobShape, script_path: str,
-           version: str = "", now: Optional[datetime.datetime] = None) -> Export:
-    """The script (and data) reproducing ``entries`` under ``torchrun``.
+           version: str = "", now: Optional[datetime.datetime] = None,
+           forgotten: int = 0) -> Export:
+    """The script (and data) reproducing ``entries`` under ``torchrun`` (``forgotten``: the
+    cells before them the record no longer keeps, named in the script and in ``left_out``).
 
     Raises :class:`~nbdist.errors.ExportError` when no cell ran successfully.
     """
@@ -100,13 +102,18 @@ def render(entries: Sequence[Entry], shape: JobShape, script_path: str,
     body: list[str] = []
     blobs: dict[int, bytes] = {}
     left_out: list[str] = []
+    if forgotten:
+        gone = (f"the first {forgotten} cell{'s' * (forgotten != 1)} since the group formed "
+                f"(the record keeps the latest {len(cells)})")
+        body += [f"# ---- not kept: {gone}", ""]
+        left_out.append(gone)
     pushes = 0
     for i, entry in enumerate(entries):
         if isinstance(entry, CellEntry):
             body += _cell_block(entry, futures)
             continue
         later = _mentioned(e.source for e in entries[i + 1:] if isinstance(e, CellEntry))
-        used = [n for n in entry.names if n in later]
+        used = [n for n in entry.names if n in later and _read_before_replaced(entries, i, n)]
         if not used:
             body += [f"# %nbdist push {' '.join(entry.names)}: no cell below mentions these "
                      "names, left out", ""]
@@ -116,7 +123,7 @@ def render(entries: Sequence[Entry], shape: JobShape, script_path: str,
         if blob is not None:
             blobs[len(blobs)] = blob
         body += block
-        left_out += [f"pushed value {n!r} (too large to keep; the script stops there)"
+        left_out += [f"pushed value {n!r} ({entry.reason(n)}; the script stops there)"
                      for n in entry.dropped if n in used]
     command = launch_command(shape, script)
     head = _header(shape, script, command, version, now or datetime.datetime.now(),
@@ -131,8 +138,9 @@ def render(entries: Sequence[Entry], shape: JobShape, script_path: str,
 
 def write(path: str, entries: Sequence[Entry], plans: Sequence[RankPlan],
           options: ClusterOptions, profile: Optional[str] = None, *, version: str = "",
-          force: bool = False) -> Export:
-    """Render the session's record and write the script (and its data file) at ``path``.
+          force: bool = False, forgotten: int = 0) -> Export:
+    """Render the session's record and write the script (and its data file) at ``path``
+    (``forgotten``: as :func:`render` takes it).
 
     A file that is not an earlier export is kept unless ``force``.
     """
@@ -142,7 +150,7 @@ def write(path: str, entries: Sequence[Entry], plans: Sequence[RankPlan],
         threads=options.threads, timeout=options.timeout, env=dict(options.env),
         working_dir=options.working_dir, launch=options.launch,
         profile=os.path.basename(profile) if profile else None)
-    out = render(entries, shape, path, version=version)
+    out = render(entries, shape, path, version=version, forgotten=forgotten)
     data_path = os.path.join(os.path.dirname(path), data_name(path))
     if not force:
         for target in (path, data_path):
@@ -363,14 +371,29 @@ def _push_block(entry: PushEntry, used: Sequence[str], index: int
                     f"# {', '.join(pickled)}")
     for n in entry.dropped:
         if n in used:
-            body.append(f"raise SystemExit({n!r} ' was pushed from the notebook but was too "
-                        "large to export: load it here')")
+            body.append(f"raise SystemExit({n!r} ' was pushed from the notebook but is not in "
+                        f"the export ({entry.reason(n)}): load it here')")
     if entry.ranks is not None:
         lines.append(f"if rank in {tuple(entry.ranks)!r}:")
         lines += ["    " + line for line in body]
     else:
         lines += body
     return lines + [""], blob
+
+
+def _read_before_replaced(entries: Sequence[Entry], i: int, name: str) -> bool:
+    """Whether a cell after push ``entries[i]`` mentions ``name`` before a later push of the
+    same name replaces its value (a value replaced before any cell read it is not needed)."""
+    entry = entries[i]
+    if not isinstance(entry, PushEntry) or name not in entry.dropped:
+        return True  # a kept value goes in as it went to the workers
+    between = []
+    for e in entries[i + 1:]:
+        if isinstance(e, PushEntry) and name in e.names and covers(e.ranks, entry.ranks):
+            break
+        if isinstance(e, CellEntry):
+            between.append(e.source)
+    return name in _mentioned(between)
 
 
 def _mentioned(sources: Iterable[str]) -> set[str]:

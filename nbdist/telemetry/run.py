@@ -154,6 +154,15 @@ class Run:
         """Telemetry events dropped because the run recorded more than the cap."""
         return self._state.dropped
 
+    @property
+    def trace_events(self) -> int:
+        """Telemetry events the run holds for its trace (0 once let go)."""
+        return sum(n for kept in self._state.kept_events.values() for n, _ in kept)
+
+    def let_go_trace(self) -> None:
+        """Drop the events kept for the trace; the figures (snapshot, compare) stay."""
+        self._state.kept_events.clear()
+
     def events(self) -> dict[int, list[Event]]:
         """The recorded telemetry events per rank."""
         return self._state.events()
