@@ -52,6 +52,7 @@ class RankAgent:
         self.job = wire.job_key(env) or f"host-{socket.gethostname()}-{os.getppid()}"
         self.writer = SpoolWriter(spool_dir)
         self.error: Optional[str] = None
+        self.failed_at: Optional[float] = None  # when the error was raised (time.time())
         self.sink: Optional[EventSink] = None
         self._dropped_said = 0
         self._ended = False
@@ -94,6 +95,7 @@ class RankAgent:
         """The script ended with ``exc`` (reported as the rank's error at its end)."""
         tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         self.error = tb.splitlines()[-1] if tb else type(exc).__name__
+        self.failed_at = time.time()
 
     def end(self, code: Optional[int] = None) -> None:
         """The rank's process ends: its last step, memory and end, then its exit frame.
@@ -102,7 +104,7 @@ class RankAgent:
             return
         self._ended = True
         if code and self.error is None:
-            self.error = f"exited with status {code}"
+            self.error, self.failed_at = f"exited with status {code}", time.time()
         try:
             from ..runtime.measure.model import measurements
 
@@ -115,5 +117,5 @@ class RankAgent:
         self.sink.close()
         self._send({"type": "exit", "job": self.job, "rank": self.who["rank"],
                     "pid": os.getpid(), "ok": ok, "error": self.error, "lost": False,
-                    "t": time.time()}, droppable=False)
+                    "failed_at": self.failed_at, "t": time.time()}, droppable=False)
         self.writer.close()

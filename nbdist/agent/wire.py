@@ -12,8 +12,9 @@ The frames a forwarder sends after its :func:`hello` (each names its ``job``):
   ``restart`` (torchrun's restart count), ``t``;
 * ``batch`` — a rank's event batch, as a ``%%distributed`` cell's (``batch``);
 * ``dropped`` — ``count`` batches of ``rank`` that a full buffer dropped (a running total);
-* ``exit`` — a rank's process ended: ``rank``, ``pid``, ``ok``, ``error`` (text or None),
-  ``lost`` (True: it vanished without saying how it ended);
+* ``exit`` — a rank's process ended: ``rank``, ``pid``, ``ok``, ``error`` (text or None)
+  and ``failed_at`` (when it was raised), ``lost`` (True: it vanished without saying how it
+  ended);
 * ``bye`` — the forwarder ends (the launcher exited): ``code``, its exit status if known.
 """
 

@@ -47,7 +47,7 @@ class JobRecord:
     dropped : int
         Event batches dropped on the way because the notebook was not keeping up.
     error : str or None
-        The first error a rank ended with.
+        The error raised first among the ranks that ended with one (its root cause).
     """
 
     id: str
@@ -79,6 +79,7 @@ class RankProcess:
     restart: int = 0
     ended: Optional[str] = None  # None: running; else FINISHED, FAILED or LOST
     error: Optional[str] = None
+    failed_at: float = float("inf")  # when its error was raised
 
 
 @dataclass
@@ -112,7 +113,10 @@ class Job:
     def record(self) -> JobRecord:
         snap = self.snapshot()
         steps = {r.rank: r.steps for r in snap.ranks} if snap is not None else {}
-        error = next((p.error for _, p in sorted(self.ranks.items()) if p.error), None)
+        # the root cause, as torchrun names it: the error raised first (its peers' errors
+        # follow from it: a collective that lost its peer)
+        failed = sorted((p.failed_at, p.rank) for p in self.ranks.values() if p.error)
+        error = self.ranks[failed[0][1]].error if failed else None
         return JobRecord(id=self.id, key=self.key, world_size=self.world_size,
                          hosts=tuple(sorted({p.host for p in self.ranks.values()})),
                          state=self.state, steps=steps, started=self.started,
@@ -175,6 +179,8 @@ class Jobs:
                               else FAILED)
                 proc.error = m.get("error") or (None if proc.ended != FAILED
                                                 else "ended with an error")
+                if proc.error is not None:
+                    proc.failed_at = float(m.get("failed_at") or m.get("t") or float("inf"))
         self._settle()
 
     def closed(self, connection: int) -> None:

@@ -39,7 +39,10 @@ TRAIN = textwrap.dedent(f"""
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fail_at = int(os.environ.get("FAIL_AT", "-1"))
     for i in range({STEPS}):
+        if i == fail_at and dist.get_rank() == 1:
+            raise ValueError(f"bad batch at step {{i}}")
         if i == {HELD_AT}:
             deadline = time.time() + 120
             while not os.path.exists(go) and time.time() < deadline:
@@ -64,8 +67,9 @@ def site_dir(tmp_path):
     return site
 
 
-def _env(site, attach=None):
+def _env(site, attach=None, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NBDIST_ATTACH")}
+    env.update(extra)
     env["PYTHONPATH"] = f"{site}{os.pathsep}{REPO}"
     if attach is not None:
         env["NBDIST_ATTACH"] = attach
@@ -167,3 +171,23 @@ def test_a_notebook_that_is_not_there_costs_the_job_nothing(tmp_path, site_dir):
     code, out = _finish(_torchrun(tmp_path, _env(site_dir, line), go))
     assert code == 0, out
     assert out.count("NBDIST_MODULES") == 2 and "Traceback" not in out, out
+
+
+def test_a_rank_that_raises_fails_the_job_with_its_error(tmp_path, site_dir):
+    collector = Collector()
+    go = tmp_path / "go"
+    go.touch()
+    try:
+        code, out = _finish(_torchrun(tmp_path, _env(site_dir, collector.address.line,
+                                                      FAIL_AT="3"), go))
+        assert code != 0 and "bad batch at step 3" in out
+        end = time.monotonic() + 30
+        while not collector.jobs.records() or collector.jobs.records()[0].state == "running":
+            assert time.monotonic() < end, collector.jobs.records()
+            time.sleep(0.05)
+        (rec,) = collector.jobs.records()
+        assert rec.state == "failed", rec
+        assert rec.error == "ValueError: bad batch at step 3"
+        assert rec.steps[1] == 3  # the steps it took before the error
+    finally:
+        collector.close()

@@ -15,9 +15,9 @@ def _rank(rank, pid, world=2, host="h1", restart=0):
             "host": host, "pid": pid, "restart": restart, "t": T0}
 
 
-def _exit(rank, pid, ok=True, error=None, lost=False):
+def _exit(rank, pid, ok=True, error=None, lost=False, failed_at=None):
     return {"type": "exit", "job": KEY, "rank": rank, "pid": pid, "ok": ok, "error": error,
-            "lost": lost, "t": T0}
+            "lost": lost, "failed_at": failed_at, "t": T0}
 
 
 def _train(jobs, rank, steps, conn=1, ok=True):
@@ -52,6 +52,15 @@ def test_a_rank_that_ends_with_an_error_fails_the_job_and_says_it():
     jobs.fold(_exit(0, 100, ok=False, lost=True), 1)
     rec = jobs.records()[0]
     assert rec.state == FAILED and rec.error == "ValueError: bad batch"
+
+
+def test_the_error_raised_first_is_the_jobs_error_whichever_rank_reports_first():
+    jobs = Jobs()
+    for r in (0, 1):
+        jobs.fold(_rank(r, 100 + r), 1)
+    jobs.fold(_exit(0, 100, ok=False, error="RuntimeError: peer closed", failed_at=T0 + 2), 1)
+    jobs.fold(_exit(1, 101, ok=False, error="ValueError: bad batch", failed_at=T0 + 1), 1)
+    assert jobs.records()[0].error == "ValueError: bad batch"
 
 
 def test_a_connection_that_ends_while_ranks_run_loses_the_job():
