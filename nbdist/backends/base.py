@@ -255,6 +255,13 @@ class Backend(abc.ABC, Generic[ClientT]):
         ``{}`` where the engine cannot reach a busy worker (or it does not answer soon)."""
         return {}
 
+    def last_words(self, worker: WorkerId, host: Optional[str], pid: int) -> Optional[dict]:
+        """What dead worker process ``pid`` left on ``host``, another host than the
+        notebook's (:func:`~nbdist.runtime.fd_output.last_words`: its last lines on stderr
+        and its record of the cell line), read and removed there; None where the engine
+        cannot run a call on that host."""
+        return None
+
     def exit_cause(self, worker: WorkerId, pid: Optional[int]) -> Optional[str]:
         """How a worker process ended (``"SIGKILL"``, ``"exit status 1"``), where the engine
         knows; None otherwise."""

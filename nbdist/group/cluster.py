@@ -22,6 +22,7 @@ from ..errors import NbdistError, NoClusterError, OptionError
 from ..options import CellDefaults, ClusterOptions
 from ..records import ClusterStatus
 from ..runtime.env import count_local_gpus
+from .losses import remove_leftovers
 from .membership import Membership
 from .relaunch import Progress, launch, relaunch
 
@@ -202,6 +203,7 @@ class Cluster:
             return None
         what, owned = backend.describe(), backend.owns_cluster
         backend.stop()
+        remove_leftovers(self.membership)  # dead ranks' output files on this host
         if owned:
             return f"stopped {n} worker{'s' if n != 1 else ''} of {what}"
         return f"disconnected from {what}; its {n} worker{'s' if n != 1 else ''} keep running"

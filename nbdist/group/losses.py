@@ -50,22 +50,47 @@ def lost_worker(membership: Membership, w: WorkerId, rank: Optional[int], oom_be
         cause = None
     if cause == "SIGKILL" and _oom_kills() > oom_before:
         cause = "SIGKILL, by the kernel's out-of-memory killer"
-    line, tail, kept_at = _last_words(host, pid)
-    return Lost(time.time(), rank, host, pid, cause, by, line, tail, kept_at)
+    words, kept_at = _last_words(membership, w, host, pid)
+    tail = words["tail"] if words else []
+    line, seen = fd_output.cell_line(tail), False  # a dump says where it died
+    if line is None and words and words.get("line"):
+        line, exact = words["line"]  # else the rank's record of its line
+        seen = not exact
+    lost = Lost(time.time(), rank, host, pid, cause, by, line, tuple(fd_output.told(tail)),
+                kept_at, seen)
+    membership.deaths[w] = lost
+    return lost
 
 
-def _last_words(host: Optional[str], pid: Optional[int]
-                ) -> tuple[Optional[str], tuple[str, ...], Optional[str]]:
-    """A dead worker's last lines on stderr, read (and removed) where its file is on this
-    host: the cell line a fatal signal's stack dump there names, the lines a person reads,
-    and (another host) where the file is kept instead."""
+def _last_words(membership: Membership, w: WorkerId, host: Optional[str], pid: Optional[int]
+                ) -> tuple[Optional[dict], Optional[str]]:
+    """What a dead worker left (:func:`~nbdist.runtime.fd_output.last_words`: its last lines
+    on stderr, its record of the cell line), read and removed on this host or by the engine
+    on its own (a Dask nanny); else None and where its stderr is kept."""
     if pid is None:
-        return None, (), None
-    if host != socket.gethostname():
-        return None, (), f"{host}:{fd_output.paths(pid)['stderr']}"
-    lines = fd_output.read_tail(pid)
-    fd_output.remove(pid)
-    return fd_output.cell_line(lines), tuple(fd_output.told(lines)), None
+        return None, None
+    if _here(host):
+        return fd_output.last_words(pid), None
+    try:
+        words = membership.require().last_words(w, host, pid)
+    except Exception:  # the engine could not ask its host: say where the file is
+        words = None
+    return words, None if words is not None else f"{host}:{fd_output.paths(pid)['stderr']}"
+
+
+def _here(host: Optional[str]) -> bool:
+    """Whether ``host`` (a worker's hostname) is the notebook's."""
+    return host == socket.gethostname()
+
+
+def remove_leftovers(membership: Membership) -> None:
+    """Remove the files of this job's ranks on the notebook's host whose processes are gone
+    (a rank that died with no cell to notice, or between cells): ``%nbdist stop`` runs it
+    once the engine stopped its workers."""
+    pids = {info["pid"] for info in membership.infos.values() if _here(info["hostname"])}
+    pids |= {d.pid for d in membership.deaths.values() if d.pid and _here(d.host)}
+    for pid in pids:
+        fd_output.last_words(pid)  # a process still running keeps its files
 
 
 def _host_pid(membership: Membership, w: WorkerId) -> tuple[Optional[str], Optional[int]]:

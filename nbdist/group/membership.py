@@ -23,6 +23,7 @@ from ..runtime import results
 from ..runtime import worker as rt
 from ..runtime.env import LOOPBACK, RankPlan, choose_dist_backend, plan_ranks, store_addr
 from ..runtime.results import Joined, WorkerInfo
+from ..telemetry.recovery import Lost
 
 
 class Membership:
@@ -56,6 +57,8 @@ class Membership:
         self.dist_backend = "auto"
         #: a line for the user about how the group was formed ("" when nothing to say)
         self.note = ""
+        #: how each worker lost since the job formed died (``status`` says it in its row)
+        self.deaths: dict[WorkerId, Lost] = {}
 
     @property
     def world_size(self) -> int:
@@ -189,6 +192,7 @@ class Membership:
         timeout = options.timeout
         ids = self.ranked(ids)
         self.infos = {}
+        self.deaths = {}
         infos = self.admit(ids)
         self.master = self._store_addr(infos)
         self.replan(ids)
@@ -395,12 +399,19 @@ class Membership:
             rows.append(WorkerRow(
                 rank=plan.rank if plan else None, worker=str(w),
                 hostname=rep["hostname"] if rep else (plan.hostname if plan else "?"),
-                pid=rep["pid"] if rep else None, device=rep["device"] if rep else None,
+                pid=rep["pid"] if rep else getattr(self.deaths.get(w), "pid", None),
+                device=rep["device"] if rep else None,
                 alive=w in live and rep is not None,
                 rss_mb=(rep["rss"] / 2**20) if rep and rep["rss"] else None,
-                state="idle" if rep else ("busy" if w in live else "gone")))
+                state="idle" if rep else ("busy" if w in live else self._gone(w))))
         rows.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))
         joined = next(iter(self.joined.values()), None)
         return ClusterStatus(engine=backend.describe(), wanted=self.options.n or len(rows),
                              rows=tuple(rows), dist_backend=joined["backend"] if joined else None,
                              master=self.plans[0].master_addr if self.plans else None)
+
+    def _gone(self, w: WorkerId) -> str:
+        """A worker's state once it is gone: how it died, in its error's words, where the
+        notebook knows (``died: SIGKILL, last seen at line 7 of In [5]``)."""
+        lost = self.deaths.get(w)
+        return f"died: {lost.reason}" if lost is not None else "gone"

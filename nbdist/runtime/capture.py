@@ -278,9 +278,12 @@ def fresh_warnings() -> None:
 
 
 @contextmanager
-def captured_output(sink: EventSink, limit: int = MAX_OUTPUT_CHARS) -> Iterator[OutputBudget]:
+def captured_output(sink: EventSink, limit: int = MAX_OUTPUT_CHARS,
+                    filename: Optional[str] = None) -> Iterator[OutputBudget]:
     """Route ``sys.stdout``/``sys.stderr``, shown warnings and, where this process captures
-    them (:mod:`.fd_output`), file descriptors 1 and 2 to ``sink`` during a cell.
+    them (:mod:`.fd_output`), file descriptors 1 and 2 to ``sink`` during a cell; where
+    ``filename`` (the cell's code) is given, the capture's line record follows this thread in
+    it.
 
     At most ``limit`` characters are sent; past them, output is counted and one notice says
     how much was held back (a print loop of millions of lines must not flood the notebook).
@@ -295,7 +298,7 @@ def captured_output(sink: EventSink, limit: int = MAX_OUTPUT_CHARS) -> Iterator[
             sink.emit(stream(name, sent))
 
     if fds is not None:
-        fds.begin(emit)
+        fds.begin(emit, filename)
     old = sys.stdout, sys.stderr, warnings.showwarning
     sys.stdout = StreamTee(sink, "stdout", budget)
     sys.stderr = StreamTee(sink, "stderr", budget)

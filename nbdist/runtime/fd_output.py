@@ -25,6 +25,14 @@ reads its last lines there (:func:`read_tail`) and the cell line it was running
 one is kept (for the tail) until the next replacement. The files are removed at the worker's
 normal exit, and by the notebook once it has read a dead rank's (:func:`remove`).
 
+SIGKILL (the out-of-memory killer's too), SIGTERM and ``os._exit`` run no dump, so a third
+file, ``rank-<pid>.line``, says which cell line the rank runs (:func:`read_line`): the cell
+start writes it, the reading thread looks at the cell thread's innermost cell frame at each
+tick (``sys._current_frames()``: the cell's thread runs no hook and pays nothing) and writes it
+when it changed, the cell's end clears it. Such a line is "last seen": up to :data:`POLL_S`
+old. ``os._exit`` is wrapped while the capture is installed, so that the line of the call
+itself is written before the process ends (it exits as before).
+
 Stdlib only.
 """
 
@@ -34,13 +42,16 @@ import atexit
 import codecs
 import contextlib
 import faulthandler
+import functools
 import os
 import re
+import socket
 import stat
 import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Optional
 
 #: seconds between the reading thread's looks at the files (a look at an idle file: one fstat)
@@ -66,9 +77,12 @@ def directory() -> str:
 
 
 def paths(pid: int, folder: Optional[str] = None) -> dict[str, str]:
-    """The files of process ``pid``: ``{"stdout": ..., "stderr": ...}``."""
+    """The files of process ``pid``: ``{"stdout": ..., "stderr": ..., "line": ...}`` (its
+    output, and the record of the cell line it runs)."""
     folder = folder or os.path.join(tempfile.gettempdir(), f"nbdist-{os.getuid()}")
-    return {name: os.path.join(folder, f"rank-{pid}.{name[3:]}") for _, name in STREAMS}
+    out = {name: os.path.join(folder, f"rank-{pid}.{name[3:]}") for _, name in STREAMS}
+    out["line"] = os.path.join(folder, f"rank-{pid}.line")
+    return out
 
 
 class _Stream:
@@ -140,6 +154,87 @@ def _through(fd: int) -> Optional[int]:
     return dup
 
 
+class LineRecord:
+    """The cell line a thread runs, kept in a small file (``rank-<pid>.line``) for the notebook
+    to read once the process is dead (:func:`read_line`).
+
+    :meth:`start` (on the cell's thread) names the thread and the cell's filename; :meth:`look`
+    (any other thread) reads that thread's innermost frame of the cell and writes its line
+    where it changed: one ``pwrite`` of a few bytes, nothing where it did not. The file holds
+    one line, ``<kind> <line> <filename>``: ``seen`` (a look, or the cell's start: line 0) or
+    ``at`` (the line of an ``os._exit`` call, :meth:`exiting`).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        # not O_APPEND (as the output files are): each record is written over the last
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.cell: Optional[tuple[int, str]] = None  # (thread ident, cell filename)
+        self.text = b""  # what the file holds now (less its padding)
+        self._size = 0  # bytes written at most: a shorter record is padded over the longer
+        self._lock = threading.Lock()
+
+    def start(self, filename: str) -> None:
+        """A cell named ``filename`` starts on this thread."""
+        with self._lock:
+            self.cell = (threading.get_ident(), filename)
+            self._write_locked(b"seen 0 " + filename.encode())
+
+    def clear(self) -> None:
+        """The cell ended: no line is run now."""
+        with self._lock:
+            self.cell = None
+            self._write_locked(b"")
+
+    def look(self) -> None:
+        """Write the line the cell's thread runs now, where it changed."""
+        cell = self.cell
+        if cell is None:
+            return
+        line = _cell_lineno(sys._current_frames().get(cell[0]), cell[1])
+        if line:
+            with self._lock:
+                if self.cell == cell:
+                    self._write_locked(f"seen {line} {cell[1]}".encode())
+
+    def exiting(self, frame: Optional[FrameType]) -> None:
+        """The process ends now (``os._exit`` called at ``frame``): write the cell line of the
+        call (the cell thread's line, where another thread calls it)."""
+        cell = self.cell
+        if cell is None:
+            return
+        if threading.get_ident() != cell[0]:
+            frame = sys._current_frames().get(cell[0])
+        line = _cell_lineno(frame, cell[1])
+        if line:
+            with self._lock:
+                self._write_locked(f"at {line} {cell[1]}".encode())
+
+    def _write_locked(self, text: bytes) -> None:
+        if text == self.text:
+            return
+        with contextlib.suppress(OSError):  # a full disk: the death is still named
+            os.pwrite(self.fd, text.ljust(self._size), 0)
+            self._size = max(self._size, len(text))
+            self.text = text
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+def _cell_lineno(frame: Optional[FrameType], filename: str) -> int:
+    """The line of the innermost frame of ``frame``'s stack that runs ``filename``; 0 where
+    none does."""
+    while frame is not None:
+        if frame.f_code.co_filename == filename:
+            return frame.f_lineno or 0
+        frame = frame.f_back
+    return 0
+
+
 class FdCapture:
     """This process's descriptors 1 and 2, captured while a cell runs (:meth:`begin`,
     :meth:`end`) and read by a daemon thread.
@@ -161,6 +256,8 @@ class FdCapture:
         self.rotate_bytes = rotate_bytes
         files = paths(self.pid, folder or directory())
         self.streams = [_Stream(fd, name, files[name], _through(fd)) for fd, name in STREAMS]
+        #: the cell line this process runs, for the notebook after a death with no dump
+        self.line = LineRecord(files["line"])
         self._saved: list[int] = []  # the worker's own 1 and 2 while a cell has them
         self._emit: Optional[Emit] = None
         self._held: list[tuple[str, str]] = []
@@ -179,10 +276,13 @@ class FdCapture:
                                             daemon=True)
             self._thread.start()
 
-    def begin(self, emit: Emit) -> None:
+    def begin(self, emit: Emit, filename: Optional[str] = None) -> None:
         """A cell starts: descriptors 1 and 2 write to the files, and what is read goes to
-        ``emit`` (output held since the last cell first)."""
+        ``emit`` (output held since the last cell first); where ``filename`` (the cell's code)
+        is given, the line record follows this thread in it."""
         _flush_python()
+        if filename is not None:
+            self.line.start(filename)
         with self._lock:
             self.drain_locked()
             self._emit = emit
@@ -210,6 +310,7 @@ class FdCapture:
                 self._saved = []
             self.drain_locked()
             self._emit = None
+        self.line.clear()
 
     def drain(self) -> None:
         """Read what the files hold now and send (or hold) it."""
@@ -256,6 +357,10 @@ class FdCapture:
             self._wake.wait(self._poll_s)
             if self._closed:
                 return
+            try:
+                self.line.look()
+            except Exception:  # where the cell is is a detail of a death; output is not
+                pass
             # Non-blocking: a cell's end or a print reading them now is as good
             if self._lock.acquire(blocking=False):
                 try:
@@ -285,6 +390,7 @@ class FdCapture:
                     os.close(s.through)
             s.close()
         self.streams = []
+        self.line.close()
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -319,7 +425,25 @@ def install(folder: Optional[str] = None) -> Optional[FdCapture]:
                              f"captured on this worker: {exc}\n")
         return None
     atexit.register(_capture.close)
+    if not getattr(os._exit, "nbdist_wrapped", False):
+        os._exit = _recording_exit(os._exit)
     return _capture
+
+
+def _recording_exit(real: Callable[[int], None]) -> Callable[[int], None]:
+    """``os._exit`` that first writes the cell line of its call (:meth:`LineRecord.exiting`)
+    in a process with a capture: no tick of the reading thread may come before it ends."""
+
+    @functools.wraps(real)
+    def _exit(status: int) -> None:
+        capture = current()
+        if capture is not None:
+            with contextlib.suppress(Exception):
+                capture.line.exiting(sys._getframe(1))
+        real(status)
+
+    _exit.nbdist_wrapped = True  # type: ignore[attr-defined]
+    return _exit
 
 
 def current() -> Optional[FdCapture]:
@@ -360,13 +484,55 @@ def remove(pid: int, folder: Optional[str] = None) -> None:
                 os.unlink(p)
 
 
-def take_tail(pid: int) -> list[str]:
-    """:func:`read_tail`, then :func:`remove`: what a rank's host (a Dask nanny) runs for the
-    notebook once the rank is dead."""
+def read_line(pid: int, folder: Optional[str] = None) -> Optional[tuple[str, bool]]:
+    """The cell line process ``pid``'s record (:class:`LineRecord`) holds, worded as
+    :func:`cell_line` words a dump's (``line 4 of In [5]``; ``the start of In [5]`` where no
+    look saw a line yet), and whether it is exact (``os._exit``'s call) rather than last
+    seen; None where it ran no cell, or has no record."""
     try:
-        return read_tail(pid)
+        with open(paths(pid, folder)["line"], "rb") as f:
+            text = f.read(4096).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    kind, _, rest = text.partition(" ")
+    number, _, filename = rest.partition(" ")
+    if kind not in ("seen", "at") or not number.isdigit() or not _CELL_FILE.match(filename):
+        return None
+    named = _NUMBERED.fullmatch(filename)
+    cell = f"In [{named[1]}]" if named else filename
+    words = f"line {number} of {cell}" if int(number) else f"the start of {cell}"
+    return words, kind == "at"
+
+
+def last_words(pid: int, host: Optional[str] = None) -> Optional[dict]:
+    """What a dead rank left on this host, read and then removed: what its host (a Dask
+    nanny, or another worker there) runs for the notebook. ``{"tail": lines, "line":
+    read_line's answer}``; None where ``host`` is given and is not this one, or where
+    ``pid`` left nothing here (or still runs)."""
+    if host is not None and host != socket.gethostname():
+        return None
+    if not any(os.path.exists(p) for p in paths(pid).values()) or _alive(pid):
+        return None
+    try:
+        return {"tail": read_tail(pid), "line": read_line(pid)}
     finally:
         remove(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: it runs
+    return True
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+)')

@@ -323,7 +323,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         out = results.cell_ok()
         measurements.begin_cell(_state.sink, measure)
         tuning.begin_cell(_state.sink, measure)
-        with interruptible(group.sever) as watch, captured_output(_state.sink), \
+        with interruptible(group.sever) as watch, captured_output(_state.sink, filename=filename), \
                 watching(_state.sink, filename, measure.telemetry, measure.stall_after):
             try:
                 with debugger.debugging(link, _state.sink, filename, _debug_store):

@@ -52,13 +52,17 @@ class Lost:
     #: who found it, the first word of its line: elastic training's coordinator, or
     #: ``nbdist`` (the cell loop, for a worker the engine lost outside elastic training)
     by: str = "nbdist.elastic"
-    #: the cell line it was running, where a fatal signal's dump of its stack said
-    #: (``line 2 of In [5]``); None where nothing said (SIGKILL and ``os._exit`` leave none)
+    #: the cell line it was running (``line 2 of In [5]``), where a fatal signal's dump of
+    #: its stack said, or the rank's record of its line (``the start of In [5]`` before the
+    #: record saw one); None where nothing said (it was between cells, or nothing was read)
     cell_line: Optional[str] = None
     #: the last lines it wrote to stderr, as its host kept them
     tail: tuple[str, ...] = ()
     #: where its stderr is kept, where the notebook could not read it (another host)
     kept_at: Optional[str] = None
+    #: ``cell_line`` is where the rank was last seen (its record, up to 50 ms old: SIGKILL,
+    #: the out-of-memory killer), not where it died (a dump, ``os._exit``'s call)
+    line_seen: bool = False
 
     def __str__(self) -> str:
         where = f"rank {'?' if self.rank is None else self.rank} on {self.host or '?'}" + (
@@ -67,10 +71,15 @@ class Lost:
 
     @property
     def reason(self) -> str:
-        """What the rank's row says after ``died:``: the cause and the cell line it was
-        running (``SIGABRT at line 2 of In [5]``), else that its worker is gone."""
-        at = f"at {self.cell_line}" if self.cell_line else ""
-        return " ".join(x for x in (self.cause, at) if x) or "its worker is gone"
+        """What the rank's row, its error and ``%nbdist status`` say after ``died:``: the
+        cause and the cell line it was running (``SIGABRT at line 2 of In [5]``; ``SIGKILL,
+        last seen at line 7 of In [5]`` where the line is the rank's last record of it), else
+        that its worker is gone."""
+        if not self.cell_line:
+            return self.cause or "its worker is gone"
+        if self.line_seen:
+            return ", ".join(x for x in (self.cause, f"last seen at {self.cell_line}") if x)
+        return " ".join(x for x in (self.cause, f"at {self.cell_line}") if x)
 
     def gone(self) -> str:
         """The death as the rank's error says it: ``its worker (pid 41) died: SIGKILL``, or

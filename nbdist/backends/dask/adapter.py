@@ -50,7 +50,7 @@ from .elsewhere import Elsewhere, new_client
 from .forkserver import dask_template_options, stop_forkserver
 from .launchers import worker_process_config
 from .logs import not_restart_lines, quiet_relay_errors
-from .nanny import signal_worker
+from .nanny import dead_words, signal_worker
 from .submission import DaskSubmission, RunnerRef
 from .worker import Runner, publish
 
@@ -328,6 +328,14 @@ class DaskBackend(Backend[distributed.Client]):
             return
         with worker_process_config(local=self.launch.local):
             cluster.scale(max(size, len(getattr(cluster, "worker_spec", ()) or ())))
+
+    def last_words(self, worker: WorkerId, host: Optional[str], pid: int) -> Optional[dict]:
+        """Asked of the nannies (the dead worker's started a fresh one by now), and where no
+        nanny answers for ``host``, of the workers: one on ``host`` reads the files there."""
+        client = self.client
+        if client is None:
+            return None
+        return dead_words(client, host, pid)
 
     def exit_cause(self, worker: WorkerId, pid: Optional[int],
                    wait: float = 1.0) -> Optional[str]:
