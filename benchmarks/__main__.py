@@ -30,6 +30,7 @@ BENCHMARKS = [
     ("elastic", "bench_elastic.py", [],
      ["--steps", "50", "--warmup", "5", "--rounds", "1", "--recoveries", "1"]),
     ("tune", "bench_tune.py", [], ["--steps", "20", "--rounds", "2", "--tune-steps", "8"]),
+    ("soak", "bench_soak.py", [], ["--cells", "150", "--warmup", "40", "--window", "5"]),
 ]
 
 
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, os.path.join(HERE, script), *(quick if args.quick else full)]
             if args.engine == "dask":
                 cmd += ["--engine", "ipyparallel", "--engine", "dask"]
-            elif name in ("startup", "training"):  # alone, they time both engines
+            elif name in ("startup", "training", "soak"):  # alone, they time both engines
                 cmd += ["--engine", "ipyparallel"]
             if args.check:
                 cmd.append("--check")
