@@ -17,11 +17,22 @@ _REPR_METHODS = (
     ("application/json", "_repr_json_"),
 )
 _MAX_TEXT = 100_000
+#: cells whose source stays registered for tracebacks, the latest ones (a function defined in
+#: an older cell shows its frames without their lines)
+MAX_SOURCES = 10_000
+_sources: dict[str, None] = {}  # the registered cell filenames, oldest first
 
 
 def compile_cell(source: str, filename: str) -> tuple[Any, Optional[Any]]:
-    """Compile ``source`` into (body, last expression or None); register it for tracebacks."""
+    """Compile ``source`` into (body, last expression or None); register it for tracebacks
+    (the latest :data:`MAX_SOURCES` cells stay registered)."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    _sources.pop(filename, None)
+    _sources[filename] = None
+    while len(_sources) > MAX_SOURCES:
+        oldest = next(iter(_sources))
+        del _sources[oldest]
+        linecache.cache.pop(oldest, None)
     tree = ast.parse(source, filename, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):

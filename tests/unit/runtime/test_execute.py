@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import linecache
+
 from nbdist.records import RemoteValue
+from nbdist.runtime import execute
 from nbdist.runtime.execute import mimebundle, run_code
 from nbdist.runtime.results import error_info
 
@@ -39,3 +42,19 @@ def test_mimebundle_uses_rich_reprs():
     assert mimebundle(None) is None
     v = RemoteValue(0, {"text/plain": "3"})
     assert repr(v) == "3" and v._repr_mimebundle_() == {"text/plain": "3"}
+
+
+def test_the_latest_cells_stay_registered_for_tracebacks(monkeypatch):
+    monkeypatch.setattr(execute, "MAX_SOURCES", 3)
+    monkeypatch.setattr(execute, "_sources", {})
+    names = [f"<distributed cell bound {n}>" for n in range(5)]
+    try:
+        for n, name in enumerate(names):
+            execute.compile_cell(f"x = {n}\n", name)
+        execute.compile_cell("x = 'again'\n", names[2])  # run again: the newest now
+        assert [linecache.getline(name, 1) for name in names] == [
+            "", "", "x = 'again'\n", "x = 3\n", "x = 4\n"]
+        assert list(execute._sources) == [names[3], names[4], names[2]]
+    finally:
+        for name in names:
+            linecache.cache.pop(name, None)
