@@ -64,7 +64,9 @@ class Submission(abc.ABC):
 
     @abc.abstractmethod
     def outcomes(self) -> list[Outcome]:
-        """One outcome per call, in submission order (only after :meth:`wait` is True)."""
+        """One outcome per call, in submission order. Each call's outcome is final once it
+        has returned; while others run, only the outcomes of calls not :meth:`pending` mean
+        anything (the cell loop reads those, to show a rank's end at once)."""
 
     @abc.abstractmethod
     def drain_events(self) -> list[Batch]:
