@@ -498,7 +498,8 @@ def jobs() -> list[Any]:
 
 def job(ident: Any) -> Any:
     """A handle on one watched job by its ``id`` (or key) (``%nbdist job ID ...``):
-    ``show()``, ``summary()``, ``snapshot()``, ``record``, ``detach()``.
+    ``stacks()`` ({rank: Python stack now}), ``show()``, ``summary()``, ``snapshot()``,
+    ``record``, ``detach()``.
 
     Raises
     ------
@@ -513,4 +514,4 @@ def job(ident: Any) -> Any:
     if found is None:
         known = ", ".join(r.id for r in jobs()) or "none (nbdist.attach() first)"
         raise LookupError(f"no watched job {ident!r}; jobs: {known}")
-    return WatchedJob(collector.jobs, found)
+    return WatchedJob(collector.jobs, found, collector.stacks)

@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any, Optional
 
 from . import wire
-from .spool import SpoolReader
+from .spool import COMMAND_PREFIX, COMMAND_TTL, SpoolReader, write_command
 
 #: seconds between looks at the spool files
 POLL = 0.1
@@ -34,8 +34,6 @@ MAX_QUEUED = 64 << 20
 BACKOFF = (0.5, 10.0)
 #: seconds a connection attempt or one send may take
 IO_TIMEOUT = 5.0
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -72,6 +70,7 @@ class Forwarder:
         self._retry_at = 0.0
         self._backoff = BACKOFF[0]
         self._connected_once = False
+        self._inbox = bytearray()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="nbdist-forwarder",
@@ -156,6 +155,7 @@ class Forwarder:
             return False
         self._sock = sock
         self._connected_once = True
+        self._inbox = bytearray()
         self._dropped_sent = {}
         # Everything a new notebook needs to know first: the ranks, and how some ended.
         self._queue.extendleft(reversed([f for frames in self._kept.values() for f in frames]))
@@ -172,15 +172,38 @@ class Forwarder:
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF[1])
 
-    def _closed_by_peer(self) -> bool:
-        """True if the notebook closed the connection (it sends nothing after its answer, so
-        anything to read is its end): a restarted kernel is then found again."""
+    def _read_commands(self) -> bool:
+        """Take the notebook's commands that arrived (a request for stacks becomes a file the
+        ranks look for); False if the notebook closed the connection (a restarted kernel is
+        then found again)."""
         assert self._sock is not None
         try:
-            ready, _, _ = select.select([self._sock], [], [], 0)
-            return bool(ready)
+            while select.select([self._sock], [], [], 0)[0]:
+                chunk = self._sock.recv(65536)
+                if not chunk:
+                    return False
+                self._inbox += chunk
+                for body in wire.split(self._inbox, wire.MAX_HELLO):
+                    self._command(wire.decode(body))
         except (OSError, ValueError):
-            return True
+            return False
+        return True
+
+    def _command(self, msg: dict[str, Any]) -> None:
+        if msg.get("type") == "stacks" and isinstance(msg.get("id"), int):
+            write_command(self.directory, msg)
+
+    def _forget_commands(self) -> None:
+        """Commands older than :data:`COMMAND_TTL` seconds are answered or moot: removed."""
+        now = time.time()
+        for name in os.listdir(self.directory):
+            if name.startswith(COMMAND_PREFIX):
+                path = os.path.join(self.directory, name)
+                try:
+                    if now - os.stat(path).st_mtime > COMMAND_TTL:
+                        os.remove(path)
+                except FileNotFoundError:
+                    pass
 
     def send(self) -> bool:
         """Send what is queued; True if everything went (connecting first if it is time)."""
@@ -191,7 +214,7 @@ class Forwarder:
                 self._disconnect()  # the next try after the back-off
                 return False
             self._backoff = BACKOFF[0]
-        elif self._closed_by_peer():
+        elif not self._read_commands():
             self._disconnect()
             return False
         news = {k: n for k, n in self.dropped.items() if self._dropped_sent.get(k) != n}
@@ -216,6 +239,7 @@ class Forwarder:
                 with self._lock:
                     self.poll()
                     self.send()
+                    self._forget_commands()
             except Exception as exc:  # the job must not notice: say it once, stop reporting
                 sys.__stderr__.write(f"nbdist: attach forwarder stopped: {exc!r}\n")
                 return

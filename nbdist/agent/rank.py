@@ -14,6 +14,7 @@ import atexit
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Optional
@@ -21,7 +22,23 @@ from typing import Any, Optional
 from ..runtime.capture import EventSink, flush_interval
 from ..telemetry import events
 from . import wire
-from .spool import SpoolWriter
+from .spool import SpoolWriter, read_commands
+
+#: seconds between a rank's looks for the notebook's commands
+COMMAND_POLL = 0.2
+#: files whose frames are the agent's, not the script's (left out of a stack)
+_OURS = ("runpy.py", os.path.join("nbdist", "agent", ""))
+
+
+def main_stack() -> str:
+    """The main thread's Python stack now, outermost first, as a traceback prints it (taken
+    from another thread: a main thread in a collective or a sleep has released the GIL)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return "(the main thread has no Python frame)"
+    frames = [f for f in traceback.extract_stack(frame)
+              if not any(part in f.filename for part in _OURS)]
+    return "".join(traceback.format_list(frames))
 
 
 def _int(env: Any, *names: str, default: int = 0) -> int:
@@ -89,7 +106,26 @@ class RankAgent:
 
         sys.excepthook = excepthook
         atexit.register(self.end)
+        seen: set[str] = set()
+        read_commands(self.writer.directory, seen)  # those before this process are not its
+        threading.Thread(target=self._commands, args=(seen,), name="nbdist-commands",
+                         daemon=True).start()
         return self
+
+    def _commands(self, seen: set[str]) -> None:
+        """Answer the notebook's commands until the rank ends: a request for stacks gets the
+        main thread's stack."""
+        while not self._ended:
+            time.sleep(COMMAND_POLL)
+            for msg in read_commands(self.writer.directory, seen):
+                if msg.get("job") not in (None, self.job):
+                    continue
+                if msg.get("rank") not in (None, self.who["rank"]):
+                    continue
+                if msg.get("type") == "stacks" and not self._ended:
+                    self._send({"type": "stacks", "job": self.job, "rank": self.who["rank"],
+                                "id": msg.get("id"), "pid": os.getpid(),
+                                "text": main_stack(), "t": time.time()}, droppable=False)
 
     def failed(self, exc: BaseException) -> None:
         """The script ended with ``exc`` (reported as the rank's error at its end)."""

@@ -6,13 +6,17 @@ thread. A segment holds about :data:`SEGMENT` bytes; the forwarder deletes a seg
 has read it and the next one exists. A rank whose forwarder lags :data:`MAX_SEGMENTS`
 segments behind drops its batches and counts them (the job never waits for the notebook);
 frames that say who a rank is and how it ended are always written.
+
+Commands go the other way as files too: the forwarder writes the notebook's request
+(``cmd-stacks-<id>``, whole or not at all), each rank looks for new ones a few times a second
+on a thread of its own and answers through its spool.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from . import wire
 
@@ -20,6 +24,38 @@ from . import wire
 SEGMENT = 4 << 20
 #: segments a rank may be ahead of its forwarder before it drops batches
 MAX_SEGMENTS = 4
+#: a command file's name starts so; seconds it is kept for the ranks to see it
+COMMAND_PREFIX = "cmd-"
+COMMAND_TTL = 30.0
+
+
+def write_command(directory: str, msg: dict[str, Any]) -> str:
+    """Put the notebook's command ``msg`` (its ``type`` and ``id``) where the ranks of
+    ``directory`` look for it: written aside, then renamed."""
+    path = os.path.join(directory, f"{COMMAND_PREFIX}{msg['type']}-{int(msg['id'])}")
+    with open(path + ".tmp", "wb") as f:
+        f.write(wire.encode(msg))
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def read_commands(directory: str, seen: set[str]) -> list[dict[str, Any]]:
+    """The commands in ``directory`` not in ``seen`` (their names, updated)."""
+    out = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return out
+    for name in sorted(names):
+        if not name.startswith(COMMAND_PREFIX) or name.endswith(".tmp") or name in seen:
+            continue
+        seen.add(name)
+        try:
+            with open(os.path.join(directory, name), "rb") as f:
+                out.append(wire.decode(f.read()[4:]))
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 class SpoolWriter:

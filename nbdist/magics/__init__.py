@@ -187,6 +187,10 @@ class NbdistMagics(Magics):
             raise UsageError(f"%nbdist job: {exc.args[0]}") from None
         if args.action == "show":
             handle.show()
+        elif args.action == "stacks":
+            stacks = handle.stacks(args.rank)
+            print("\n".join(f"rank {r}:\n{text}" for r, text in stacks.items())
+                  or f"job {handle.id}: no running rank to ask")
         else:
             print(handle.detach())
 
@@ -350,6 +354,7 @@ NbdistMagics.nbdist.__doc__ = (
     "    %nbdist tune show                  # the DDP setting %%distributed --tune chose\n"
     "    %nbdist attach                     # the NBDIST_ATTACH line for jobs started elsewhere\n"
     "    %nbdist jobs                       # the jobs watched; %nbdist job 1 show\n"
+    "    %nbdist job 1 stacks --rank 1      # rank 1's Python stack now\n"
     "    %nbdist stop\n\n"
     + _PARSER.format_help()
     + "".join(f"\n%nbdist {name}:\n{sub.format_help()}" for name, sub in _VERBS.items())

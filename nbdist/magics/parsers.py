@@ -215,10 +215,13 @@ def build_parser() -> tuple[MagicArgumentParser, dict[str, argparse.ArgumentPars
 
     verb("jobs", "_jobs", "the jobs watched: id, ranks, hosts, state, steps per rank")
 
-    p = verb("job", "_job", "one watched job: show it, or stop watching it")
+    p = verb("job", "_job", "one watched job: show it, its ranks' stacks, or stop watching it")
     p.add_argument("id", metavar="ID", help="the job's id, as %%nbdist jobs lists it")
-    p.add_argument("action", choices=("show", "detach"),
-                   help="show: its record and run table; detach: stop watching it")
+    p.add_argument("action", choices=("show", "stacks", "detach"),
+                   help="show: its record and run table; stacks: each running rank's Python "
+                        "stack now; detach: stop watching it")
+    p.add_argument("--rank", type=int, default=None, metavar="R",
+                   help="stacks: this rank's only")
     return parser, subs
 
 

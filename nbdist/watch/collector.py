@@ -19,6 +19,7 @@ import socket
 import ssl
 import stat
 import threading
+import time
 from typing import Optional
 
 from ..agent import wire
@@ -117,6 +118,11 @@ class Collector:
         self._ids = itertools.count(1)
         self._closed = False
         self._conns: set[socket.socket] = set()
+        #: greeted connections by id, and a lock each: commands go down them
+        self._links: dict[int, tuple[socket.socket, threading.Lock]] = {}
+        self._asks = itertools.count(1)
+        self._answers: dict[int, dict[int, str]] = {}  # request id -> rank -> stack
+        self._answered = threading.Condition()
         self.refused = 0  # connections closed for a missing or wrong token
         self._thread = threading.Thread(target=self._accept, name="nbdist-attach",
                                         daemon=True)
@@ -183,10 +189,15 @@ class Collector:
             conn.sendall(wire.encode({"ok": True}))
             greeted = True
             conn.settimeout(None)
+            self._links[ident] = (conn, threading.Lock())
             bodies = first[1:]
             while True:
                 for body in bodies:
-                    self.jobs.fold(wire.decode(body), ident)
+                    message = wire.decode(body)
+                    if message.get("type") == "stacks":
+                        self._answer(message)
+                    else:
+                        self.jobs.fold(message, ident)
                 chunk = conn.recv(1 << 20)
                 if not chunk:
                     return
@@ -196,10 +207,50 @@ class Collector:
             if not greeted:
                 self.refused += 1
         finally:
+            self._links.pop(ident, None)
             self._conns.discard(conn)
             conn.close()
             if greeted:
                 self.jobs.closed(ident)
+
+    def _answer(self, message: dict) -> None:
+        with self._answered:
+            answers = self._answers.get(message.get("id"))  # type: ignore[arg-type]
+            if answers is not None and isinstance(message.get("rank"), int):
+                answers[message["rank"]] = str(message.get("text", ""))
+                self._answered.notify_all()
+
+    def stacks(self, key: str, rank: Optional[int] = None,
+               timeout: float = 10.0) -> dict[int, str]:
+        """Every running rank's Python stack now (or ``rank``'s), asked through the job's
+        forwarders: {rank: stack as text}. A rank that does not answer within ``timeout``
+        seconds is there with a line that says so."""
+        job = self.jobs.get(key)
+        if job is None:
+            return {}
+        with self.jobs.lock:
+            wanted = {r for r, p in job.ranks.items()
+                      if p.ended is None and (rank is None or r == rank)}
+            links = [self._links[c] for c in job.connections if c in self._links]
+        ask = next(self._asks)
+        with self._answered:
+            self._answers[ask] = {}
+        frame = wire.encode({"type": "stacks", "id": ask, "job": job.key, "rank": rank})
+        for conn, lock in links:
+            try:
+                with lock:
+                    conn.sendall(frame)
+            except OSError:
+                pass
+        end = time.monotonic() + timeout
+        with self._answered:
+            while not wanted <= set(self._answers[ask]) and time.monotonic() < end:
+                self._answered.wait(max(0.0, end - time.monotonic()))
+            got = self._answers.pop(ask)
+        for r in wanted - set(got):
+            got[r] = (f"(rank {r} did not answer within {timeout:g} s: its main thread may "
+                      "hold the interpreter in a C call, or its node's forwarder is gone)\n")
+        return dict(sorted(got.items()))
 
     def close(self) -> None:
         """Stop listening (jobs' forwarders keep retrying, and a new collector on the same

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..telemetry.run import Run
 from ..telemetry.snapshot import RunSnapshot
@@ -230,9 +230,11 @@ class Jobs:
 class WatchedJob:
     """A handle on one watched job (``nbdist.job(ID)``), read from the kernel's collector."""
 
-    def __init__(self, jobs: Jobs, job: Job):
+    def __init__(self, jobs: Jobs, job: Job,
+                 ask_stacks: Optional[Callable[..., dict[int, str]]] = None):
         self._jobs = jobs
         self._job = job
+        self._ask_stacks = ask_stacks
 
     @property
     def id(self) -> str:
@@ -261,6 +263,15 @@ class WatchedJob:
     def show(self) -> None:
         """Print :meth:`summary` (``%nbdist job ID show``)."""
         print(self.summary())
+
+    def stacks(self, rank: Optional[int] = None, timeout: float = 10.0) -> dict[int, str]:
+        """Each running rank's Python stack, taken now (``%nbdist job ID stacks``), also
+        where a rank waits in a collective or a sleep: {rank: the stack as a traceback prints
+        it, outermost first}. ``rank``: that rank only. A rank that does not answer within
+        ``timeout`` seconds has a line that says so; a job that ended has no stacks ({})."""
+        if self._ask_stacks is None:
+            return {}
+        return self._ask_stacks(self._job.key, rank, timeout)
 
     def detach(self) -> str:
         """Stop watching the job (``%nbdist job ID detach``); says what was detached."""

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from nbdist.watch.collector import Collector
+from nbdist.watch.watched import WatchedJob
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -43,7 +44,7 @@ TRAIN = textwrap.dedent(f"""
     for i in range({STEPS}):
         if i == fail_at and dist.get_rank() == 1:
             raise ValueError(f"bad batch at step {{i}}")
-        if i == {HELD_AT}:
+        if i == {HELD_AT} and dist.get_rank() == 1:  # rank 0 waits in the all-reduce
             deadline = time.time() + 120
             while not os.path.exists(go) and time.time() < deadline:
                 time.sleep(0.05)
@@ -55,6 +56,10 @@ TRAIN = textwrap.dedent(f"""
     dist.destroy_process_group()
     print("NBDIST_MODULES", sorted(m for m in sys.modules if m.startswith("nbdist")))
 """)
+
+#: the script's line where rank 0 waits for rank 1
+BACKWARD_LINE = next(i for i, line in enumerate(TRAIN.splitlines(), 1)
+                     if line.strip() == "loss.backward()")
 
 
 @pytest.fixture
@@ -119,6 +124,24 @@ def test_a_torchrun_job_reports_both_ranks_live_and_ends_finished_with_every_ste
         assert rec.state == "running" and rec.world_size == 2
         assert all(1 <= n <= HELD_AT for n in rec.steps.values()), rec
         assert rec.key.startswith("torchrun-") and rec.hosts == (socket.gethostname(),)
+        # where each rank is now: rank 1 sleeps in the script's loop, rank 0 is held in its
+        # backward's all-reduce (a C call) waiting for rank 1, once both got to step HELD_AT
+        job = WatchedJob(collector.jobs, collector.jobs.get(rec.id), collector.stacks)
+        stacks: dict = {}
+
+        def held():
+            stacks.update(job.stacks(timeout=5))
+            return "loss.backward()" in stacks.get(0, "") and "sleep" in stacks.get(1, "")
+        _until(held, 90, proc)
+        assert sorted(stacks) == [0, 1], stacks
+        assert stacks[1].rstrip().endswith("time.sleep(0.05)"), stacks[1]
+        assert 'File "' + str(tmp_path / "train.py") in stacks[1]
+        script_frame = (f'File "{tmp_path / "train.py"}", line {BACKWARD_LINE}, in <module>\n'
+                        "    loss.backward()")
+        assert script_frame in stacks[0], stacks[0]
+        assert "run_backward(" in stacks[0].rstrip().splitlines()[-1]  # inside torch's engine
+        assert "nbdist" not in stacks[0] + stacks[1]  # the script's frames, not the agent's
+        assert list(job.stacks(rank=1)) == [1]
         go.touch()
         code, out = _finish(proc)
         assert code == 0, out

@@ -102,3 +102,36 @@ def test_a_notebook_away_costs_dropped_batches_then_it_learns_the_job_and_the_co
     finally:
         f.close(timeout=1)
         back.close()
+
+
+def test_stacks_asked_in_the_notebook_come_back_from_the_ranks_main_thread(tmp_path):
+    from nbdist.agent.rank import RankAgent
+
+    c = Collector()
+    f = fwd.Forwarder(c.address, str(tmp_path), owns_directory=False).start()
+    env = {"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "t"}
+    agent = RankAgent(str(tmp_path), env)
+    agent._send({"type": "rank", "job": agent.job, **agent.who, "host": "n1",
+                 "pid": __import__("os").getpid()}, droppable=False)
+    seen: set[str] = set()
+    import threading
+
+    answering = threading.Thread(target=agent._commands, args=(seen,), daemon=True)
+    answering.start()
+    try:
+        _until(lambda: c.jobs.records() and f.connected)
+        stacks = c.stacks(JOB, timeout=10)
+        # this test's own frame: the main thread was here, waiting for the answer
+        assert list(stacks) == [0]
+        assert "in test_stacks_asked_in_the_notebook_come_back" in stacks[0]
+        assert "c.stacks(JOB, timeout=10)" in stacks[0]
+        assert c.stacks(JOB, rank=1, timeout=0.3) == {}  # rank 1 never began
+        assert c.stacks("no-such-job") == {}
+        agent._ended = True  # an agent that stopped answering
+        answering.join(timeout=5)
+        silent = c.stacks(JOB, timeout=0.3)
+        assert silent[0].startswith("(rank 0 did not answer within 0.3 s")
+    finally:
+        agent._ended = True
+        f.close(timeout=1)
+        c.close()

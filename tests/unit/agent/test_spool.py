@@ -56,3 +56,16 @@ def test_a_lagging_forwarder_makes_the_rank_drop_and_count_batches_not_wait(tmp_
     # the forwarder caught up: the rank writes again
     assert w.write(wire.encode({"i": 99}))
     assert w.dropped == 8
+
+
+def test_commands_are_seen_once_whole_and_never_as_frames(tmp_path):
+    from nbdist.agent.spool import read_commands, write_command
+
+    seen: set[str] = set()
+    assert read_commands(str(tmp_path), seen) == []
+    write_command(str(tmp_path), {"type": "stacks", "id": 1, "job": "j", "rank": None})
+    (tmp_path / "cmd-stacks-2.tmp").write_bytes(b"half")  # being written: not yet a command
+    assert read_commands(str(tmp_path), seen) == [{"type": "stacks", "id": 1, "job": "j",
+                                                   "rank": None}]
+    assert read_commands(str(tmp_path), seen) == []
+    assert SpoolReader(str(tmp_path)).read() == []  # the forwarder does not read them back

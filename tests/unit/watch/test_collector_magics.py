@@ -1,4 +1,4 @@
-"""``%nbdist attach``, ``%nbdist jobs`` and ``%nbdist job ID show|detach`` in a real IPython
+"""``%nbdist attach``, ``%nbdist jobs`` and ``%nbdist job ID show|stacks|detach`` in a real IPython
 shell, and their Python twins: the same collector, the same line, the same records."""
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def test_jobs_and_job_show_the_records_and_detach_forgets(shell, capsys, fresh):
     shown = capsys.readouterr().out
     assert shown.startswith(rec.line()) and "nbdist run:" in shown
     assert nbdist.job("1").record == rec and nbdist.job(KEY).id == "1"
+    shell.run_line_magic("nbdist", "job 1 stacks --rank 0")  # it ended: no rank to ask
+    assert capsys.readouterr().out.strip() == "job 1: no running rank to ask"
+    assert nbdist.job("1").stacks() == {}
     with pytest.raises(UsageError, match="no watched job '7'; jobs: 1"):
         shell.run_line_magic("nbdist", "job 7 show")
     shell.run_line_magic("nbdist", "job 1 detach")
