@@ -47,6 +47,17 @@ if rank == 0:
     dist.barrier()
 """
 
+COMPUTES = """\
+import time
+import torch
+net = torch.nn.Linear(64, 64)
+if rank == 0:  # 4 s in torch's code after rank 1 finished, then no collective at all
+    until = time.time() + 4
+    while time.time() < until:
+        net(torch.randn(256, 64))
+rank
+"""
+
 SUMS = """\
 x = torch.arange(3.0) * (rank + 1)
 dist.all_reduce(x)
@@ -113,6 +124,11 @@ def test_a_barrier_only_one_rank_calls_is_named_without_ddp_advice(cluster):
     assert "Rank 1 finished the cell while rank 0 waits in barrier" in text, text
     assert "join()" not in text and "called different numbers of collectives" in text, text
     check_the_group_works(cluster)
+
+
+def test_a_rank_that_computes_after_its_peer_finished_is_left_to_run(cluster):
+    value = cluster.run_cell(COMPUTES, timeout=120, output="quiet")
+    assert repr(value) == "0"
 
 
 def test_the_same_loop_under_join_trains_as_torch_computes_it(cluster, data):
