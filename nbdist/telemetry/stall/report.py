@@ -16,6 +16,10 @@ user's ``--stall-after``.
 A rank in the debugger (or waiting in ``input()``) is not stalled: while one is, the verdict
 says so at once ("rank 1 is in the debugger (line 5)") instead of judging a hang, whatever the
 threshold, and the time it spent there is not counted as time without progress.
+
+A rank that finished the cell while others wait in a collective of the whole group is not a
+stall to wait out: no call of that collective can complete. :meth:`StallWatch.stranded` says
+so a couple of seconds after the last rank finished, and the cell loop ends the cell.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 within seconds (not at the group's timeout) with an error that names the finished rank, the
 collective and the remedy, rank 1's row reads done while rank 0 still runs, and the next cell
 has a working group. With ``join()`` the same loop trains as torch computes it, the ground
-truth being one process that averages each step's gradients over the initial world size."""
+truth being one process that averages each step's gradients over the initial world size.
+A barrier only rank 0 calls is named the same way, without DDP's advice; a rank that computes
+after its peer finished is left to run."""
 
 from __future__ import annotations
 
