@@ -13,7 +13,9 @@ import pytest
 from clusters import ENGINES, start_session
 
 from nbdist.backends.base import poll_until
+from nbdist.display.tables import run_table
 from nbdist.errors import DistributedError
+from nbdist.group import losses
 from nbdist.runtime import fd_output
 
 pytestmark = pytest.mark.timeout(300)
@@ -85,15 +87,18 @@ def test_a_child_writing_between_cells_shows_in_the_next_cell(session, capsys, t
     assert "[0] between 0" in out
 
 
-# torchrun reports these deaths as exit code -6 (gloo's abort), -9 and 3
+# torchrun reports these deaths as exit code -6 (gloo's abort), -9 and 3. SIGKILL comes from
+# outside the cell's thread (as the out-of-memory killer's or a kill's does) while it sleeps.
+# Each cell's first line is a collective, so that the run is recorded for the dashboard.
+FIRST = "import torch, torch.distributed as dist; dist.barrier()\n"
 DEATHS = [
-    ("import torch, torch.distributed as dist\n"
-     "x = torch.ones(3 if rank == 0 else 5)\n"
-     "dist.all_reduce(x)\n", 0, "SIGABRT at line 3 of "),
-    ("import os\nif rank == 1:\n    os.write(2, b'going\\n')\n"
-     "    os.kill(os.getpid(), 9)\nimport time; time.sleep(1)\n", 1, "SIGKILL"),
-    ("import os\nif rank == 1:\n    os.write(2, b'leaving now\\n')\n    os._exit(3)\n"
-     "import time; time.sleep(1)\n", 1, "exit status 3"),
+    (FIRST + "x = torch.ones(3 if rank == 0 else 5)\n"
+     "dist.all_reduce(x)\n", 0, "SIGABRT at line 3 of <distributed cell 2>"),
+    (FIRST + "import os, threading, time\nif rank == 1:\n    os.write(2, b'going\\n')\n"
+     "    threading.Timer(1, os.kill, (os.getpid(), 9)).start()\ntime.sleep(5)\n", 1,
+     "SIGKILL, last seen at line 6 of <distributed cell 2>"),
+    (FIRST + "import os\nif rank == 1:\n    os.write(2, b'leaving now\\n')\n    os._exit(3)\n"
+     "import time; time.sleep(1)\n", 1, "exit status 3 at line 5 of <distributed cell 2>"),
 ]
 
 
@@ -109,22 +114,54 @@ def test_a_death_is_named_with_its_signal_cell_line_and_stderr_tail(engine, code
             s.run_cell(code, output="quiet", timeout=120)
         [f] = [f for f in info.value.failures if f.rank == dead]
         assert f.ename == "WorkerError"
-        assert f.evalue.startswith(f"its worker (pid {pid}) died: {cause}"), f.evalue
-        # the run's record says it in the same words (its line under the cell)
+        assert f.evalue == f"its worker (pid {pid}) died: {cause}", f.evalue
+        # the run's record and the rank's row on the dashboard say it in the same words
         out, _ = capsys.readouterr()
-        assert f"rank {dead} on {f.hostname} (pid {pid}) died: {f.evalue.split(': ', 1)[1]}" \
-            in out, out
+        assert f"rank {dead} on {f.hostname} (pid {pid}) died: {cause}" in out, out
+        table = run_table(s.last_run)
+        [state] = [r.cells[-1] for r in table.rows if r.cells[0] == str(dead)]
+        assert state == f"died: {cause}", table
+        # and so does %nbdist status, on the dead rank's row
+        [row] = [r for r in s.status().rows if r.rank == dead]
+        assert not row.alive and row.state == f"died: {cause}", row
         if cause.startswith("SIGABRT"):
-            assert f.evalue.endswith(("line 3 of <distributed cell 2>",)), f.evalue
             assert "Received data size doesn't match" in f.traceback, f.traceback
             assert f.traceback.startswith("its last lines on stderr:\n")
-        elif cause == "SIGKILL":  # no stack to dump: the signal only, and what it wrote
-            assert f.evalue == f"its worker (pid {pid}) died: SIGKILL"
+        elif cause.startswith("SIGKILL"):  # no stack to dump: the line last seen
             assert "    going\n" in f.traceback
         else:
-            assert f.evalue == f"its worker (pid {pid}) died: exit status 3"
             assert "    leaving now\n" in f.traceback
         # the notebook read the dead rank's files, and removed them
         assert not any(os.path.exists(p) for p in fd_output.paths(pid).values())
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_death_on_another_host_is_read_there_or_where_it_is_kept_is_named(engine,
+                                                                           monkeypatch):
+    s = start_session(engine)
+    try:
+        s.run_cell("import os\npid = os.getpid()", output="quiet")
+        pid = s.pull("pid", rank=1)
+        code, _, seen = DEATHS[1]
+        with monkeypatch.context() as far:  # the notebook takes rank 1's host for another
+            far.setattr(losses, "_here", lambda host: False)
+            with pytest.raises(DistributedError) as info:
+                s.run_cell(code, output="quiet", timeout=120)
+        [f] = [f for f in info.value.failures if f.rank == 1]
+        files = fd_output.paths(pid)
+        if engine == "dask":  # a nanny on its host read what it left there, and removed it
+            assert f.evalue == f"its worker (pid {pid}) died: {seen}", f.evalue
+            assert "    going\n" in f.traceback, f.traceback
+            assert not any(os.path.exists(p) for p in files.values())
+        else:  # ipyparallel runs nothing on a dead engine's host: where its stderr is
+            assert f.evalue == f"its worker (pid {pid}) died: SIGKILL", f.evalue
+            assert f.traceback.startswith(
+                f"its stderr is kept in {f.hostname}:{files['stderr']}\n"), f.traceback
+            assert os.path.exists(files["stderr"])
+        s.stop()
+        # %nbdist stop removes what dead ranks left on the notebook's host
+        assert not any(os.path.exists(p) for p in files.values())
     finally:
         s.stop()
