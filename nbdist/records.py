@@ -38,7 +38,9 @@ class WorkerRow:
     device: Optional[str]
     alive: bool
     rss_mb: Optional[float] = None  # resident memory in MiB
-    state: str = "idle"  # "idle", "busy" (alive, no status reply: in a cell) or "gone"
+    #: "idle", "busy" (alive, no status reply: in a cell), "gone", or how it died in its
+    #: error's words ("died: SIGKILL, last seen at line 7 of In [5]")
+    state: str = "idle"
 
 
 @dataclass(frozen=True)
