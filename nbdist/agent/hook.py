@@ -69,8 +69,9 @@ def _elect(address: wire.Address) -> str:
     except OSError:
         os.close(fd)  # another rank of this node forwards
         return directory
-    forwarder = Forwarder(address, directory, owns_directory=False).start()
-    # The forwarding rank waits at its exit for its node's other ranks, a few seconds at most.
+    forwarder = Forwarder(address, directory).start()
+    # The forwarding rank waits at its exit for its node's other ranks, a few seconds at most,
+    # then removes the directory (a rank still running goes on unreported).
     import atexit
 
     atexit.register(forwarder.close, 10.0)

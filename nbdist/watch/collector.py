@@ -124,6 +124,7 @@ class Collector:
         self._answers: dict[int, dict[int, str]] = {}  # request id -> rank -> stack
         self._answered = threading.Condition()
         self.refused = 0  # connections closed for a missing or wrong token
+        self.accepted = 0  # connections that carried the token
         self._thread = threading.Thread(target=self._accept, name="nbdist-attach",
                                         daemon=True)
         self._thread.start()
@@ -188,6 +189,7 @@ class Collector:
                 return
             conn.sendall(wire.encode({"ok": True}))
             greeted = True
+            self.accepted += 1
             conn.settimeout(None)
             self._links[ident] = (conn, threading.Lock())
             bodies = first[1:]

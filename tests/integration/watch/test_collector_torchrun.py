@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from nbdist.agent.hook import node_directory
 from nbdist.watch.collector import Collector
 from nbdist.watch.watched import WatchedJob
 
@@ -81,12 +82,12 @@ def _env(site, attach=None, **extra):
     return env
 
 
-def _torchrun(tmp_path, env, go):
+def _torchrun(tmp_path, env, go, agent=False):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(script), str(go)],
+         *(["-m", "nbdist.agent"] if agent else []), str(script), str(go)],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
 
@@ -153,6 +154,7 @@ def test_a_torchrun_job_reports_both_ranks_live_and_ends_finished_with_every_ste
         assert rec.state == "finished", rec
         assert rec.steps == {0: STEPS, 1: STEPS}
         assert rec.dropped == 0 and rec.error is None
+        assert collector.accepted == 1  # one connection for the host: torchrun's
         # the ranks measured with the workers' instruments: nbdist was loaded there
         assert out.count("nbdist.agent.rank") == 2
     finally:
@@ -212,5 +214,31 @@ def test_a_rank_that_raises_fails_the_job_with_its_error(tmp_path, site_dir):
         assert rec.state == "failed", rec
         assert rec.error == "ValueError: bad batch at step 3"
         assert rec.steps[1] == 3  # the steps it took before the error
+    finally:
+        collector.close()
+
+
+def test_ranks_started_as_python_m_nbdist_agent_elect_one_forwarder_for_their_node(tmp_path):
+    """No start-up hook (the launcher does not report): the first rank to lock the node's
+    directory forwards for both, and waits at its exit for the other's end."""
+    collector = Collector()
+    go = tmp_path / "go"
+    go.touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NBDIST_ATTACH")}
+    env.update(PYTHONPATH=str(REPO), NBDIST_ATTACH=collector.address.line)
+    try:
+        code, out = _finish(_torchrun(tmp_path, env, go, agent=True))
+        assert code == 0, out
+        end = time.monotonic() + 30
+        while not collector.jobs.records() or collector.jobs.records()[0].state == "running":
+            assert time.monotonic() < end, collector.jobs.records()
+            time.sleep(0.05)
+        (rec,) = collector.jobs.records()
+        assert rec.state == "finished" and rec.steps == {0: STEPS, 1: STEPS}, rec
+        assert collector.accepted == 1
+        # the forwarding rank removed the node's directory when its ranks had ended
+        run_id = rec.key.removeprefix("torchrun-")
+        assert not os.path.exists(node_directory(collector.address,
+                                                 {"TORCHELASTIC_RUN_ID": run_id}))
     finally:
         collector.close()
