@@ -31,6 +31,7 @@ from __future__ import annotations
 import linecache
 import os
 import pickle
+import statistics
 import sys
 import threading
 import time
@@ -48,8 +49,10 @@ from .. import interrupt
 SAMPLE_S = 1.0
 #: seconds without progress inside a collective (or torch's code) before the first sample,
 #: whatever the threshold: a peer that finished the cell never joins it, and the notebook
-#: ends such a cell as soon as it knows (``StallWatch.stranded``)
+#: ends such a cell as soon as it knows (``StallWatch.stranded``) ...
 COLLECTIVE_PROBE_S = 1.0
+#: ... or this many median steps, when steps are longer (a long step's own wait is no news)
+COLLECTIVE_PROBE_STEPS = 2.0
 #: Flight Recorder entries per process (torch's ring buffer), unless the user set a size
 FLIGHT_RECORDER_ENTRIES = 2000
 #: finished Flight Recorder entries sent with a stack (the unfinished ones always are)
@@ -76,6 +79,7 @@ class Watch:
         self.started_ns = 0  # time.time_ns() at the cell's start (Flight Recorder's clock)
         self.steps: deque[float] = deque(maxlen=STALL_WINDOW)
         self._threshold: Optional[float] = None  # stall_threshold of steps (0.0: off)
+        self._early = COLLECTIVE_PROBE_S  # the first sample inside a collective, with it
         self.calls: dict[str, int] = {}  # op -> collectives of it entered in this cell
         # the collective the cell is inside now (op None: none)
         self.op: Optional[str] = None
@@ -169,11 +173,12 @@ class Watch:
         threshold = self._threshold
         if threshold is None:  # recomputed after new steps only: a median of the window
             threshold = self._threshold = stall_threshold(self.steps, self.override) or 0.0
+            median = statistics.median(self.steps) if self.steps else 0.0
+            self._early = max(COLLECTIVE_PROBE_S, COLLECTIVE_PROBE_STEPS * median)
         if not threshold:
             return
         idle = now - self.last_progress
-        if idle < probe_after(threshold) and not (idle >= COLLECTIVE_PROBE_S
-                                                  and self._in_torch()):
+        if idle < probe_after(threshold) and not (idle >= self._early and self._in_torch()):
             return
         self._next = now + SAMPLE_S
         self._sample("stall", None, idle, force=False)

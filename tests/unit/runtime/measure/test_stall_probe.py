@@ -120,6 +120,19 @@ def test_a_wait_in_a_collective_is_sampled_after_a_second_whatever_the_threshold
                 assert stacks(sink)[0]["collective"]["op"] == "all_reduce"
 
 
+def test_with_long_steps_a_wait_in_a_collective_is_news_after_two_median_steps():
+    sink, watch = Sink(), Watch()
+    with CellThread(watch, sink, stall_after=None, enter=True):
+        for _ in range(3):
+            watch.step(1.5)  # the threshold stays 10 s; two median steps are 3 s
+        watch.last_progress = time.monotonic() - 2.5
+        watch.tick()
+        assert stacks(sink) == []  # a long step may wait this long
+        watch.last_progress -= 0.7
+        watch.tick()
+        assert len(stacks(sink)) == 1
+
+
 def test_sampling_is_off_with_stall_after_zero_but_interrupts_are_still_reported():
     sink, watch = Sink(), Watch()
     with CellThread(watch, sink, stall_after=0):
