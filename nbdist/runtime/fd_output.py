@@ -159,8 +159,8 @@ class LineRecord:
     to read once the process is dead (:func:`read_line`).
 
     :meth:`start` (on the cell's thread) names the thread and the cell's filename; :meth:`look`
-    (any other thread) reads that thread's innermost frame of the cell and writes its line
-    where it changed: one ``pwrite`` of a few bytes, nothing where it did not. The file holds
+    (any other thread) reads that thread's innermost frame of a cell's code (this cell's, or
+    a function an earlier cell defined) and writes its line where it changed: one ``pwrite`` of a few bytes, nothing where it did not. The file holds
     one line, ``<kind> <line> <filename>``: ``seen`` (a look, or the cell's start: line 0) or
     ``at`` (the line of an ``os._exit`` call, :meth:`exiting`).
     """
@@ -191,11 +191,11 @@ class LineRecord:
         cell = self.cell
         if cell is None:
             return
-        line = _cell_lineno(sys._current_frames().get(cell[0]), cell[1])
+        line, filename = _cell_lineno(sys._current_frames().get(cell[0]))
         if line:
             with self._lock:
                 if self.cell == cell:
-                    self._write_locked(f"seen {line} {cell[1]}".encode())
+                    self._write_locked(f"seen {line} {filename}".encode())
 
     def exiting(self, frame: Optional[FrameType]) -> None:
         """The process ends now (``os._exit`` called at ``frame``): write the cell line of the
@@ -205,10 +205,10 @@ class LineRecord:
             return
         if threading.get_ident() != cell[0]:
             frame = sys._current_frames().get(cell[0])
-        line = _cell_lineno(frame, cell[1])
+        line, filename = _cell_lineno(frame)
         if line:
             with self._lock:
-                self._write_locked(f"at {line} {cell[1]}".encode())
+                self._write_locked(f"at {line} {filename}".encode())
 
     def _write_locked(self, text: bytes) -> None:
         if text == self.text:
@@ -225,14 +225,16 @@ class LineRecord:
             os.unlink(self.path)
 
 
-def _cell_lineno(frame: Optional[FrameType], filename: str) -> int:
-    """The line of the innermost frame of ``frame``'s stack that runs ``filename``; 0 where
-    none does."""
+def _cell_lineno(frame: Optional[FrameType]) -> tuple[int, str]:
+    """The line and filename of the innermost frame of ``frame``'s stack that runs a cell's
+    code (this cell's, or a function an earlier cell defined: as a dump's line is read);
+    ``(0, "")`` where none does."""
     while frame is not None:
-        if frame.f_code.co_filename == filename:
-            return frame.f_lineno or 0
+        filename = frame.f_code.co_filename
+        if filename.startswith("<distributed cell"):
+            return frame.f_lineno or 0, filename
         frame = frame.f_back
-    return 0
+    return 0, ""
 
 
 class FdCapture:

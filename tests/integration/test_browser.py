@@ -614,7 +614,8 @@ def test_a_rank_killed_and_replaced_keeps_its_history(nb, flag):
         assert "step 0" in labels and "step 49" in labels, labels
         assert "rank 1 died" in labels and "replacement joined" in labels, labels
         # the dead worker and its replacement: two rows, numbers apart
-        assert state_of(view, ".nbdist-rank-1-former") == "died: SIGKILL · replaced"
+        assert re.fullmatch(r"died: SIGKILL, last seen at line \d+ of In \[\d+\] · replaced",
+                            state_of(view, ".nbdist-rank-1-former"))
         # what it reported before it died (the steps still in its buffer died with it)
         dead = row_text(view, ".nbdist-rank-1-former")
         assert re.search(r"\b([1-9]|10) steps\b", dead), dead

@@ -149,7 +149,8 @@ def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_note
     train = outputs_text(cell_with(nb, "train(state, STEPS)\n"))
     events = [line for line in train.splitlines() if line.startswith("nbdist.elastic ")]
     [died] = [line for line in events if "died" in line]
-    assert "rank 1 on " in died and died.endswith("died: SIGKILL"), died
+    assert "rank 1 on " in died and re.search(r"died: SIGKILL, last seen at line \d+ of "
+                                              r"In \[\d+\]$", died), died
     [reformed] = [line for line in events if "re-formed without rank 1" in line]
     # %nbdist kill 1 --after 3: killed a few seconds in, at whichever step that is
     assert re.search(r"rolled back to commit \d+ \(0 optimizer steps repeated\), healed in ",
@@ -158,7 +159,8 @@ def test_elastic_notebook_heals_a_killed_rank_and_shows_where_a_hang_is(run_note
     [joined] = [line for line in events if "a replacement worker joined" in line]
     assert "healed from a live peer" in joined and joined.endswith("world 1 -> 2"), joined
     # the dead worker keeps a row of its own in the summary, apart from its replacement
-    assert re.search(r"^1 .*died: SIGKILL · replaced$", train, re.M), train
+    assert re.search(r"^1 .*died: SIGKILL, last seen at line \d+ of In \[\d+\] · replaced$",
+                     train, re.M), train
     assert "rank 0 of 2: trained to step 40" in train
     assert "IPEngine" not in train  # not the killed engine's own log: nbdist said what happened
     # both ranks at the last step after it, one of them the replacement

@@ -1,7 +1,11 @@
 """A rank killed in a cell without elastic training, on both engines: its row in the run's
-record, the header and the raised error all say it died, and of what signal."""
+record, the header and the raised error all say it died, of what signal, and the cell line
+where it was last seen."""
 
 from __future__ import annotations
+
+import re
+from html import escape
 
 import pytest
 from clusters import ENGINES, start_session
@@ -33,22 +37,25 @@ def test_a_rank_killed_in_a_plain_cell_died_of_sigkill_in_its_row_and_its_error(
         pid = s.pull("pid", rank=1)
         with pytest.raises(DistributedError) as info:
             s.run_cell(KILL, output="quiet")
-        # the error: rank 1 alone failed, and its line names the signal
+        # the error: rank 1 alone failed, and its line names the signal and the cell line
+        # where the rank was last seen (its record is up to 50 ms old: any line up to the kill)
         [f] = info.value.failures
-        assert (f.rank, f.ename, f.evalue) == (1, "WorkerError",
-                                               f"its worker (pid {pid}) died: SIGKILL"), f
-        assert str(info.value) == ("cell failed on rank 1: WorkerError: its worker "
-                                   f"(pid {pid}) died: SIGKILL")
+        assert (f.rank, f.ename) == (1, "WorkerError"), f
+        assert f.evalue.startswith(f"its worker (pid {pid}) died: "), f.evalue
+        died = f.evalue.split(": ", 1)[1]
+        assert re.fullmatch(r"SIGKILL, last seen at (line [1-5]|the start) of "
+                            r"<distributed cell 2>", died), died
+        assert str(info.value) == f"cell failed on rank 1: WorkerError: {f.evalue}"
         # the last run's row and header say the same
         snap = s.last_run
         assert snap is not None
         one = next(r for r in snap.ranks if r.rank == 1)
-        assert (one.state, one.error) == (RankState.DIED, "SIGKILL"), one
+        assert (one.state, one.error) == (RankState.DIED, died), one
         [row] = [r for r in run_table(snap).rows if r.rank == 1]
-        assert row.cells[-1] == "died: SIGKILL", row.cells
+        assert row.cells[-1] == f"died: {died}", row.cells
         header = run_header(snap, final=True)
         assert "failed after" in header, header
-        assert f"rank 1 on {f.hostname} (pid {pid}) died: SIGKILL" in header, header
+        assert escape(f"rank 1 on {f.hostname} (pid {pid}) died: {died}") in header, header
         assert "no end-of-cell report" not in header
     finally:
         s.stop()

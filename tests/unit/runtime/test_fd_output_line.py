@@ -170,3 +170,26 @@ def test_a_running_process_keeps_its_files(tmp_path, monkeypatch):
         f.write("alive\n")
     assert fd_output.last_words(os.getpid()) is None
     assert os.path.exists(files["stderr"])
+
+
+def test_a_function_an_earlier_cell_defined_is_followed_into_that_cell(record, tmp_path):
+    earlier: dict = {}
+    exec(compile("def train(release):\n    x = 1\n    release.wait(10)\n",
+                 "<distributed cell [6]>", "exec"), earlier)
+    started, release = threading.Event(), threading.Event()
+
+    def cell():
+        record.start(CELL)
+        started.set()
+        exec(compile("train(release)\n", CELL, "exec"), {"train": earlier["train"],
+                                                         "release": release})
+
+    t = threading.Thread(target=cell)
+    t.start()
+    try:
+        assert started.wait(10)
+        assert poll_until(lambda: (record.look(), read(tmp_path))[1]
+                          == ("line 3 of In [6]", False), 10), read(tmp_path)
+    finally:
+        release.set()
+        t.join()
