@@ -160,9 +160,10 @@ class LineRecord:
 
     :meth:`start` (on the cell's thread) names the thread and the cell's filename; :meth:`look`
     (any other thread) reads that thread's innermost frame of a cell's code (this cell's, or
-    a function an earlier cell defined) and writes its line where it changed: one ``pwrite`` of a few bytes, nothing where it did not. The file holds
-    one line, ``<kind> <line> <filename>``: ``seen`` (a look, or the cell's start: line 0) or
-    ``at`` (the line of an ``os._exit`` call, :meth:`exiting`).
+    a function an earlier cell defined) and writes its line where it changed: one ``pwrite``
+    of a few bytes, nothing where it did not. The file holds one line, ``<kind> <line>
+    <filename>``: ``seen`` (a look, or the cell's start: line 0) or ``at`` (the line of an
+    ``os._exit`` call, :meth:`exiting`).
     """
 
     def __init__(self, path: str) -> None:
