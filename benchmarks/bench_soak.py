@@ -62,7 +62,24 @@ FAILING = "y = 1\nraise ValueError('a failing cell, on purpose')\n"
 READ_PUSH = "s = float(data.sum())\n"
 SHOW = "losses[-1]\n"
 PLAIN = ("x = rank + 1\n", "z = [x] * 100\n")
-SLOW = "import time\ntime.sleep(60)\n"
+# Python code a timeout interrupts on both engines (one long native call would have Dask
+# restart the worker: another measure)
+SLOW = "import time\nwhile True:\n    time.sleep(0.01)\n"
+# --trace on the workers: what each one allocated since the warm-up and still holds, and the
+# object types that grew
+TRACE_START = ("import gc as _gc, tracemalloc as _tm\nfrom collections import Counter as _C\n"
+               "_tm.start(8)\n_gc.collect()\n"
+               "_types0 = _C(type(o).__name__ for o in _gc.get_objects())\n")
+TRACE_END = (
+    "_gc.collect()\n"
+    "_grown = _C(type(o).__name__ for o in _gc.get_objects())\n_grown.subtract(_types0)\n"
+    "_top = ['%+.2f MiB %+d blocks at ' % (s.size / 2**20, s.count) + ' <- '.join(\n"
+    "    '%s:%d' % (f.filename.rsplit('/', 2)[-1], f.lineno) for f in list(s.traceback)[-4:])\n"
+    "    for s in _tm.take_snapshot().statistics('traceback')[:{n}]]\n"
+    "_top.append('objects the garbage collector tracks, most grown: ' + ', '.join(\n"
+    "    '%s %+d' % kv for kv in _grown.most_common({n})))\n"
+    "_tm.stop()\n"
+)
 
 
 _workers: list[Any] = []
@@ -183,6 +200,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
                 if snap0 is None and args.trace:
                     snap0 = tracemalloc.take_snapshot()
                     types0 = _types()
+                    s.run_cell(TRACE_START, output="quiet")
                 samples.append((cells, sample(s)))
             if rnd % 10 == 0:
                 last = samples[-1][1] if samples else sample(s)
@@ -201,6 +219,8 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
             grown.subtract(types0)
             top.append("objects the garbage collector tracks, most grown: " + ", ".join(
                 f"{k} {v:+d}" for k, v in grown.most_common(args.trace)))
+            s.run_cell(TRACE_END.format(n=args.trace), output="quiet")
+            top += ["rank 0's worker: " + line for line in s.pull("_top")]
     finally:
         s.stop()
     after_stop = sample_kernel()
@@ -319,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         args.engine = args.engine[0]
         print("RESULT " + json.dumps(run_engine(args)), flush=True)
         return 0
-    results = []
+    results: list[dict[str, Any]] = []
+    failed: list[str] = []
     with c.deadline(args.timeout):
         try:
             for engine in args.engine or ENGINES:
@@ -329,11 +350,15 @@ def main(argv: list[str] | None = None) -> int:
                 c.log(f"soak on {engine}: {args.cells} cells")
                 proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
                 if proc.returncode != 0:
-                    raise RuntimeError(f"the {engine} soak exited with {proc.returncode}")
+                    failed.append(f"the {engine} soak exited with {proc.returncode} (its "
+                                  "error is above)")
+                    continue
                 results.append(c.parse_result(proc.stdout))
         finally:
             c.kill_children()
-    ok = report(results)
+    ok = report(results) and not failed
+    for line in failed:
+        print(f"FAIL: {line}")
     print(f"target: kernel and workers <= 20 MiB per 100 cells, training cell drift <= 10 %, "
           f"processes, threads and fds flat: {'PASS' if ok else 'FAIL'} "
           f"({', '.join(r['engine'] for r in results)})")
