@@ -259,7 +259,7 @@ class Backend(abc.ABC, Generic[ClientT]):
 
     def last_words(self, worker: WorkerId, host: Optional[str], pid: int) -> Optional[dict]:
         """What dead worker process ``pid`` left on ``host``, another host than the
-        notebook's (:func:`~nbdist.runtime.fd_output.last_words`: its last lines on stderr
+        notebook's (:func:`~nbdist.runtime.last_words.last_words`: its last lines on stderr
         and its record of the cell line), read and removed there; None where the engine
         cannot run a call on that host."""
         return None

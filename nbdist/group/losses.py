@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Optional
 
 from ..backends.base import WorkerId
-from ..runtime import fd_output
+from ..runtime import fd_output, last_words
 from ..telemetry.recovery import Lost
 
 if TYPE_CHECKING:
@@ -52,11 +52,11 @@ def lost_worker(membership: Membership, w: WorkerId, rank: Optional[int], oom_be
         cause = "SIGKILL, by the kernel's out-of-memory killer"
     words, kept_at = _last_words(membership, w, host, pid)
     tail = words["tail"] if words else []
-    line, seen = fd_output.cell_line(tail), False  # a dump says where it died
+    line, seen = last_words.cell_line(tail), False  # a dump says where it died
     if line is None and words and words.get("line"):
         line, exact = words["line"]  # else the rank's record of its line
         seen = not exact
-    lost = Lost(time.time(), rank, host, pid, cause, by, line, tuple(fd_output.told(tail)),
+    lost = Lost(time.time(), rank, host, pid, cause, by, line, tuple(last_words.told(tail)),
                 kept_at, seen)
     membership.deaths[w] = lost
     return lost
@@ -64,13 +64,13 @@ def lost_worker(membership: Membership, w: WorkerId, rank: Optional[int], oom_be
 
 def _last_words(membership: Membership, w: WorkerId, host: Optional[str], pid: Optional[int]
                 ) -> tuple[Optional[dict], Optional[str]]:
-    """What a dead worker left (:func:`~nbdist.runtime.fd_output.last_words`: its last lines
+    """What a dead worker left (:func:`~nbdist.runtime.last_words.last_words`: its last lines
     on stderr, its record of the cell line), read and removed on this host or by the engine
     on its own (a Dask nanny); else None and where its stderr is kept."""
     if pid is None:
         return None, None
     if _here(host):
-        return fd_output.last_words(pid), None
+        return last_words.last_words(pid), None
     try:
         words = membership.require().last_words(w, host, pid)
     except Exception:  # the engine could not ask its host: say where the file is
@@ -90,7 +90,7 @@ def remove_leftovers(membership: Membership) -> None:
     pids = {info["pid"] for info in membership.infos.values() if _here(info["hostname"])}
     pids |= {d.pid for d in membership.deaths.values() if d.pid and _here(d.host)}
     for pid in pids:
-        fd_output.last_words(pid)  # a process still running keeps its files
+        last_words.last_words(pid)  # a process still running keeps its files
 
 
 def _host_pid(membership: Membership, w: WorkerId) -> tuple[Optional[str], Optional[int]]:

@@ -20,18 +20,20 @@ own captured output, which would show it again, unprefixed.
 
 ``faulthandler`` writes its dump of every thread's Python stack to the stderr file on a fatal
 signal (SIGABRT from a C++ abort, SIGSEGV, SIGBUS, SIGFPE), so when a rank dies the notebook
-reads its last lines there (:func:`read_tail`) and the cell line it was running
-(:func:`cell_line`). A file past :data:`ROTATE_BYTES` is replaced by a fresh one; the previous
-one is kept (for the tail) until the next replacement. The files are removed at the worker's
-normal exit, and by the notebook once it has read a dead rank's (:func:`remove`).
+reads its last lines there (:func:`~.last_words.read_tail`) and the cell line it was running
+(:func:`~.last_words.cell_line`). A file past :data:`ROTATE_BYTES` is replaced by a fresh
+one; the previous one is kept (for the tail) until the next replacement. The files are
+removed at the worker's normal exit, and by the notebook once it has read a dead rank's
+(:func:`~.last_words.remove`).
 
 SIGKILL (the out-of-memory killer's too), SIGTERM and ``os._exit`` run no dump, so a third
-file, ``rank-<pid>.line``, says which cell line the rank runs (:func:`read_line`): the cell
-start writes it, the reading thread looks at the cell thread's innermost cell frame at each
-tick (``sys._current_frames()``: the cell's thread runs no hook and pays nothing) and writes it
-when it changed, the cell's end clears it. Such a line is "last seen": up to :data:`POLL_S`
-old. ``os._exit`` is wrapped while the capture is installed, so that the line of the call
-itself is written before the process ends (it exits as before).
+file, ``rank-<pid>.line``, says which cell line the rank runs
+(:func:`~.last_words.read_line`): the cell start writes it, the reading thread looks at the
+cell thread's innermost cell frame at each tick (``sys._current_frames()``: the cell's thread
+runs no hook and pays nothing) and writes it when it changed, the cell's end clears it. Such a
+line is "last seen": up to :data:`POLL_S` old. ``os._exit`` is wrapped while the capture is
+installed, so that the line of the call itself is written before the process ends (it exits
+as before).
 
 Stdlib only.
 """
@@ -44,8 +46,6 @@ import contextlib
 import faulthandler
 import functools
 import os
-import re
-import socket
 import stat
 import sys
 import tempfile
@@ -156,7 +156,7 @@ def _through(fd: int) -> Optional[int]:
 
 class LineRecord:
     """The cell line a thread runs, kept in a small file (``rank-<pid>.line``) for the notebook
-    to read once the process is dead (:func:`read_line`).
+    to read once the process is dead (:func:`~.last_words.read_line`).
 
     :meth:`start` (on the cell's thread) names the thread and the cell's filename; :meth:`look`
     (any other thread) reads that thread's innermost frame of a cell's code (this cell's, or
@@ -453,127 +453,3 @@ def current() -> Optional[FdCapture]:
     """This process's capture, None where :func:`install` did not make one here."""
     return _capture if _capture is not None and _capture.pid == os.getpid() else None
 
-
-# ------------------------------------------------------------------ after a rank died
-
-#: lines of a dead rank's stderr the notebook shows
-TAIL_LINES = 12
-#: bytes read from the end of a file for its tail
-TAIL_BYTES = 64 << 10
-
-
-def read_tail(pid: int, folder: Optional[str] = None) -> list[str]:
-    """The last lines (no blank ones; those of its last :data:`TAIL_BYTES` bytes) process
-    ``pid`` wrote to its stderr file (its previous file's too, where a fresh one replaced
-    it); [] where there is none."""
-    path = paths(pid, folder)["stderr"]
-    data = b""
-    for p in (path + ".old", path):
-        try:
-            with open(p, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL_BYTES))
-                data = (data + f.read())[-TAIL_BYTES:]
-        except OSError:
-            continue
-    text = data.decode("utf-8", errors="replace")
-    return [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-
-
-def remove(pid: int, folder: Optional[str] = None) -> None:
-    """Remove process ``pid``'s files (a dead rank's, once read)."""
-    for path in paths(pid, folder).values():
-        for p in (path, path + ".old"):
-            with contextlib.suppress(OSError):
-                os.unlink(p)
-
-
-def read_line(pid: int, folder: Optional[str] = None) -> Optional[tuple[str, bool]]:
-    """The cell line process ``pid``'s record (:class:`LineRecord`) holds, worded as
-    :func:`cell_line` words a dump's (``line 4 of In [5]``; ``the start of In [5]`` where no
-    look saw a line yet), and whether it is exact (``os._exit``'s call) rather than last
-    seen; None where it ran no cell, or has no record."""
-    try:
-        with open(paths(pid, folder)["line"], "rb") as f:
-            text = f.read(4096).decode("utf-8", errors="replace").strip()
-    except OSError:
-        return None
-    kind, _, rest = text.partition(" ")
-    number, _, filename = rest.partition(" ")
-    if kind not in ("seen", "at") or not number.isdigit() or not _CELL_FILE.match(filename):
-        return None
-    named = _NUMBERED.fullmatch(filename)
-    cell = f"In [{named[1]}]" if named else filename
-    words = f"line {number} of {cell}" if int(number) else f"the start of {cell}"
-    return words, kind == "at"
-
-
-def last_words(pid: int, host: Optional[str] = None) -> Optional[dict]:
-    """What a dead rank left on this host, read and then removed: what its host (a Dask
-    nanny, or another worker there) runs for the notebook. ``{"tail": lines, "line":
-    read_line's answer}``; None where ``host`` is given and is not this one, or where
-    ``pid`` left nothing here (or still runs)."""
-    if host is not None and host != socket.gethostname():
-        return None
-    if not any(os.path.exists(p) for p in paths(pid).values()) or _alive(pid):
-        return None
-    try:
-        return {"tail": read_tail(pid), "line": read_line(pid)}
-    finally:
-        remove(pid)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's: it runs
-    return True
-
-
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+)')
-#: the filename of a cell's code (``nbdist.cell.loop.cell_name``)
-_CELL_FILE = re.compile(r"<distributed cell")
-_NUMBERED = re.compile(r"<distributed cell \[(\d+)\]>")
-
-
-def cell_line(tail: list[str]) -> Optional[str]:
-    """The cell line a rank was running, from a fatal signal's dump of its threads' stacks
-    in its stderr ``tail`` (most recent call first): ``line 2 of In [5]`` (``line 2 of
-    <distributed cell 3>`` for a cell the kernel did not number), the innermost cell frame of
-    the last dump; None where no dump names a cell's line."""
-    found = None
-    in_stack = first = False
-    for ln in tail:
-        if "most recent call first" in ln:
-            in_stack, first = True, True
-            continue
-        m = _FRAME.match(ln)
-        if m is None:
-            in_stack = False
-            continue
-        if in_stack and first and _CELL_FILE.match(m["file"]):
-            number = _NUMBERED.fullmatch(m["file"])
-            found = f"line {m['line']} of " + (f"In [{number[1]}]" if number else m["file"])
-            first = False
-    return found
-
-
-def told(tail: list[str], lines: int = TAIL_LINES) -> list[str]:
-    """The last ``lines`` lines of ``tail`` a person reads for why the rank died: without
-    faulthandler's dump (its stacks say only where, which :func:`cell_line` reads)."""
-    out = []
-    for ln in tail:
-        if ln.startswith(("Fatal Python error:", "Thread 0x", "Current thread 0x",
-                          "Extension modules:")) or _FRAME.match(ln) \
-                or ln.strip().startswith("<no Python frame>"):
-            continue
-        out.append(ln)
-    return out[-lines:] if lines else []

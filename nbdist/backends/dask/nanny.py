@@ -2,7 +2,7 @@
 a signal from outside (``%nbdist kill``), and read what a dead worker left on its host (its
 last lines on stderr, its record of the cell line) for the notebook on another host.
 :func:`signal_process`, :func:`signal_soon` and
-:func:`~nbdist.runtime.fd_output.last_words` run on the nanny or the worker."""
+:func:`~nbdist.runtime.last_words.last_words` run on the nanny or the worker."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Optional
 import distributed
 
 from ...errors import ClusterError
-from ...runtime import fd_output
+from ...runtime import last_words
 from ..base import poll_until
 
 #: seconds to wait for a host's nanny or worker to answer for a dead worker's files (its
@@ -55,7 +55,7 @@ def dead_words(client: distributed.Client, host: Optional[str], pid: int,
     def ask() -> Optional[dict]:
         for nanny in (True, False):  # a nanny first: it outlives its worker
             try:
-                out = client.sync(client._run, fd_output.last_words, pid, host, nanny=nanny,
+                out = client.sync(client._run, last_words.last_words, pid, host, nanny=nanny,
                                   on_error="return", callback_timeout=wait)
             except Exception:
                 continue

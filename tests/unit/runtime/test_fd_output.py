@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from nbdist.runtime import fd_output
+from nbdist.runtime import fd_output, last_words
 from nbdist.runtime.capture import captured_output
 from nbdist.telemetry import events as ev
 
@@ -100,7 +100,7 @@ def test_a_full_file_is_replaced_without_losing_a_byte(tmp_path):
         assert os.path.getsize(path) < 64 + 9 * 10  # the file stays bounded
         assert os.path.exists(path + ".old")
         # the tail reads the previous file and the current one
-        assert fd_output.read_tail(os.getpid(), str(tmp_path))[-1] == "line 039"
+        assert last_words.read_tail(os.getpid(), str(tmp_path))[-1] == "line 039"
     finally:
         cap.close()
     assert os.listdir(tmp_path) == []
@@ -148,13 +148,13 @@ def test_the_cell_line_is_read_from_faulthandlers_own_dump(tmp_path, filename, l
     assert r.returncode == -6  # SIGABRT, as torchrun reports it
     tail = [ln for ln in out.read_text().splitlines() if ln.strip()]
     assert any(filename in ln for ln in tail)
-    assert fd_output.cell_line(tail) == line
-    assert fd_output.told(tail) == ["what the library said"]
+    assert last_words.cell_line(tail) == line
+    assert last_words.told(tail) == ["what the library said"]
 
 
 def test_no_dump_no_cell_line():
-    assert fd_output.cell_line(["Segmentation fault", 'File "x.py", line 3 in f']) is None
-    assert fd_output.told(["a", "b", "c"], lines=2) == ["b", "c"]
+    assert last_words.cell_line(["Segmentation fault", 'File "x.py", line 3 in f']) is None
+    assert last_words.told(["a", "b", "c"], lines=2) == ["b", "c"]
 
 
 def test_a_dead_ranks_tail_is_read_then_removed(tmp_path):
@@ -165,8 +165,8 @@ def test_a_dead_ranks_tail_is_read_then_removed(tmp_path):
 
             terminate called after throwing an instance of 'gloo::EnforceNotMet'
         """))
-    assert fd_output.read_tail(4242, str(tmp_path)) == [
+    assert last_words.read_tail(4242, str(tmp_path)) == [
         "early", "terminate called after throwing an instance of 'gloo::EnforceNotMet'"]
-    fd_output.remove(4242, str(tmp_path))
+    last_words.remove(4242, str(tmp_path))
     assert os.listdir(tmp_path) == []
-    assert fd_output.read_tail(4242, str(tmp_path)) == []
+    assert last_words.read_tail(4242, str(tmp_path)) == []

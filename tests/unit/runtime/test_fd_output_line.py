@@ -18,7 +18,7 @@ import time
 import pytest
 
 from nbdist.backends.base import poll_until
-from nbdist.runtime import fd_output
+from nbdist.runtime import fd_output, last_words
 
 CELL = "<distributed cell [7]>"
 
@@ -47,7 +47,7 @@ def held_cell(record, source):
 
 
 def read(tmp_path):
-    return fd_output.read_line(os.getpid(), str(tmp_path))
+    return last_words.read_line(os.getpid(), str(tmp_path))
 
 
 def test_a_look_writes_the_line_of_the_cells_thread_in_the_cell(record, tmp_path):
@@ -95,14 +95,14 @@ def test_a_shorter_record_leaves_no_trace_of_a_longer_one(record, tmp_path):
 
 def test_a_record_of_no_cell_says_nothing(tmp_path):
     path = fd_output.paths(4242, str(tmp_path))["line"]
-    assert fd_output.read_line(4242, str(tmp_path)) is None  # no file
+    assert last_words.read_line(4242, str(tmp_path)) is None  # no file
     for text in ("", "seen 3 /home/u/train.py", "seen x <distributed cell 2>", "garbage"):
         with open(path, "w") as f:
             f.write(text)
-        assert fd_output.read_line(4242, str(tmp_path)) is None, text
+        assert last_words.read_line(4242, str(tmp_path)) is None, text
     with open(path, "w") as f:
         f.write("at 9 <distributed cell 2>   ")
-    assert fd_output.read_line(4242, str(tmp_path)) == ("line 9 of <distributed cell 2>", True)
+    assert last_words.read_line(4242, str(tmp_path)) == ("line 9 of <distributed cell 2>", True)
 
 
 RANK = """\
@@ -129,19 +129,19 @@ def test_os_exit_writes_the_line_of_its_call_before_the_process_ends(tmp_path):
     # no tick can see line 3: the cell gets there at once and the process ends there
     proc = rank_process(tmp_path, "x = 1\nif x:\n    os._exit(3)\ntime.sleep(30)\n")
     assert proc.wait(60) == 3
-    assert fd_output.read_line(proc.pid, str(tmp_path)) == ("line 3 of In [7]", True)
+    assert last_words.read_line(proc.pid, str(tmp_path)) == ("line 3 of In [7]", True)
 
 
 def test_after_sigkill_the_line_last_seen_is_left(tmp_path):
     proc = rank_process(tmp_path, "x = 1\nwhile True:\n    time.sleep(0.01)\n")
     try:
-        seen = poll_until(lambda: fd_output.read_line(proc.pid, str(tmp_path)), 30)
-        assert poll_until(lambda: fd_output.read_line(proc.pid, str(tmp_path))
+        seen = poll_until(lambda: last_words.read_line(proc.pid, str(tmp_path)), 30)
+        assert poll_until(lambda: last_words.read_line(proc.pid, str(tmp_path))
                           == ("line 3 of In [7]", False), 30), seen
     finally:
         proc.send_signal(signal.SIGKILL)
     assert proc.wait(30) == -signal.SIGKILL
-    assert fd_output.read_line(proc.pid, str(tmp_path)) == ("line 3 of In [7]", False)
+    assert last_words.read_line(proc.pid, str(tmp_path)) == ("line 3 of In [7]", False)
 
 
 def test_last_words_of_a_dead_process_are_read_then_removed(tmp_path, monkeypatch):
@@ -154,12 +154,12 @@ def test_last_words_of_a_dead_process_are_read_then_removed(tmp_path, monkeypatc
         f.write("last words\n")
     with open(files["line"], "w") as f:
         f.write(f"seen 5 {CELL}")
-    assert fd_output.last_words(proc.pid, host="not-" + socket.gethostname()) is None
+    assert last_words.last_words(proc.pid, host="not-" + socket.gethostname()) is None
     assert os.path.exists(files["line"])  # another host's answer: nothing read or removed
-    assert fd_output.last_words(proc.pid) == {"tail": ["last words"],
+    assert last_words.last_words(proc.pid) == {"tail": ["last words"],
                                               "line": ("line 5 of In [7]", False)}
     assert not any(os.path.exists(p) for p in files.values())
-    assert fd_output.last_words(proc.pid) is None  # nothing left
+    assert last_words.last_words(proc.pid) is None  # nothing left
 
 
 def test_a_running_process_keeps_its_files(tmp_path, monkeypatch):
@@ -168,7 +168,7 @@ def test_a_running_process_keeps_its_files(tmp_path, monkeypatch):
     os.makedirs(os.path.dirname(files["stderr"]), exist_ok=True)
     with open(files["stderr"], "w") as f:
         f.write("alive\n")
-    assert fd_output.last_words(os.getpid()) is None
+    assert last_words.last_words(os.getpid()) is None
     assert os.path.exists(files["stderr"])
 
 
