@@ -48,6 +48,9 @@ class JobRecord:
         Event batches dropped on the way because the notebook was not keeping up.
     error : str or None
         The error raised first among the ranks that ended with one (its root cause).
+    restarts : int
+        How often the launcher started the ranks again (``torchrun --max-restarts``); the
+        steps are the latest attempt's.
     """
 
     id: str
@@ -59,11 +62,13 @@ class JobRecord:
     started: float
     dropped: int = 0
     error: Optional[str] = None
+    restarts: int = 0
 
     def line(self) -> str:
         """The record as one line of text."""
         steps = ", ".join(f"{r}: {n}" for r, n in sorted(self.steps.items())) or "none"
         extra = f", {self.dropped} batches dropped" if self.dropped else ""
+        extra += f", restarted {self.restarts}x" if self.restarts else ""
         extra += f": {self.error}" if self.error else ""
         return (f"job {self.id} ({self.key}) {self.state}, {self.world_size} ranks on "
                 f"{', '.join(self.hosts) or 'no host yet'}, steps {{{steps}}}{extra}")
@@ -97,18 +102,40 @@ class Job:
     #: a connection that carried this job ended (or its forwarder said bye)
     cut: bool = False
     ended: bool = False
+    attempt: int = 0  # the launcher's restarts so far
+    notes: list[str] = field(default_factory=list)
 
     @property
     def state(self) -> str:
+        """Running while a connection carries the job (its launcher may yet restart ranks
+        that ended); once none does, how its ranks ended."""
+        if self.connections or not self.cut:
+            return RUNNING
         ends = [p.ended for p in self.ranks.values()]
-        every = len(self.ranks) >= self.world_size and None not in ends
-        if every or (self.cut and not self.connections):
-            if FAILED in ends:
-                return FAILED
-            if LOST in ends or None in ends or len(self.ranks) < self.world_size:
-                return LOST
-            return FINISHED
-        return RUNNING
+        if FAILED in ends:
+            return FAILED
+        if LOST in ends or None in ends or len(self.ranks) < self.world_size:
+            return LOST
+        return FINISHED
+
+    def note(self, line: str) -> None:
+        """A line of what happened to the job, kept with its run (the summary shows it)."""
+        self.notes.append(line)
+        if self.run is not None:
+            self.run.notes.append(line)
+
+    def restarted(self, attempt: int) -> None:
+        """The launcher started the ranks again (torchrun's ``--max-restarts``): the ranks of
+        the earlier attempt are gone, and the new ones report into a fresh run that keeps
+        the job's notes."""
+        self.note(f"the launcher restarted the ranks (restart {attempt})")
+        if self.run is not None:
+            self.run.finish()
+            self.run = Run(f"job {self.id}", range(self.world_size),
+                           world_size=self.world_size)
+            self.run.notes.extend(self.notes)
+        self.attempt = attempt
+        self.ranks = {}
 
     def record(self) -> JobRecord:
         snap = self.snapshot()
@@ -120,7 +147,8 @@ class Job:
         return JobRecord(id=self.id, key=self.key, world_size=self.world_size,
                          hosts=tuple(sorted({p.host for p in self.ranks.values()})),
                          state=self.state, steps=steps, started=self.started,
-                         dropped=sum(self.dropped.values()), error=error)
+                         dropped=sum(self.dropped.values()), error=error,
+                         restarts=self.attempt)
 
     def snapshot(self) -> Optional[RunSnapshot]:
         return self.run.snapshot() if self.run is not None else None
@@ -162,9 +190,13 @@ class Jobs:
         if kind == "rank":
             job = self._job(key, int(m["world_size"]))
             job.connections.add(connection)
-            rank = int(m["rank"])
+            rank, restart = int(m["rank"]), int(m.get("restart", 0))
+            if restart > job.attempt:
+                job.restarted(restart)
+            elif restart < job.attempt:
+                return  # an earlier attempt's rank, sent again by a reconnecting forwarder
             job.ranks[rank] = RankProcess(rank, str(m.get("host", "")), int(m.get("pid", 0)),
-                                          int(m.get("restart", 0)))
+                                          restart)
         elif kind == "batch" and key in self._jobs and self._jobs[key].run is not None:
             job = self._jobs[key]
             job.connections.add(connection)
@@ -181,6 +213,12 @@ class Jobs:
                                                 else "ended with an error")
                 if proc.error is not None:
                     proc.failed_at = float(m.get("failed_at") or m.get("t") or float("inf"))
+                if proc.ended == LOST:
+                    self._jobs[key].note(f"rank {proc.rank} (pid {proc.pid} on {proc.host}) "
+                                         "ended without saying how: killed, or lost")
+                elif proc.ended == FAILED:
+                    self._jobs[key].note(f"rank {proc.rank} (pid {proc.pid} on {proc.host}) "
+                                         f"failed: {proc.error}")
         self._settle()
 
     def closed(self, connection: int) -> None:

@@ -45,6 +45,9 @@ TRAIN = textwrap.dedent(f"""
     for i in range({STEPS}):
         if i == fail_at and dist.get_rank() == 1:
             raise ValueError(f"bad batch at step {{i}}")
+        if (i == int(os.environ.get("DIE_AT", "-1")) and dist.get_rank() == 1
+                and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"):
+            os.kill(os.getpid(), 9)  # SIGKILL: no word of how it ended
         if i == {HELD_AT} and dist.get_rank() == 1:  # rank 0 waits in the all-reduce
             deadline = time.time() + 120
             while not os.path.exists(go) and time.time() < deadline:
@@ -55,7 +58,9 @@ TRAIN = textwrap.dedent(f"""
         opt.step()
         time.sleep(0.01)
     dist.destroy_process_group()
-    print("NBDIST_MODULES", sorted(m for m in sys.modules if m.startswith("nbdist")))
+    mods = sorted(m for m in sys.modules if m.startswith("nbdist"))
+    sys.stdout.write(f"NBDIST_MODULES {{mods}}\\n")  # one write: the ranks share the pipe
+    sys.stdout.flush()
 """)
 
 #: the script's line where rank 0 waits for rank 1
@@ -82,12 +87,13 @@ def _env(site, attach=None, **extra):
     return env
 
 
-def _torchrun(tmp_path, env, go, agent=False):
+def _torchrun(tmp_path, env, go, agent=False, restarts=0):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         *(["-m", "nbdist.agent"] if agent else []), str(script), str(go)],
+         f"--max-restarts={restarts}", *(["-m", "nbdist.agent"] if agent else []),
+         str(script), str(go)],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
 
@@ -240,5 +246,32 @@ def test_ranks_started_as_python_m_nbdist_agent_elect_one_forwarder_for_their_no
         run_id = rec.key.removeprefix("torchrun-")
         assert not os.path.exists(node_directory(collector.address,
                                                  {"TORCHELASTIC_RUN_ID": run_id}))
+    finally:
+        collector.close()
+
+
+def test_a_rank_killed_under_max_restarts_shows_its_death_and_the_restart(tmp_path, site_dir):
+    collector = Collector()
+    go = tmp_path / "go"
+    go.touch()
+    try:
+        code, out = _finish(_torchrun(tmp_path, _env(site_dir, collector.address.line,
+                                                      DIE_AT="3"), go, restarts=3))
+        # the next attempt finished (more than one restart when gloo's connections of a new
+        # attempt fail on a loaded machine: torch's own retries)
+        assert code == 0, out
+        end = time.monotonic() + 30
+        while not collector.jobs.records() or collector.jobs.records()[0].state == "running":
+            assert time.monotonic() < end, collector.jobs.records()
+            time.sleep(0.05)
+        (rec,) = collector.jobs.records()
+        assert (rec.state, rec.world_size) == ("finished", 2) and rec.restarts >= 1, rec
+        assert rec.steps == {0: STEPS, 1: STEPS}  # the attempt that ran to the end
+        notes = collector.jobs.get(rec.id).run.notes
+        assert any(n.startswith("rank 1 (pid ") and "ended without saying how" in n
+                   for n in notes), notes
+        assert "the launcher restarted the ranks (restart 1)" in notes, notes
+        assert notes[-1] == f"the launcher restarted the ranks (restart {rec.restarts})"
+        assert collector.accepted == 1  # torchrun's process reported both attempts
     finally:
         collector.close()

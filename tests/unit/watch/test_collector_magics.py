@@ -33,6 +33,7 @@ def _job_of_two(jobs, steps=4):
             jobs.fold({"type": "batch", "job": KEY, "batch": b}, 1)
         jobs.fold({"type": "exit", "job": KEY, "rank": rank, "pid": 100 + rank, "ok": True},
                   1)
+    jobs.fold({"type": "bye", "code": 0}, 1)
 
 
 def test_attach_prints_the_line_and_examples_and_again_the_same_line(shell, capsys, fresh):

@@ -38,6 +38,9 @@ def test_two_ranks_that_end_well_make_a_finished_job_with_their_steps():
     jobs.fold(_exit(0, 100), 1)
     assert jobs.records()[0].state == RUNNING  # rank 1 has not said its end
     jobs.fold(_exit(1, 101), 2)
+    assert jobs.records()[0].state == RUNNING  # until the nodes' launchers end
+    jobs.fold({"type": "bye", "code": 0}, 1)
+    jobs.closed(2)
     rec = jobs.records()[0]
     assert rec.state == FINISHED and rec.steps == {0: 6, 1: 6} and rec.error is None
     job = jobs.get("1")
@@ -50,8 +53,11 @@ def test_a_rank_that_ends_with_an_error_fails_the_job_and_says_it():
         jobs.fold(_rank(r, 100 + r), 1)
     jobs.fold(_exit(1, 101, ok=False, error="ValueError: bad batch"), 1)
     jobs.fold(_exit(0, 100, ok=False, lost=True), 1)
+    assert jobs.records()[0].error == "ValueError: bad batch"
+    jobs.closed(1)
     rec = jobs.records()[0]
     assert rec.state == FAILED and rec.error == "ValueError: bad batch"
+    assert "rank 1 (pid 101 on h1) failed: ValueError: bad batch" in jobs.get("1").notes
 
 
 def test_the_error_raised_first_is_the_jobs_error_whichever_rank_reports_first():
@@ -86,7 +92,7 @@ def test_an_old_process_exit_does_not_end_its_restarted_rank():
     jobs.fold(_rank(0, 100, world=1), 1)
     jobs.fold(_rank(0, 200, world=1, restart=1), 1)
     jobs.fold(_exit(0, 100, ok=False, lost=True), 1)
-    assert jobs.records()[0].state == RUNNING
+    assert jobs.get("1").ranks[0].ended is None and jobs.get("1").ranks[0].pid == 200
 
 
 def test_drops_are_summed_over_ranks_and_places_latest_count_each():
@@ -112,3 +118,28 @@ def test_frames_without_a_job_or_before_its_ranks_are_ignored_and_jobs_are_numbe
     assert [r.key for r in jobs.records()] == [KEY]
     jobs.fold({**_rank(0, 4), "job": "slurm-10"}, 1)
     assert [r.id for r in jobs.records()] == ["1", "3"]  # numbers are never reused
+
+
+def test_a_restart_starts_a_fresh_attempt_that_keeps_the_history():
+    jobs = Jobs()
+    for r in (0, 1):
+        jobs.fold(_rank(r, 100 + r), 1)
+    _train(jobs, 0, 3)
+    jobs.fold(_exit(1, 101, ok=False, lost=True), 1)
+    jobs.fold(_exit(0, 100, ok=False, lost=True), 1)
+    assert jobs.records()[0].state == RUNNING  # torchrun's process is still there
+    for r in (0, 1):
+        jobs.fold(_rank(r, 200 + r, restart=1), 1)
+    jobs.fold(_exit(1, 101, ok=False, error="late word of the old process"), 1)  # ignored
+    for r in (0, 1):
+        _train(jobs, r, 5)
+        jobs.fold(_exit(r, 200 + r), 1)
+    jobs.fold(_rank(1, 101), 1)  # a reconnecting forwarder sends the old attempt again
+    jobs.fold({"type": "bye", "code": 0}, 1)
+    rec = jobs.records()[0]
+    assert (rec.state, rec.restarts, rec.steps, rec.error) == (FINISHED, 1, {0: 5, 1: 5}, None)
+    assert "restarted 1x" in rec.line()
+    notes = jobs.get("1").run.notes
+    assert notes == ["rank 1 (pid 101 on h1) ended without saying how: killed, or lost",
+                     "rank 0 (pid 100 on h1) ended without saying how: killed, or lost",
+                     "the launcher restarted the ranks (restart 1)"]
