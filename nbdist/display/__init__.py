@@ -19,7 +19,7 @@ from .summary import register_formatters, show_summary
 from .text import TextDashboard
 
 __all__ = ["MODES", "Dashboard", "RunView", "display_medium", "make_cluster_view",
-           "make_run_view", "make_start_view", "set_display", "widgets_available"]
+           "make_run_view", "make_start_view", "set_display", "show_job", "widgets_available"]
 
 MODES = ("auto", "widget", "text")
 _mode: Optional[str] = None
@@ -104,3 +104,21 @@ def make_cluster_view(status: Callable[[], Any], scale: Optional[Callable[[int],
 
         return ClusterPanel(status, scale)
     return status()
+
+
+def show_job(header: Callable[[], str], snapshot: Callable[[], Any],
+             ended: Callable[[], bool], ranks: Sequence[int], text: Callable[[], str],
+             mode: Optional[str] = None) -> Any:
+    """Show a watched job: a panel that refreshes itself while shown (and draws the job
+    final once it ended), or where no widgets, ``text()`` printed. Returns the panel (None:
+    printed)."""
+    if display_medium(mode) == "widget":
+        from IPython.display import display
+
+        from .widgets import JobPanel
+
+        panel = JobPanel(header, snapshot, ended, list(ranks))
+        display(panel)
+        return panel
+    print(text())
+    return None

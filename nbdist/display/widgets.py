@@ -1,12 +1,12 @@
 """Widget views, composed from core ipywidgets: built once, then only their values change.
 
 The run view is redrawn by its owner (from the kernel's main thread, rate-limited). The
-cluster panel refreshes itself while it is shown: a coroutine on the kernel's own event loop
-(the loop ipykernel runs on the main thread) wakes every few seconds and calls the status
-function it was given. No thread is started: the status call never runs beside a cell (the loop
-only turns while the kernel is idle), and ipyparallel's and Dask's clients are only ever used
-from the main thread. Markup comes from :mod:`nbdist.display.html`, tables and colours from
-:mod:`nbdist.table_layout`.
+cluster panel and a watched job's panel refresh themselves while they are shown: a
+coroutine on the kernel's own event loop (the loop ipykernel runs on the main thread) wakes
+every few seconds and calls the status function it was given. No thread is started: the
+status call never runs beside a cell (the loop only turns while the kernel is idle), and
+ipyparallel's and Dask's clients are only ever used from the main thread. Markup comes from
+:mod:`nbdist.display.html`, tables and colours from :mod:`nbdist.table_layout`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import ExitStack
+from html import escape as html_escape
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ipywidgets import HTML, BoundedIntText, Button, HBox, Layout, VBox, Widget
@@ -160,8 +161,107 @@ class WidgetDashboard:
             self._handle.update(self._bundle(snap), raw=True)
 
 
-# ----------------------------------------------------------------- cluster panel
-class ClusterPanel(VBox):
+# ----------------------------------------------------------------- panels
+class _ShownPanel(VBox):
+    """A panel that calls its :meth:`refresh` every ``interval`` seconds while a view of it
+    is shown, on the kernel's own event loop (the loop only turns while the kernel is idle),
+    at most :attr:`MAX_BUSY_SHARE` of that time. ``interval`` None: on demand only."""
+
+    #: a refresh may take at most this share of the kernel's idle time: a slow one spaces
+    #: the refreshes out instead of hogging the kernel
+    MAX_BUSY_SHARE = 0.2
+
+    def __init__(self, children: list[Widget], interval: Optional[float]):
+        self.interval = interval
+        self.refreshes = 0
+        self._task: Optional[asyncio.Task] = None
+        self._closed = False
+        self._last_cost = 0.0
+        super().__init__(children)
+
+    def refresh(self) -> None:
+        raise NotImplementedError
+
+    def _watch_views(self) -> None:
+        if self.interval:
+            # Count the front end's views of the panel: it refreshes only while one is shown.
+            self._view_count = 0
+            self.observe(self._on_views, names="_view_count")
+
+    def _on_views(self, change: dict[str, Any]) -> None:
+        if change["new"] and self._task is None and not self._closed:
+            try:
+                loop = asyncio.get_running_loop()  # the kernel's, while it handles a message
+            except RuntimeError:
+                return  # no event loop on this thread (plain Python): refresh on demand
+            self._task = loop.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        """Refresh every ``interval`` seconds while a view of the panel exists."""
+        try:
+            while not self._closed and self._view_count and self.interval:
+                delay = max(self.interval or 0.0, self._last_cost / self.MAX_BUSY_SHARE)
+                await asyncio.sleep(delay)
+                if self._closed or not self._view_count:
+                    break
+                self.refresh()
+        finally:
+            self._task = None
+
+    def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+        super().close()
+
+
+class JobPanel(_ShownPanel):
+    """A watched job's dashboard (``%nbdist job ID show``): its record's line over the run's
+    widget, refreshed while shown; once the job has ended, one last refresh draws it final.
+
+    Parameters
+    ----------
+    header : callable
+        The job's record as one line.
+    snapshot : callable
+        The job's run now (None: no rank has reported yet).
+    ended : callable
+        True once the job is over.
+    ranks : list of int
+        The job's ranks.
+    interval : float, optional
+        Seconds between refreshes while shown (None: only on demand).
+    """
+
+    def __init__(self, header: Callable[[], str],
+                 snapshot: Callable[[], Optional[RunSnapshot]], ended: Callable[[], bool],
+                 ranks: list[int], interval: Optional[float] = 1.0):
+        self._header, self._snapshot, self._ended = header, snapshot, ended
+        self.head = HTML("")
+        self.head.add_class("nbdist-job")
+        self.run = RunWidget(ranks)
+        super().__init__([self.head, self.run], interval)
+        self.refresh()
+        self._watch_views()
+
+    def refresh(self) -> None:
+        """Draw the job now; once it has ended, draw it final and stop refreshing."""
+        t0 = time.perf_counter()
+        done = self._ended()
+        snap = self._snapshot()
+        _set(self.head, f"<b>nbdist</b> {html_escape(self._header())}")
+        if snap is not None:
+            self.run.show(snap, final=done)
+        if done:
+            self.interval = None
+        self._last_cost = time.perf_counter() - t0
+        self.refreshes += 1
+
+    def __repr__(self) -> str:
+        return f"nbdist {self._header()}"
+
+
+class ClusterPanel(_ShownPanel):
     """One row per worker, a control to scale to N workers, refreshed while shown.
 
     Parameters
@@ -175,23 +275,14 @@ class ClusterPanel(VBox):
         Seconds between refreshes while the panel is on screen (None: only on demand).
     """
 
-    #: a refresh may take at most this share of the kernel's idle time: a slow status (a
-    #: worker that does not answer) spaces the refreshes out instead of hogging the kernel
-    MAX_BUSY_SHARE = 0.2
-
     def __init__(self, status: Callable[[], ClusterStatus],
                  scale: Optional[Callable[[int], object]] = None,
                  interval: Optional[float] = 3.0, clock: Callable[[], float] = time.time):
         self._status = status
         self._scale = scale
-        self.interval = interval
         self._clock = clock
         self.status: Optional[ClusterStatus] = None
         self.stopped = False
-        self.refreshes = 0
-        self._task: Optional[asyncio.Task] = None
-        self._closed = False
-        self._last_cost = 0.0
         self.table = HTML("")
         self.table.add_class("nbdist-cluster-table")
         self.note = HTML("")
@@ -208,14 +299,11 @@ class ClusterPanel(VBox):
         self.refresh_button.on_click(lambda _b: self.refresh())
         super().__init__([self.table, self.note,
                           HBox([self.count, self.scale_button, self.refresh_button]),
-                          self.message, HTML(SCALE_NOTE)])
+                          self.message, HTML(SCALE_NOTE)], interval)
         self.add_class("nbdist-cluster")
         self._shown_workers = self.count.value  # the size the Scale box last followed
         self.refresh()
-        if interval:
-            # Count the front end's views of the panel: it refreshes only while one is shown.
-            self._view_count = 0
-            self.observe(self._on_views, names="_view_count")
+        self._watch_views()
 
     @property
     def workers(self) -> int:
@@ -274,37 +362,10 @@ class ClusterPanel(VBox):
         finally:
             self.scale_button.disabled = self._scale is None or self.stopped
 
-    # ------------------------------------------------------------- refreshing while shown
-    def _on_views(self, change: dict[str, Any]) -> None:
-        if change["new"] and self._task is None and not self._closed:
-            try:
-                loop = asyncio.get_running_loop()  # the kernel's, while it handles a message
-            except RuntimeError:
-                return  # no event loop on this thread (plain Python): refresh on demand
-            self._task = loop.create_task(self._tick())
-
-    async def _tick(self) -> None:
-        """Refresh every ``interval`` seconds while a view of the panel exists."""
-        try:
-            while not self._closed and self._view_count:
-                delay = max(self.interval or 0.0, self._last_cost / self.MAX_BUSY_SHARE)
-                await asyncio.sleep(delay)
-                if self._closed or not self._view_count:
-                    break
-                self.refresh()
-        finally:
-            self._task = None
-
-    def close(self) -> None:
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-        super().close()
-
     def __repr__(self) -> str:
         if self.stopped:
             return "nbdist cluster: stopped"
         return repr(self.status) if self.status is not None else "<ClusterPanel>"
 
 
-__all__ = ["ClusterPanel", "RunWidget", "WidgetDashboard", "message"]
+__all__ = ["ClusterPanel", "JobPanel", "RunWidget", "WidgetDashboard", "message"]

@@ -298,9 +298,17 @@ class WatchedJob:
         line = self.record.line()
         return line if snap is None else f"{line}\n{format_summary(snap)}"
 
-    def show(self) -> None:
-        """Print :meth:`summary` (``%nbdist job ID show``)."""
-        print(self.summary())
+    def show(self) -> Any:
+        """Show the job (``%nbdist job ID show``): in a notebook with widgets, a panel of its
+        record and its run's dashboard that refreshes itself while shown and the kernel is
+        idle; elsewhere :meth:`summary` printed. Returns the panel (None: printed)."""
+        from ..display import show_job
+
+        def ended() -> bool:
+            return self.record.state != RUNNING
+
+        return show_job(lambda: self.record.line(), self.snapshot, ended,
+                        range(self._job.world_size), self.summary)
 
     def stacks(self, rank: Optional[int] = None, timeout: float = 10.0) -> dict[int, str]:
         """Each running rank's Python stack, taken now (``%nbdist job ID stacks``), also
