@@ -179,7 +179,13 @@ class Forwarder:
         assert self._sock is not None
         try:
             while select.select([self._sock], [], [], 0)[0]:
-                chunk = self._sock.recv(65536)
+                self._sock.settimeout(0)  # readable may be TLS records without data
+                try:
+                    chunk = self._sock.recv(65536)
+                except (BlockingIOError, ssl.SSLWantReadError):
+                    break
+                finally:
+                    self._sock.settimeout(IO_TIMEOUT)
                 if not chunk:
                     return False
                 self._inbox += chunk

@@ -141,3 +141,34 @@ def test_stacks_asked_in_the_notebook_come_back_from_the_ranks_main_thread(tmp_p
         agent._ended = True
         f.close(timeout=1)
         c.close()
+
+
+@pytest.mark.skipif(__import__("shutil").which("openssl") is None,
+                    reason="needs the openssl command")
+def test_over_tls_the_forwarder_reports_and_answers_commands(tmp_path):
+    import os
+    import subprocess
+
+    cert, key = str(tmp_path / "c.pem"), str(tmp_path / "k.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=localhost"], check=True,
+                   capture_output=True, timeout=60)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    c = Collector(tls=(cert, key))
+    assert c.address.scheme == "tls"
+    f = fwd.Forwarder(c.address, str(spool), owns_directory=False).start()
+    try:
+        w = _rank_writes(spool, 0, os.getpid(), 4, world=1)
+        _until(lambda: c.jobs.records() and c.jobs.records()[0].steps == {0: 4})
+        time.sleep(3 * fwd.POLL)
+        assert f.connected  # an idle TLS connection is not taken for a closed one
+        c.stacks(JOB, timeout=0.5)  # the command crosses TLS and becomes a file
+        _until(lambda: any(p.name.startswith("cmd-stacks-") for p in spool.iterdir()))
+        _exit(w, 0)
+        f.close(timeout=3)
+        _until(lambda: c.jobs.records()[0].state == "finished")
+        assert c.accepted == 1
+    finally:
+        f.close(timeout=1)
+        c.close()
