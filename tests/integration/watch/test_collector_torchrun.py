@@ -18,6 +18,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from nbdist.agent.hook import node_directory
@@ -31,24 +32,31 @@ STEPS = 24  # optimizer steps per rank
 HELD_AT = 8  # the script waits at this step for the test to see it live
 
 TRAIN = textwrap.dedent(f"""
-    import os, sys, time
+    import datetime, os, sys, time
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     go = sys.argv[1]
-    dist.init_process_group("gloo")
+    rank = int(os.environ["RANK"])
+    # After a restart the killed-rank test trains each rank alone (optimizer steps, no
+    # group): re-forming a gloo group in a restarted attempt is torch's part, and on a
+    # loaded machine its connections often fail to form several attempts in a row.
+    alone = "DIE_AT" in os.environ and os.environ["TORCHELASTIC_RESTART_COUNT"] != "0"
     torch.manual_seed(0)
-    model = DDP(torch.nn.Linear(16, 4))
+    if alone:
+        model = torch.nn.Linear(16, 4)
+    else:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+        model = DDP(torch.nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     fail_at = int(os.environ.get("FAIL_AT", "-1"))
     for i in range({STEPS}):
-        if i == fail_at and dist.get_rank() == 1:
+        if i == fail_at and rank == 1:
             raise ValueError(f"bad batch at step {{i}}")
-        if (i == int(os.environ.get("DIE_AT", "-1")) and dist.get_rank() == 1
-                and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"):
+        if i == int(os.environ.get("DIE_AT", "-1")) and rank == 1 and not alone:
             os.kill(os.getpid(), 9)  # SIGKILL: no word of how it ended
-        if i == {HELD_AT} and dist.get_rank() == 1:  # rank 0 waits in the all-reduce
+        if i == {HELD_AT} and rank == 1:  # rank 0 waits in the all-reduce
             deadline = time.time() + 120
             while not os.path.exists(go) and time.time() < deadline:
                 time.sleep(0.05)
@@ -57,7 +65,8 @@ TRAIN = textwrap.dedent(f"""
         loss.backward()
         opt.step()
         time.sleep(0.01)
-    dist.destroy_process_group()
+    if not alone:
+        dist.destroy_process_group()
     mods = sorted(m for m in sys.modules if m.startswith("nbdist"))
     sys.stdout.write(f"NBDIST_MODULES {{mods}}\\n")  # one write: the ranks share the pipe
     sys.stdout.flush()
@@ -98,13 +107,28 @@ def _torchrun(tmp_path, env, go, agent=False, restarts=0):
         start_new_session=True)
 
 
+def _kill_all(proc):
+    """Kill the job: torchrun and its ranks (each rank leads a session of its own)."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in family:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
 def _finish(proc, timeout=240):
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:  # nothing the job started may outlive the test
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _kill_all(proc)
     return proc.returncode, out
 
 
@@ -165,8 +189,7 @@ def test_a_torchrun_job_reports_both_ranks_live_and_ends_finished_with_every_ste
         assert out.count("nbdist.agent.rank") == 2
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _kill_all(proc)
         collector.close()
 
 
@@ -256,22 +279,19 @@ def test_a_rank_killed_under_max_restarts_shows_its_death_and_the_restart(tmp_pa
     go.touch()
     try:
         code, out = _finish(_torchrun(tmp_path, _env(site_dir, collector.address.line,
-                                                      DIE_AT="3"), go, restarts=3))
-        # the next attempt finished (more than one restart when gloo's connections of a new
-        # attempt fail on a loaded machine: torch's own retries)
-        assert code == 0, out
+                                                      DIE_AT="3"), go, restarts=1))
+        assert code == 0, out  # the restarted attempt finished
         end = time.monotonic() + 30
         while not collector.jobs.records() or collector.jobs.records()[0].state == "running":
             assert time.monotonic() < end, collector.jobs.records()
             time.sleep(0.05)
         (rec,) = collector.jobs.records()
-        assert (rec.state, rec.world_size) == ("finished", 2) and rec.restarts >= 1, rec
+        assert (rec.state, rec.restarts, rec.world_size) == ("finished", 1, 2), rec
         assert rec.steps == {0: STEPS, 1: STEPS}  # the attempt that ran to the end
         notes = collector.jobs.get(rec.id).run.notes
         assert any(n.startswith("rank 1 (pid ") and "ended without saying how" in n
                    for n in notes), notes
-        assert "the launcher restarted the ranks (restart 1)" in notes, notes
-        assert notes[-1] == f"the launcher restarted the ranks (restart {rec.restarts})"
+        assert notes[-1] == "the launcher restarted the ranks (restart 1)", notes
         assert collector.accepted == 1  # torchrun's process reported both attempts
     finally:
         collector.close()
