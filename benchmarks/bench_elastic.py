@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -284,6 +285,7 @@ def _run(args: argparse.Namespace) -> int:
         c.log("stopping the cluster")
         s.stop()
         c.kill_children()
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -10,6 +10,7 @@ benchmark gets to its summary is checked.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,6 +42,9 @@ def documented_commands() -> list[str]:
 
 
 def _run(cmd: str, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run a documented command as written; past ``timeout`` seconds, kill it and every
+    process it started (a benchmark's clusters and torchrun jobs, which a plain kill of the
+    command would leave running), then raise ``subprocess.TimeoutExpired``."""
     argv = shlex.split(cmd)
     if argv[0] == "python":
         argv[0] = sys.executable
@@ -48,8 +53,19 @@ def _run(cmd: str, *extra: str, timeout: float = 60) -> subprocess.CompletedProc
     if argv[0].endswith("run_all.sh"):  # the script is `python -m benchmarks "$@"`
         argv = [sys.executable, "-m", "benchmarks", *argv[1:]]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([*argv, *extra], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    proc = subprocess.Popen([*argv, *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        for p in [psutil.Process(proc.pid), *tree]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(tree, timeout=10)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_the_documents_show_a_command_for_every_benchmark():
