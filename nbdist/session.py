@@ -378,9 +378,10 @@ class Session(Cluster):
         """Write the cells that ran successfully since the group formed as a torchrun script.
 
         Pushed values the cells read go in as code (literals) or in ``<stem>.data.pkl`` next
-        to the script. Returns an :class:`~nbdist.exporter.torchrun.Export` (its ``command`` is the
-        launch line). A file nbdist did not write is not overwritten unless ``force``.
-        See ``docs/export.md``.
+        to the script. Returns an :class:`~nbdist.exporter.torchrun.Export` (its ``command``
+        is the launch line; its ``attach`` the ``NBDIST_ATTACH=...`` line that makes the
+        launched job report to this notebook, where ``%nbdist attach`` runs a collector). A
+        file nbdist did not write is not overwritten unless ``force``. See ``docs/export.md``.
 
         Raises
         ------
@@ -397,9 +398,13 @@ class Session(Cluster):
 
         m = self.membership
         m.require()
+        from .watch.collector import current
+
         options = replace(self.options, dist_backend=m.dist_backend)  # gloo on shared GPUs
-        return write(path, self.history.entries, self.plans, options, self.profile_path,
-                     version=__version__, force=force, forgotten=self.history.forgotten)
+        out = write(path, self.history.entries, self.plans, options, self.profile_path,
+                    version=__version__, force=force, forgotten=self.history.forgotten)
+        collector = current()  # the script, launched with its line, reports to this notebook
+        return replace(out, attach=collector.line) if collector is not None else out
 
     def save_profile(self, path: str) -> str:
         """Write this session's options as a profile that ``start(profile=path)`` reads;

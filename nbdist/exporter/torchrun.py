@@ -64,14 +64,23 @@ class Export:
     #: where :func:`write` put the script and the data file
     path: str = ""
     data_path: Optional[str] = None
+    #: ``NBDIST_ATTACH=...`` of the notebook's collector where ``%nbdist attach`` runs one
+    attach: Optional[str] = None
 
     def summary(self) -> str:
-        """One paragraph for the notebook: what was written and how to launch it."""
+        """One paragraph for the notebook: what was written, how to launch it, and how to
+        launch it watched from this notebook (``docs/attach.md``)."""
         data = f"; pushed data in {self.data_path}" if self.data_path else ""
         text = (f"wrote {self.path or 'the script'}: {self.cells} cell(s), {self.pushes} "
                 f"push(es){data}. Launch: {self.command}")
         for line in self.left_out:
             text += f"\nnot carried over: {line}"
+        if self.attach:
+            text += f"\nWatched from this notebook (%nbdist jobs): {self.attach} {self.command}"
+        else:
+            text += ("\nTo watch it from this notebook: run %nbdist attach here, then launch "
+                     "it with the NBDIST_ATTACH=... line it prints in the job's environment "
+                     "(docs/attach.md)")
         return text
 
     def __repr__(self) -> str:

@@ -161,6 +161,25 @@ def test_export_and_profile_save_through_the_session(tmp_path, profile):
     assert to_options(load_profile(saved)) == (session.options, session.defaults)
 
 
+def test_an_export_says_how_to_launch_it_watched_from_this_notebook(tmp_path, monkeypatch):
+    from nbdist.watch import collector as col
+
+    session, _ = make()
+    session.start(2)
+    session.run_cell("a = 1")
+    monkeypatch.setattr(col, "_current", None)
+    out = session.export(str(tmp_path / "train.py"))
+    assert out.attach is None and "run %nbdist attach here" in out.summary()
+    listening = col.attach()  # a real collector, on loopback
+    try:
+        out = session.export(str(tmp_path / "train.py"))
+        assert out.attach == listening.line and listening.line.startswith("NBDIST_ATTACH=tcp://")
+        assert f"{listening.line} {out.command}" in out.summary()
+    finally:
+        listening.close()
+        col._current = None
+
+
 def test_dask_client_needs_an_engine_that_can_serve_dask():
     session, _ = make()
     session.start(2)
