@@ -41,6 +41,15 @@ def main_stack() -> str:
     return "".join(traceback.format_list(frames))
 
 
+def script_path(argv: list[str]) -> str:
+    """The file a rank started as ``python SCRIPT`` runs, as its code objects name it (an
+    absolute path); "" where it runs no file (``-c``, ``-m``, a prompt)."""
+    first = argv[0] if argv else ""
+    if not first or first.startswith("-") or not os.path.isfile(first):
+        return ""
+    return os.path.abspath(first)
+
+
 def _int(env: Any, *names: str, default: int = 0) -> int:
     for name in names:
         value = env.get(name)
@@ -73,6 +82,7 @@ class RankAgent:
         self.sink: Optional[EventSink] = None
         self._dropped_said = 0
         self._ended = False
+        self.exit_status: Optional[int] = None  # what sys.exit was asked for, if called
 
     def _send(self, message: dict[str, Any], droppable: bool = True) -> bool:
         return self.writer.write(wire.encode(message), droppable)
@@ -98,6 +108,7 @@ class RankAgent:
             ddp_hooks.install()
             tqdm_bars.install()
             measurements.begin_cell(self.sink)
+            self._watch()
         hook = sys.excepthook
 
         def excepthook(kind: type, value: BaseException, tb: Any) -> None:
@@ -105,12 +116,43 @@ class RankAgent:
             hook(kind, value, tb)
 
         sys.excepthook = excepthook
+        # SystemExit never reaches the excepthook, and Python calls atexit without the exit
+        # status: the status the main thread asks for is kept here, as the process ends with
+        # it (a script that catches its own SystemExit and goes on is the rare exception).
+        exit_ = sys.exit
+
+        def exit(status: Any = None) -> None:
+            if threading.current_thread() is threading.main_thread():
+                self.exiting(status)
+            exit_(status)
+
+        sys.exit = exit
         atexit.register(self.end)
         seen: set[str] = set()
         read_commands(self.writer.directory, seen)  # those before this process are not its
         threading.Thread(target=self._commands, args=(seen,), name="nbdist-commands",
                          daemon=True).start()
         return self
+
+    def _watch(self) -> None:
+        """The hang doctor's look at the main thread, as a cell's worker has it: the event
+        sink's thread samples the script's stack once it makes no progress for a while (the
+        training thread pays only the progress marks it pays anyway), and torch's Flight
+        Recorder keeps the groups' collectives (it must be on before the script forms one)."""
+        from ..runtime.measure.stall_probe import enable_flight_recorder, watch
+
+        enable_flight_recorder()
+        watch.begin(self.sink, script_path(sys.argv))
+        watch.thread = threading.main_thread().ident  # the script's, whoever starts the agent
+
+    def script(self, path: str) -> None:
+        """The script runs from ``path``, as its code names it (``python -m nbdist.agent``
+        runs it with :func:`runpy.run_path`, which keeps the path as given): the hang doctor
+        places ranks at its lines."""
+        from ..runtime.measure.stall_probe import watch
+
+        if watch.sink is not None and watch.sink is self.sink:
+            watch.filename = path
 
     def _commands(self, seen: set[str]) -> None:
         """Answer the notebook's commands until the rank ends: a request for stacks gets the
@@ -133,17 +175,33 @@ class RankAgent:
         self.error = tb.splitlines()[-1] if tb else type(exc).__name__
         self.failed_at = time.time()
 
+    def exiting(self, status: Any) -> None:
+        """The script asked to end with ``status`` (``sys.exit``'s argument: None or 0 is
+        success, another number the exit status, anything else is printed and gives 1)."""
+        if status is None or status == 0:
+            self.exit_status = 0
+        elif isinstance(status, int):
+            self.exit_status = status
+        else:
+            self.exit_status = 1
+            self.error, self.failed_at = f"exited: {status}", time.time()
+
     def end(self, code: Optional[int] = None) -> None:
         """The rank's process ends: its last step, memory and end, then its exit frame.
         ``code``: its exit status where known (not 0: failed)."""
         if self._ended or self.sink is None:
             return
         self._ended = True
+        if code is None:
+            code = self.exit_status
         if code and self.error is None:
             self.error, self.failed_at = f"exited with status {code}", time.time()
         try:
             from ..runtime.measure.model import measurements
+            from ..runtime.measure.stall_probe import watch
 
+            if watch.sink is self.sink:
+                watch.end()
             if measurements.sink is self.sink:
                 measurements.end_cell()
         except Exception as exc:  # a telemetry bug must not change how the script ends

@@ -54,6 +54,8 @@ TRAIN = textwrap.dedent(f"""
     for i in range({STEPS}):
         if i == fail_at and rank == 1:
             raise ValueError(f"bad batch at step {{i}}")
+        if i == int(os.environ.get("EXIT_AT", "-1")) and rank == 1:
+            sys.exit(3)
         if i == int(os.environ.get("DIE_AT", "-1")) and rank == 1 and not alone:
             os.kill(os.getpid(), 9)  # SIGKILL: no word of how it ended
         if i == {HELD_AT} and rank == 1:  # rank 0 waits in the all-reduce
@@ -227,21 +229,26 @@ def test_a_notebook_that_is_not_there_costs_the_job_nothing(tmp_path, site_dir):
     assert out.count("NBDIST_MODULES") == 2 and "Traceback" not in out, out
 
 
-def test_a_rank_that_raises_fails_the_job_with_its_error(tmp_path, site_dir):
+@pytest.mark.parametrize("how, error", [("FAIL_AT", "ValueError: bad batch at step 3"),
+                                        ("EXIT_AT", "exited with status 3")])
+def test_a_rank_that_raises_or_exits_nonzero_fails_the_job_with_its_error(
+        tmp_path, site_dir, how, error):
     collector = Collector()
     go = tmp_path / "go"
     go.touch()
     try:
         code, out = _finish(_torchrun(tmp_path, _env(site_dir, collector.address.line,
-                                                      FAIL_AT="3"), go))
-        assert code != 0 and "bad batch at step 3" in out
+                                                      **{how: "3"}), go))
+        assert code != 0
+        # torchrun's own account of the failed rank: its exit status
+        assert "exitcode  : " + ("1" if how == "FAIL_AT" else "3") in out, out
         end = time.monotonic() + 30
         while not collector.jobs.records() or collector.jobs.records()[0].state == "running":
             assert time.monotonic() < end, collector.jobs.records()
             time.sleep(0.05)
         (rec,) = collector.jobs.records()
         assert rec.state == "failed", rec
-        assert rec.error == "ValueError: bad batch at step 3"
+        assert rec.error == error
         assert rec.steps[1] == 3  # the steps it took before the error
     finally:
         collector.close()
