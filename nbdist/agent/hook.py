@@ -7,10 +7,11 @@ is imported. ``python -m nbdist.agent`` calls it too. A process is then one of:
 * **the launcher** (``torchrun`` or ``python -m torch.distributed.run``): the node's forwarder
   (:mod:`.forwarder`), alive across its ranks' restarts. It makes the spool directory and
   puts it in its environment (:data:`~.wire.SPOOL_ENV`), which every rank it starts inherits;
-* **a rank** (torchrun's ``RANK``, Slurm's ``SLURM_PROCID``, Open MPI's or PMI's rank): it
-  reports (:mod:`.rank`) through its launcher's forwarder, or, without one (``srun``,
-  ``mpirun``), through the node's: the first rank of the job on the host to lock the job's
-  directory runs the forwarder in a thread;
+* **a rank** (torchrun's ``RANK``, Slurm's ``SLURM_PROCID`` in a job step, Open MPI's or
+  PMI's rank): it reports (:mod:`.rank`) through its launcher's forwarder, or, without one
+  (``srun``, ``mpirun``), through the node's: the first rank of the job on the host to lock
+  the job's directory runs the forwarder in a thread. A batch script's own processes are not
+  ranks: Slurm sets ``SLURM_PROCID=0`` there too, but no ``SLURM_STEP_ID``;
 * anything else (a process a rank started, a tool run with the variable set): nothing.
 """
 
@@ -24,7 +25,7 @@ from . import wire
 
 #: what the launcher's command line holds, as ``sys.orig_argv`` gives it
 _LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
-_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 _started: Optional[Any] = None  # the forwarder or the rank agent of this process
 
@@ -39,7 +40,10 @@ def role(env: Any = os.environ, argv: Optional[list[str]] = None) -> Optional[st
             return "launcher"
         if os.path.basename(arg) == "torchrun" and i == 1:
             return "launcher"
-    return "rank" if any(v in env for v in _RANK_VARS) else None
+    # srun's tasks have a step; a batch script's processes (data preparation, a Python batch
+    # script that calls srun) have SLURM_PROCID but are not ranks of the step it starts
+    in_step = "SLURM_PROCID" in env and "SLURM_STEP_ID" in env
+    return "rank" if in_step or any(v in env for v in _RANK_VARS) else None
 
 
 def node_directory(address: wire.Address, env: Any = os.environ) -> str:

@@ -164,12 +164,14 @@ def hello(token: str, host: str, pid: int) -> bytes:
 
 def job_key(env: Any) -> Optional[str]:
     """The name every rank of one job shares, from the launcher's variables: torchrun's run
-    id, Slurm's job id, or the rendezvous address (None: none of these)."""
+    id, Slurm's job step (``slurm-JOB.STEP``, as ``sacct`` names it: each ``srun`` of a batch
+    script is a job of its own) or job id, or the rendezvous address (None: none of these)."""
     run_id = env.get("TORCHELASTIC_RUN_ID")
     if run_id and run_id != "none":
         return f"torchrun-{run_id}"
     if env.get("SLURM_JOB_ID"):
-        return f"slurm-{env['SLURM_JOB_ID']}"
+        step = env.get("SLURM_STEP_ID")
+        return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     return None

@@ -6,6 +6,7 @@ import pytest
 
 from nbdist.agent import wire
 from nbdist.agent.hook import node_directory, role
+from nbdist.agent.rank import identity
 
 LINE = "tcp://127.0.0.1:9/t"
 
@@ -18,9 +19,32 @@ def test_torchrun_is_the_launcher_even_with_rank_variables_around(argv):
     assert role({wire.ENV: LINE, "RANK": "0"}, argv) == "launcher"
 
 
-@pytest.mark.parametrize("var", ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
-def test_a_process_a_launcher_numbered_is_a_rank(var):
-    assert role({wire.ENV: LINE, var: "1"}, ["python", "train.py"]) == "rank"
+@pytest.mark.parametrize("env", [{"RANK": "1"}, {"SLURM_PROCID": "1", "SLURM_STEP_ID": "0"},
+                                 {"OMPI_COMM_WORLD_RANK": "1"}, {"PMI_RANK": "1"}])
+def test_a_process_a_launcher_numbered_is_a_rank(env):
+    assert role({wire.ENV: LINE, **env}, ["python", "train.py"]) == "rank"
+
+
+# What Slurm 22-24 put in a 3-task batch job's script and in the tasks of its
+# `srun --ntasks=2` step (seen with `env` in the suite's Slurm).
+BATCH = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "3"}
+TASK_1 = {**BATCH, "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
+          "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2"}
+
+
+def test_an_srun_task_is_a_rank_numbered_as_srun_numbers_it_and_its_step_is_the_job():
+    assert role({wire.ENV: LINE, **TASK_1}, ["python", "train.py"]) == "rank"
+    assert identity(TASK_1) == {"rank": 1, "world_size": 2, "local_rank": 1, "restart": 0}
+    assert wire.job_key(TASK_1) == "slurm-7.0"
+
+
+def test_a_batch_scripts_own_python_is_not_a_rank_of_the_job():
+    """Slurm sets SLURM_PROCID=0 in the batch script too: a Python run there (to prepare data,
+    or a batch script written in Python that calls srun) is no rank, and its children, the
+    srun step's tasks, are not silenced by it."""
+    assert role({wire.ENV: LINE, **BATCH}, ["python", "prepare.py"]) is None
+    assert role({wire.ENV: LINE, **BATCH}, ["python", "-m", "torch.distributed.run",
+                                            "train.py"]) == "launcher"
 
 
 def test_without_the_variable_or_inside_a_reporting_rank_a_process_does_nothing():

@@ -57,5 +57,7 @@ def test_a_frame_longer_than_the_limit_is_refused():
 def test_the_job_key_comes_from_the_launcher():
     assert wire.job_key({"TORCHELASTIC_RUN_ID": "abc", "SLURM_JOB_ID": "7"}) == "torchrun-abc"
     assert wire.job_key({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "7"}) == "slurm-7"
+    # each srun of a batch job is a job step, as sacct names it
+    assert wire.job_key({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2"}) == "slurm-7.2"
     assert wire.job_key({"MASTER_ADDR": "h", "MASTER_PORT": "29500"}) == "h:29500"
     assert wire.job_key({}) is None
