@@ -69,6 +69,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ...telemetry import events as ev
+from .. import libraries
 from .spec import DEFAULT, Measure
 from .stall_probe import watch
 from .steps import DDPTimer, DDPTimes, Step, step_events
@@ -127,6 +128,8 @@ class Measurements:
         self._memory_at = 0.0
         if self.enabled and self.memory_reset is not None:
             self.memory_reset()  # the GPU's peak is this cell's
+        if self.enabled:  # what training libraries log is reported too (their extension points)
+            libraries.begin_cell()
 
     def end_cell(self) -> None:
         """Report the cell's open step and memory, and stop recording."""
@@ -136,6 +139,7 @@ class Measurements:
             self.close_step(st.last, final=True)
         if self.enabled and (self.optim_seen or self.ddp_seen):
             self.sample_memory(time.time(), force=True)
+        libraries.end_cell()
         self.enabled = False
         self.sink = None
 
