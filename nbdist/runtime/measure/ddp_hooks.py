@@ -280,7 +280,7 @@ class _DDPTimer:
         return _detached, ()  # a copy of the model has a reducer nbdist did not time
 
 
-def _forward_pre(module: Any, args: tuple) -> None:
+def _forward_pre(module: Any, args: tuple, kwargs: dict) -> None:
     faults.hang()  # if %nbdist hang armed it: held before the step's all-reduce
     # Evaluation under no_grad is not a training step.
     grad = torch.is_grad_enabled()
@@ -288,7 +288,9 @@ def _forward_pre(module: Any, args: tuple) -> None:
     if timer is not None and grad and module.require_backward_grad_sync:
         timer.iterations += 1  # as DDP's reducer counts, telemetry on or off
     if measurements.enabled and grad:
-        measurements.on_forward(args, timer, module.require_backward_grad_sync)
+        # model(**batch), as Hugging Face's Trainer calls it: the batch is a keyword
+        measurements.on_forward((*args, *kwargs.values()), timer,
+                                module.require_backward_grad_sync)
 
 
 def _forward_post(_module: Any, _args: tuple, output: Any) -> None:
@@ -308,7 +310,7 @@ def _attach(ddp: Any) -> None:
     ddp._nbdist_timer = None
     if not measurements.enabled:
         return
-    ddp.register_forward_pre_hook(_forward_pre)
+    ddp.register_forward_pre_hook(_forward_pre, with_kwargs=True)
     ddp.register_forward_hook(_forward_post)
     if getattr(ddp, "_use_python_reducer", False) or ddp._comm_hooks:
         return  # compiled reducer, or DDP registered a hook itself: steps only

@@ -165,3 +165,28 @@ def test_a_measured_model_pickles_and_copies_as_without_nbdist(group, measure):
     torch.testing.assert_close(restored(batches(1)[0]), ddp(batches(1)[0]))
     assert getattr(twin, "_nbdist_timer", None) is None  # the copy's reducer is its own
     assert getattr(twin, "_nbdist_slot", None) is None
+
+
+class Keyword(torch.nn.Module):
+    """Takes its batch as a keyword, as Hugging Face models do (``model(**batch)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, input_ids: torch.Tensor, return_dict: bool = True) -> torch.Tensor:
+        return self.lin(input_ids)
+
+
+def test_a_batch_given_as_a_keyword_counts_its_samples(group):
+    # Hugging Face's Trainer calls model(**inputs): without the keywords a step has no samples
+    # and samples/s reads 0.
+    with Cell(Measure(telemetry=True)) as sink:
+        model = DDP(Keyword())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in batches(3):
+            opt.zero_grad()
+            model(input_ids=x, return_dict=True).pow(2).mean().backward()
+            opt.step()
+    steps = sink.kinds("step")
+    assert [s["samples"] for s in steps] == [5, 5, 5]
