@@ -30,6 +30,7 @@ for in each recent step.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -216,13 +217,28 @@ def flagged(scores: Mapping[int, StragglerScore], steps: int, *,
     """
     if steps < min_steps or len(scores) < 2:
         return []
+    # each rank against the median of the others, from one sorted list per figure: a job of
+    # thousands of ranks is judged in n log n, not n squared
+    by_score = sorted(s.score for s in scores.values())
+    by_caused = sorted(s.caused_s for s in scores.values())
     out = []
     for r, s in scores.items():
-        others = [q for p, q in scores.items() if p != r]
-        if (s.score - statistics.median(q.score for q in others) >= min_score
-                and s.caused_s - statistics.median(q.caused_s for q in others) >= min_s):
+        if (s.score - _median_without(by_score, s.score) >= min_score
+                and s.caused_s - _median_without(by_caused, s.caused_s) >= min_s):
             out.append(r)
     return sorted(out)
+
+
+def _median_without(xs: Sequence[float], x: float) -> float:
+    """The median of sorted ``xs`` with one ``x`` taken out (``statistics.median`` of the
+    rest; ``xs`` holds ``x`` and one more value at least)."""
+    i = bisect.bisect_left(xs, x)
+    n = len(xs) - 1
+
+    def at(k: int) -> float:  # the k-th of the rest
+        return xs[k] if k < i else xs[k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 # ----------------------------------------------------------------- when reports are matched

@@ -97,3 +97,33 @@ def test_collectives_outside_steps_that_never_match_are_dropped_oldest_first():
         m.collective(0, "broadcast", k, k + 0.5, 8)
     assert len(m._free) == MAX_PENDING_COLLECTIVES  # the bound on memory is the point
     assert next(iter(m._free)) == ("broadcast", 5)
+
+
+# ------------------------------------------------------------------ stragglers at scale
+def test_flagged_judges_each_rank_against_the_median_of_the_others_as_defined():
+    import random
+    import statistics
+
+    from nbdist.telemetry.matching import StragglerScore, flagged
+
+    def by_definition(scores, min_score, min_s):
+        out = []
+        for r, s in scores.items():
+            others = [q for p, q in scores.items() if p != r]
+            if (s.score - statistics.median(q.score for q in others) >= min_score
+                    and s.caused_s - statistics.median(q.caused_s for q in others) >= min_s):
+                out.append(r)
+        return out
+
+    rnd = random.Random(7)
+    seen = 0
+    for n in (2, 3, 4, 5, 8, 33, 64):
+        for _ in range(40):
+            # few distinct values: ties, and the rank's own value repeated among the others
+            scores = {r: StragglerScore(rnd.choice([0.0, 0.05, 0.1, 0.3, 0.6]),
+                                        rnd.choice([0.0, 0.001, 0.01, 0.05, 0.2]), 0.0)
+                      for r in range(n)}
+            want = by_definition(scores, 0.1, 0.005)
+            assert flagged(scores, 100, min_score=0.1, min_s=0.005) == want
+            seen += bool(want)
+    assert seen > 20  # the cases compared include many stragglers, not only none
