@@ -244,10 +244,15 @@ def choose_dist_backend(asked: str, plans: Sequence[RankPlan]) -> tuple[str, str
 
 
 def apply_env(target: MutableMapping[str, str],
-              values: Mapping[str, str]) -> dict[str, Optional[str]]:
-    """Set ``values`` in ``target``; return what was there before, for :func:`restore_env`."""
+              values: Mapping[str, Optional[str]]) -> dict[str, Optional[str]]:
+    """Set ``values`` in ``target`` (None: remove the variable); return what was there before,
+    for :func:`restore_env`."""
     previous = {k: target.get(k) for k in values}
-    target.update(values)
+    for k, v in values.items():
+        if v is None:
+            target.pop(k, None)
+        else:
+            target[k] = v
     return previous
 
 

@@ -24,6 +24,7 @@ from .end_marks import end_key
 from .env import RankPlan, apply_env, restore_env
 from .execute import mimebundle, run_code
 from .interrupt import interruptible
+from .launched import launch_env, launched, start_environment
 from .measure.spec import DEFAULT, Measure
 from .measure.stall_probe import enable_flight_recorder, watching
 
@@ -155,7 +156,10 @@ def join(plan: RankPlan, port: int, device: str, dist_backend: str, timeout: flo
     # communicator and raise in the cell (2) rather than end the process and its namespace
     # (torch's default, 3). A value set here or in the profile stands.
     cell_env.setdefault(NCCL_ERRORS, os.environ.get(NCCL_ERRORS, "2"))
-    _state.env_before = apply_env(os.environ, cell_env)
+    # Without the variables a Jupyter kernel sets for its own display (FORCE_COLOR, ...): a
+    # rank's libraries see what they see under torchrun (:mod:`.launched`)
+    _state.env_before = apply_env(os.environ, {**launch_env(os.environ, start_environment()),
+                                               **cell_env})
     _adaptive_malloc()
     _plain_process()
     fd_output.install()  # each rank process its own files: a fork's are not its parent's
@@ -326,7 +330,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         with interruptible(group.sever) as watch, captured_output(_state.sink, filename=filename), \
                 watching(_state.sink, filename, measure.telemetry, measure.stall_after):
             try:
-                with debugger.debugging(link, _state.sink, filename, _debug_store):
+                with debugger.debugging(link, _state.sink, filename, _debug_store), launched():
                     value = run_code(source, filename, _state.namespace)
                 if want_result:
                     out["value"] = mimebundle(value)

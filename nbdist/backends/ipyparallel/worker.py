@@ -21,10 +21,18 @@ KEY = "nbdist:"
 
 def publish(batch: Batch) -> None:
     """Send one event batch over the engine's IOPub channel."""
-    from ipyparallel.datapub import publish_data
+    from ...runtime.launched import shell
 
-    # Unique keys, because the client merges data messages into one dict per request.
-    publish_data({f"{KEY}{batch['rank']}:{batch['seq']}": batch})
+    # Unique keys, because the client merges data messages into one dict per request. The
+    # engine's shell, found while a cell hides it: ipyparallel's publish_data would ask
+    # ZMQInteractiveShell.instance(), which makes a second shell where the first is hidden.
+    engine = shell()
+    if engine is None:
+        from ipyparallel.datapub import publish_data
+
+        publish_data({f"{KEY}{batch['rank']}:{batch['seq']}": batch})
+        return
+    engine.data_pub.publish_data({f"{KEY}{batch['rank']}:{batch['seq']}": batch})
 
 
 class ByName:
