@@ -31,6 +31,7 @@ BENCHMARKS = [
      ["--steps", "50", "--warmup", "5", "--rounds", "1", "--recoveries", "1"]),
     ("tune", "bench_tune.py", [], ["--steps", "20", "--rounds", "2", "--tune-steps", "8"]),
     ("soak", "bench_soak.py", [], ["--cells", "150", "--warmup", "40", "--window", "5"]),
+    ("attach", "bench_attach.py", [], ["--quick"]),
 ]
 
 

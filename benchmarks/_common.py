@@ -206,17 +206,22 @@ def run_torchrun(script: str, args: Sequence[str], nproc: int, timeout: float,
 class TorchrunServer:
     """A torchrun job kept running between timed windows: ``script --mode serve`` connects to
     this benchmark and trains ``steps`` steps each time :meth:`window` asks, answering one
-    JSON line; between windows its ranks wait idle, so another side can run in between."""
+    JSON line; between windows its ranks wait idle, so another side can run in between.
+    ``env``: the job's whole environment (default this process's); ``launcher_args``:
+    torchrun's own options before the script (``--standalone``, ``-m``)."""
 
-    def __init__(self, script: str, args: Sequence[str], nproc: int, timeout: float):
+    def __init__(self, script: str, args: Sequence[str], nproc: int, timeout: float,
+                 env: Optional[dict[str, str]] = None, launcher_args: Sequence[str] = ()):
         self.script, self.timeout = script, timeout
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(timeout)
         port = self.listener.getsockname()[1]
+        # --standalone picks its own rendezvous on localhost: no master address then
+        master = ([] if "--standalone" in launcher_args else
+                  ["--master_addr", "127.0.0.1", "--master_port", str(free_port())])
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), script,
-               "--mode", "serve", "--port", str(port), *args]
-        env = dict(os.environ)
+               *master, *launcher_args, script, "--mode", "serve", "--port", str(port), *args]
+        env = dict(os.environ if env is None else env)
         env.pop("OMP_NUM_THREADS", None)  # torchrun sets 1 per process when nproc > 1
         fd, self.log_path = tempfile.mkstemp(prefix="torchrun-", suffix=".log")
         self.log = os.fdopen(fd, "w+")
