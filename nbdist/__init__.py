@@ -488,8 +488,10 @@ def attach(listen: Optional[str] = None, token_file: Optional[str] = None,
 def jobs() -> list[Any]:
     """The jobs watched since ``attach`` (``%nbdist jobs``): records with ``id``,
     ``world_size``, ``hosts``, ``state`` (``running``, ``finished``, ``failed`` or ``lost``),
-    ``steps`` ({rank: optimizer steps seen}), ``started`` (seconds since the epoch) and
-    ``dropped`` (event batches lost on the way); empty before ``attach``."""
+    ``steps`` ({rank: optimizer steps seen}), ``started`` (seconds since the epoch),
+    ``dropped`` (event batches lost on the way), ``error``, ``restarts`` and ``stall`` (the
+    hang doctor's verdict while the job makes no progress, naming the script's lines, e.g.
+    ``train.py:27``; None: none); empty before ``attach``."""
     from .watch.collector import current
 
     collector = current()

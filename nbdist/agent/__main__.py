@@ -18,6 +18,8 @@ def main(argv: list[str]) -> int:
     hook.activate()
     agent = hook.rank_agent()
     sys.argv = list(argv)
+    if agent is not None:
+        agent.script(argv[0])  # run_path names the script's code by this path
     sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # as when the script is run
     try:
         runpy.run_path(argv[0], run_name="__main__")

@@ -88,7 +88,9 @@ def _where(snap: RunSnapshot, r: RankSnapshot) -> tuple[str, bool]:
     if w is None:
         return "", False
     if r.rank in v.missing:  # type: ignore[union-attr]
-        at = f" at line {w.line}" if w.line is not None else ""
+        script = v.script  # type: ignore[union-attr]
+        at = "" if w.line is None else f" at {script}:{w.line}" if script else \
+            f" at line {w.line}"
         return f"held the others: in {w.doing}{at}" if w.doing else "held the others", True
     if w.status == IN_COLLECTIVE and w.collective is not None:
         return f"waiting in {w.collective.op}", False

@@ -1,17 +1,22 @@
 """Widget views, composed from core ipywidgets: built once, then only their values change.
 
 The run view is redrawn by its owner (from the kernel's main thread, rate-limited). The
-cluster panel and a watched job's panel refresh themselves while they are shown: a
-coroutine on the kernel's own event loop (the loop ipykernel runs on the main thread) wakes
-every few seconds and calls the status function it was given. No thread is started: the
+cluster panel and a watched job's panel refresh themselves while they are shown. The cluster
+panel's timer is a coroutine on the kernel's own event loop (the loop ipykernel runs on the
+main thread), which wakes every few seconds and calls the status function it was given: the
 status call never runs beside a cell (the loop only turns while the kernel is idle), and
-ipyparallel's and Dask's clients are only ever used from the main thread. Markup comes from
-:mod:`nbdist.display.html`, tables and colours from :mod:`nbdist.table_layout`.
+ipyparallel's and Dask's clients are only ever used from the main thread. A watched job's
+numbers come from the collector, which any thread may read, so its panel's timer is a thread
+of its own and the panel follows the job also while other cells run (widget messages may be
+sent from any thread of the kernel). Markup comes from :mod:`nbdist.display.html`, tables and
+colours from :mod:`nbdist.table_layout`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 import time
 from contextlib import ExitStack
 from html import escape as html_escape
@@ -165,11 +170,15 @@ class WidgetDashboard:
 class _ShownPanel(VBox):
     """A panel that calls its :meth:`refresh` every ``interval`` seconds while a view of it
     is shown, on the kernel's own event loop (the loop only turns while the kernel is idle),
-    at most :attr:`MAX_BUSY_SHARE` of that time. ``interval`` None: on demand only."""
+    or, with :attr:`BESIDE_CELLS`, on a thread of its own (also while cells run); either way
+    at most :attr:`MAX_BUSY_SHARE` of the time. ``interval`` None: on demand only."""
 
-    #: a refresh may take at most this share of the kernel's idle time: a slow one spaces
-    #: the refreshes out instead of hogging the kernel
+    #: a refresh may take at most this share of the kernel's time: a slow one spaces the
+    #: refreshes out instead of hogging the kernel
     MAX_BUSY_SHARE = 0.2
+    #: refresh from a thread of the panel's own, also while other cells run: for a panel
+    #: whose :meth:`refresh` is safe on any thread (it reads no engine's client)
+    BESIDE_CELLS = False
 
     def __init__(self, children: list[Widget], interval: Optional[float]):
         self.interval = interval
@@ -177,6 +186,9 @@ class _ShownPanel(VBox):
         self._task: Optional[asyncio.Task] = None
         self._closed = False
         self._last_cost = 0.0
+        self._beside = False  # the refreshing thread runs (BESIDE_CELLS)
+        self._beside_lock = threading.Lock()
+        self._wake = threading.Event()  # set on close: the thread stops waiting
         super().__init__(children)
 
     def refresh(self) -> None:
@@ -189,6 +201,10 @@ class _ShownPanel(VBox):
             self.observe(self._on_views, names="_view_count")
 
     def _on_views(self, change: dict[str, Any]) -> None:
+        if self.BESIDE_CELLS:
+            if change["new"]:
+                self._start_beside()
+            return
         if change["new"] and self._task is None and not self._closed:
             try:
                 loop = asyncio.get_running_loop()  # the kernel's, while it handles a message
@@ -196,12 +212,38 @@ class _ShownPanel(VBox):
                 return  # no event loop on this thread (plain Python): refresh on demand
             self._task = loop.create_task(self._tick())
 
+    def _delay(self) -> float:
+        return max(self.interval or 0.0, self._last_cost / self.MAX_BUSY_SHARE)
+
+    def _start_beside(self) -> None:
+        with self._beside_lock:
+            if self._beside or self._closed or not self.interval:
+                return
+            self._beside = True
+        threading.Thread(target=self._run_beside, name="nbdist-panel", daemon=True).start()
+
+    def _run_beside(self) -> None:
+        """Refresh every ``interval`` seconds while a view of the panel exists, whatever
+        the kernel's main thread is doing."""
+        try:
+            while not self._closed and self._view_count and self.interval:
+                if self._wake.wait(self._delay()) or self._closed or not self._view_count:
+                    break
+                self.refresh()
+        except Exception as exc:  # a thread has no cell to raise into: say so, and stop
+            sys.__stderr__.write(f"nbdist: the panel stopped refreshing: {exc!r}\n")
+            self.interval = None
+        finally:
+            with self._beside_lock:
+                self._beside = False
+        if self._view_count and not self._closed and self.interval:
+            self._start_beside()  # a view came back while this thread was leaving
+
     async def _tick(self) -> None:
         """Refresh every ``interval`` seconds while a view of the panel exists."""
         try:
             while not self._closed and self._view_count and self.interval:
-                delay = max(self.interval or 0.0, self._last_cost / self.MAX_BUSY_SHARE)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(self._delay())
                 if self._closed or not self._view_count:
                     break
                 self.refresh()
@@ -210,6 +252,7 @@ class _ShownPanel(VBox):
 
     def close(self) -> None:
         self._closed = True
+        self._wake.set()
         if self._task is not None:
             self._task.cancel()
         super().close()
@@ -217,7 +260,9 @@ class _ShownPanel(VBox):
 
 class JobPanel(_ShownPanel):
     """A watched job's dashboard (``%nbdist job ID show``): its record's line over the run's
-    widget, refreshed while shown; once the job has ended, one last refresh draws it final.
+    widget, refreshed while shown, by a thread of its own, so also while other cells run
+    (the callables read the collector, which any thread may); once the job has ended, one
+    last refresh draws it final.
 
     Parameters
     ----------
@@ -240,12 +285,19 @@ class JobPanel(_ShownPanel):
         self.head = HTML("")
         self.head.add_class("nbdist-job")
         self.run = RunWidget(ranks)
+        self._drawing = threading.Lock()  # the panel's thread, or a call from a cell
         super().__init__([self.head, self.run], interval)
         self.refresh()
         self._watch_views()
 
+    BESIDE_CELLS = True
+
     def refresh(self) -> None:
         """Draw the job now; once it has ended, draw it final and stop refreshing."""
+        with self._drawing:
+            self._draw()
+
+    def _draw(self) -> None:
         t0 = time.perf_counter()
         done = self._ended()
         snap = self._snapshot()

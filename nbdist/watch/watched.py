@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from ..telemetry.run import Run
 from ..telemetry.snapshot import RunSnapshot
+from .stalls import in_script, verdict
 
 RUNNING, FINISHED, FAILED, LOST = "running", "finished", "failed", "lost"
 STATES = (RUNNING, FINISHED, FAILED, LOST)
@@ -51,6 +52,12 @@ class JobRecord:
     restarts : int
         How often the launcher started the ranks again (``torchrun --max-restarts``); the
         steps are the latest attempt's.
+    stall : str or None
+        The hang doctor's verdict while the job makes no progress past its threshold (five
+        median steps, at least 10 s), as a cell's dashboard says it: a headline (which ranks
+        wait in which collective, which never reached it), then a line per rank with the
+        script's line it stands at (``rank 1: in time.sleep(300) at train.py:27``). None
+        while there is none (a rank moved again, or the job ended).
     """
 
     id: str
@@ -63,12 +70,14 @@ class JobRecord:
     dropped: int = 0
     error: Optional[str] = None
     restarts: int = 0
+    stall: Optional[str] = None
 
     def line(self) -> str:
         """The record as one line of text."""
         steps = ", ".join(f"{r}: {n}" for r, n in sorted(self.steps.items())) or "none"
         extra = f", {self.dropped} batches dropped" if self.dropped else ""
         extra += f", restarted {self.restarts}x" if self.restarts else ""
+        extra += ", stalled (the hang doctor's verdict: show)" if self.stall else ""
         extra += f": {self.error}" if self.error else ""
         return (f"job {self.id} ({self.key}) {self.state}, {self.world_size} ranks on "
                 f"{', '.join(self.hosts) or 'no host yet'}, steps {{{steps}}}{extra}")
@@ -148,10 +157,10 @@ class Job:
                          hosts=tuple(sorted({p.host for p in self.ranks.values()})),
                          state=self.state, steps=steps, started=self.started,
                          dropped=sum(self.dropped.values()), error=error,
-                         restarts=self.attempt)
+                         restarts=self.attempt, stall=verdict(snap))
 
     def snapshot(self) -> Optional[RunSnapshot]:
-        return self.run.snapshot() if self.run is not None else None
+        return in_script(self.run.snapshot()) if self.run is not None else None
 
 
 class Jobs:

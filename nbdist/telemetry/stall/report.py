@@ -144,6 +144,9 @@ class StallReport:
     clashes: tuple[tuple[Collective, Collective], ...] = ()
     #: ranks stopped in the debugger or input(): the run waits for the user, not a hang
     stopped: tuple[Stopped, ...] = ()
+    #: the script the ranks run, for a job started outside the notebook: places read
+    #: ``train.py:27`` (None: a cell's, ``cell line 27``)
+    script: Optional[str] = None
 
     @property
     def hang(self) -> bool:

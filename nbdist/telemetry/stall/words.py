@@ -21,10 +21,12 @@ from .report import (
 )
 
 
-def _at(line: Optional[int], label: Optional[str]) -> str:
-    """``In [12], line 6`` or ``cell line 6``."""
+def _at(line: Optional[int], label: Optional[str], script: Optional[str] = None) -> str:
+    """``In [12], line 6``, ``cell line 6``, or a script's ``train.py:6``."""
     if line is None:
         return ""
+    if script:
+        return f"{script}:{line}"
     return f"{label}, line {line}" if label else f"cell line {line}"
 
 
@@ -51,9 +53,11 @@ def headline(v: StallReport) -> str:
 
 
 def rank_line(w: RankWhere, label: Optional[str] = None,
-              missing: Sequence[int] = (), waits: Sequence[Collective] = ()) -> str:
-    """``rank 1: in time.sleep(0.05) at In [12], line 5 (never reached the all_reduce)``."""
-    at = _at(w.line, label)
+              missing: Sequence[int] = (), waits: Sequence[Collective] = (),
+              script: Optional[str] = None) -> str:
+    """``rank 1: in time.sleep(0.05) at In [12], line 5 (never reached the all_reduce)``;
+    ``script``: the file the ranks run (``at train.py:5``)."""
+    at = _at(w.line, label, script)
     if w.status == IN_COLLECTIVE and w.collective is not None:
         text = f"rank {w.rank}: waiting in {w.collective.describe()}"
         if at:
@@ -94,12 +98,13 @@ def where_lines(v: StallReport, label: Optional[str] = None,
     waits = [c for c, _ in v.waits]
     groups: dict[tuple[str, ...], list[int]] = {}
     for w in v.ranks:
-        head = rank_line(w, label, v.missing, waits)
+        head = rank_line(w, label, v.missing, waits, v.script)
         lines = [head[len(f"rank {w.rank}: "):]]
         cell = [f for f in w.frames if f.cell]
         if len(cell) > 1:
             for f in cell:
-                lines.append(f"    {_at(f.line, label)}, in {f.name}: {f.call or f.code}")
+                lines.append(f"    {_at(f.line, label, v.script)}, in {f.name}: "
+                             f"{f.call or f.code}")
         key = tuple(lines) if len(v.ranks) > group_above else (str(w.rank), *lines)
         groups.setdefault(key, []).append(w.rank)
     out = []
@@ -134,7 +139,7 @@ def stranded_sentence(s: Stranded, label: Optional[str] = None) -> str:
     places = []
     for w in s.waiting:
         assert w.collective is not None  # waiting ranks wait in one
-        at = _at(w.line, label)
+        at = _at(w.line, label, s.report.script)
         places.append(f"rank {w.rank} waits in {w.collective.describe()}"
                       + (f" at {at}" + (f": {w.code}" if w.code else "") if at else ""))
     word = "Ranks" if len(s.finished) > 1 else "Rank"
