@@ -75,13 +75,15 @@ class Run:
             self._seq[b["rank"]] = max(self._seq.get(b["rank"], 0), b["seq"])
         return self._state.feed(batches)
 
-    def note_recovery(self, news: Union[Lost, Recovery]) -> None:
+    def note_recovery(self, news: Union[Lost, Recovery], line: bool = True) -> None:
         """What the notebook found or decided: a rank found dead (its row says so from now
         on), by elastic training's coordinator or by the cell loop for a worker the engine
         lost; a re-formed group, a replacement that joined (it reports as its rank from now
-        on). Kept at the step it happened, and as a line of the run's notes."""
+        on). Kept at the step it happened, and as a line of the run's notes (``line``
+        False: the caller writes its own)."""
         self._state.note_recovery(news)
-        self.notes.append(news.line())
+        if line:
+            self.notes.append(news.line())
 
     def stopped(self, by: str) -> None:
         """The notebook is stopping the run (``--timeout 16 s`` or ``interrupt``): ranks the

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from ..telemetry.recovery import Lost, Recovery, RecoveryKind
 from ..telemetry.run import Run
 from ..telemetry.snapshot import RunSnapshot
 from .stalls import in_script, verdict
@@ -51,7 +52,8 @@ class JobRecord:
         The error raised first among the ranks that ended with one (its root cause).
     restarts : int
         How often the launcher started the ranks again (``torchrun --max-restarts``); the
-        steps are the latest attempt's.
+        attempts share one run (its chart goes on at the step the restart began, earlier
+        attempts' rows kept as died), the steps are the latest attempt's.
     stall : str or None
         The hang doctor's verdict while the job makes no progress past its threshold (five
         median steps, at least 10 s), as a cell's dashboard says it: a headline (which ranks
@@ -84,6 +86,17 @@ class JobRecord:
 
 
 @dataclass
+class Restarted(Recovery):
+    """A rank's process of the launcher's next attempt began (a mark on the job's chart)."""
+
+    attempt: int = 0
+
+    def line(self) -> str:
+        return (f"launcher {time.strftime('%H:%M:%S', time.localtime(self.t))}: rank "
+                f"{self.rank} started again (restart {self.attempt})")
+
+
+@dataclass
 class RankProcess:
     """One process of a rank (a restart is a new one)."""
 
@@ -112,6 +125,7 @@ class Job:
     cut: bool = False
     ended: bool = False
     attempt: int = 0  # the launcher's restarts so far
+    restart_step: int = 0  # the job's step the latest attempt began at
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -135,16 +149,29 @@ class Job:
 
     def restarted(self, attempt: int) -> None:
         """The launcher started the ranks again (torchrun's ``--max-restarts``): the ranks of
-        the earlier attempt are gone, and the new ones report into a fresh run that keeps
-        the job's notes."""
+        the earlier attempt are gone, and the new ones report into the same run, each as a
+        replacement of its rank from the job's next step on (:meth:`rejoined`)."""
         self.note(f"the launcher restarted the ranks (restart {attempt})")
         if self.run is not None:
-            self.run.finish()
-            self.run = Run(f"job {self.id}", range(self.world_size),
-                           world_size=self.world_size)
-            self.run.notes.extend(self.notes)
+            snap = self.run.snapshot()
+            self.restart_step = max((r.steps for r in snap.ranks), default=0)
         self.attempt = attempt
         self.ranks = {}
+
+    def rejoined(self, rank: int, t: float) -> None:
+        """``rank``'s process of the launcher's latest attempt began: its steps go on in the
+        run's row of its rank (the attempt's first step is the job's :attr:`restart_step`),
+        and the chart marks where."""
+        if self.run is not None and self.attempt:
+            self.run.note_recovery(Restarted(t, RecoveryKind.JOINED, rank=rank,
+                                             step=self.restart_step, attempt=self.attempt),
+                                   line=False)
+
+    def died(self, proc: RankProcess, t: float) -> None:
+        """``proc`` vanished without saying how it ended: its row says it died."""
+        if self.run is not None:
+            self.run.note_recovery(Lost(t, proc.rank, proc.host, proc.pid, by="nbdist"),
+                                   line=False)
 
     def record(self) -> JobRecord:
         snap = self.snapshot()
@@ -206,6 +233,7 @@ class Jobs:
                 return  # an earlier attempt's rank, sent again by a reconnecting forwarder
             job.ranks[rank] = RankProcess(rank, str(m.get("host", "")), int(m.get("pid", 0)),
                                           restart)
+            job.rejoined(rank, float(m.get("t") or time.time()))
         elif kind == "batch" and key in self._jobs and self._jobs[key].run is not None:
             job = self._jobs[key]
             job.connections.add(connection)
@@ -223,6 +251,7 @@ class Jobs:
                 if proc.error is not None:
                     proc.failed_at = float(m.get("failed_at") or m.get("t") or float("inf"))
                 if proc.ended == LOST:
+                    self._jobs[key].died(proc, float(m.get("t") or time.time()))
                     self._jobs[key].note(f"rank {proc.rank} (pid {proc.pid} on {proc.host}) "
                                          "ended without saying how: killed, or lost")
                 elif proc.ended == FAILED:

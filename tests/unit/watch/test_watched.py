@@ -120,11 +120,12 @@ def test_frames_without_a_job_or_before_its_ranks_are_ignored_and_jobs_are_numbe
     assert [r.id for r in jobs.records()] == ["1", "3"]  # numbers are never reused
 
 
-def test_a_restart_starts_a_fresh_attempt_that_keeps_the_history():
+def test_a_restart_goes_on_in_the_same_run_with_the_earlier_attempt_kept():
     jobs = Jobs()
     for r in (0, 1):
         jobs.fold(_rank(r, 100 + r), 1)
     _train(jobs, 0, 3)
+    run = jobs.get("1").run
     jobs.fold(_exit(1, 101, ok=False, lost=True), 1)
     jobs.fold(_exit(0, 100, ok=False, lost=True), 1)
     assert jobs.records()[0].state == RUNNING  # torchrun's process is still there
@@ -139,7 +140,19 @@ def test_a_restart_starts_a_fresh_attempt_that_keeps_the_history():
     rec = jobs.records()[0]
     assert (rec.state, rec.restarts, rec.steps, rec.error) == (FINISHED, 1, {0: 5, 1: 5}, None)
     assert "restarted 1x" in rec.line()
-    notes = jobs.get("1").run.notes
+    assert jobs.get("1").run is run  # one view across the attempts
+    snap = jobs.get("1").snapshot()
+    assert [(r.rank, r.steps, r.state.value) for r in snap.ranks] == [(0, 5, "done"),
+                                                                      (1, 5, "done")]
+    # the first attempt's rows, ended by the deaths the forwarder saw
+    assert [(r.rank, r.steps, r.state.value) for r in snap.former] == [(0, 3, "died"),
+                                                                       (1, 0, "died")]
+    marks = [(m.kind, m.step, m.text.split(": ", 1)[1]) for m in snap.marks]
+    assert marks == [("died", None, "rank 1 on h1 (pid 101) died"),  # it never stepped
+                     ("died", 3, "rank 0 on h1 (pid 100) died"),
+                     ("joined", 3, "rank 0 started again (restart 1)"),
+                     ("joined", 3, "rank 1 started again (restart 1)")]
+    notes = run.notes
     assert notes == ["rank 1 (pid 101 on h1) ended without saying how: killed, or lost",
                      "rank 0 (pid 100 on h1) ended without saying how: killed, or lost",
                      "the launcher restarted the ranks (restart 1)"]
