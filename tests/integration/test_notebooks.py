@@ -37,7 +37,7 @@ def test_the_notebooks_are_numbered_and_complete():
                          "03-torchrun-scripts.ipynb", "04-dask-and-existing-clusters.ipynb",
                          "05-auto-mode-and-output.ipynb", "06-strategies.ipynb",
                          "07-parallelism.ipynb", "08-elastic.ipynb",
-                         "09-autotune-and-verdicts.ipynb"]
+                         "09-autotune-and-verdicts.ipynb", "10-watching-jobs.ipynb"]
 
 
 def test_quickstart_trains_on_two_workers(run_notebook):
@@ -205,3 +205,19 @@ def test_autotune_notebook_tunes_applies_and_gives_verdicts(run_notebook):
     assert any("ZeRO-1&#x27;s model predicts" in h or "ZeRO-1's model predicts" in h
                for h in verdicts)
     assert "whole tensors" in outputs_text(cell_with(nb, "runs = {name:"))
+
+
+def test_watching_notebook_sees_a_torchrun_job_started_from_it(run_notebook):
+    nb = run_notebook("10-watching-jobs.ipynb")  # its own asserts check steps and stacks
+    attach = outputs_text(cell_with(nb, "%nbdist attach"))
+    assert re.search(r"^NBDIST_ATTACH=tcp://127\.0\.0\.1:\d+/\S+$", attach, re.MULTILINE)
+    assert "-m nbdist.agent train.py" in attach
+    live, done = [outputs_text(c) for c in code_cells(nb) if c.source == "%nbdist jobs"]
+    assert re.match(r"job 1 \(torchrun-\S+\) running, 2 ranks on ", live), live
+    assert "finished, 2 ranks on " in done and "steps {0: 20, 1: 20}" in done, done
+    assert "job 1 (torchrun-" in outputs_text(cell_with(nb, "%nbdist job 1 show"))
+    stacks = outputs_text(cell_with(nb, "%nbdist job 1 stacks"))
+    assert "rank 0:" in stacks and "rank 1:" in stacks, stacks
+    assert "loss.backward()" in stacks and "time.sleep(0.05)" in stacks, stacks
+    assert "rank 1 waits in: time.sleep(0.05)" in text(nb)
+    assert "detached" in outputs_text(cell_with(nb, "%nbdist job 1 detach"))
