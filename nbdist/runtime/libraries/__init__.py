@@ -34,6 +34,12 @@ from typing import Any, Optional
 LIBRARIES: dict[str, str] = {
     "transformers.trainer": "huggingface",
     "accelerate.accelerator": "accelerate",
+    # Lightning's two spellings, each with its Trainer's callback lookup and its Fabric
+    "lightning.pytorch.trainer.connectors.callback_connector": "lightning",
+    "pytorch_lightning.trainer.connectors.callback_connector": "lightning",
+    "lightning.fabric.fabric": "lightning",
+    "lightning_fabric.fabric": "lightning",
+    "deepspeed.runtime.engine": "deepspeed",
 }
 
 _active: dict[str, ModuleType] = {}  # trigger -> our activated module
