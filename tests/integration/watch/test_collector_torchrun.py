@@ -9,6 +9,7 @@ in editable mode, so the tests put that same file in a site directory of their o
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import socket
@@ -62,6 +63,8 @@ TRAIN = textwrap.dedent(f"""
         loss.backward()
         opt.step()
         time.sleep(0.01)
+    if rank == 0 and os.environ.get("WEIGHTS"):
+        torch.save(model.module.state_dict(), os.environ["WEIGHTS"])
     dist.destroy_process_group()
     mods = sorted(m for m in sys.modules if m.startswith("nbdist"))
     sys.stdout.write(f"NBDIST_MODULES {{mods}}\\n")  # one write: the ranks share the pipe
@@ -318,3 +321,63 @@ def test_a_rank_killed_under_max_restarts_shows_its_death_and_the_restart_in_one
         assert collector.accepted == 1  # torchrun's process reported both attempts
     finally:
         collector.close()
+
+
+#: the notebook's kernel, in a process of its own: a collector that says where it listens,
+#: then each job's steps as they change
+KERNEL = textwrap.dedent("""
+    import sys, time
+    from nbdist.watch.collector import Collector
+    c = Collector()
+    print(c.address.line, flush=True)
+    said = None
+    while True:
+        steps = [r.steps for r in c.jobs.records()]
+        if steps != said:
+            print("STEPS", steps, flush=True)
+            said = steps
+        time.sleep(0.05)
+""")
+
+
+def test_a_kernel_killed_mid_job_leaves_the_job_to_finish_with_the_weights_it_has_alone(
+        tmp_path, site_dir):
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL], env=_env(site_dir),
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    go = tmp_path / "go"
+    try:
+        line = kernel.stdout.readline().strip()
+        attached = _torchrun(tmp_path, _env(site_dir, line, WEIGHTS=str(tmp_path / "a.pt")),
+                             go)
+        try:
+            # the kernel sees both ranks step; then it dies, SIGKILLed, while they train
+            steps: list = []
+            while not (steps and len(steps[0]) == 2 and min(steps[0].values()) >= 1):
+                said = kernel.stdout.readline()
+                assert said, "the kernel ended"
+                if said.startswith("STEPS "):
+                    steps = ast.literal_eval(said.removeprefix("STEPS "))
+            assert max(steps[0].values()) <= HELD_AT  # mid-job: rank 1 waits for the go
+            os.killpg(kernel.pid, signal.SIGKILL)
+            kernel.wait(timeout=30)
+            go.touch()
+            code, out = _finish(attached)
+        finally:
+            if attached.poll() is None:
+                _kill_all(attached)
+        assert code == 0 and out.count("NBDIST_MODULES") == 2, out
+        assert "Traceback" not in out, out
+        assert out.count("nbdist.agent.rank") == 2  # it was attached to the end
+        # the same job, never attached
+        code, out = _finish(_torchrun(tmp_path, _env(site_dir, WEIGHTS=str(tmp_path / "u.pt")),
+                                      go))
+        assert code == 0 and out.count("NBDIST_MODULES []") == 2, out
+    finally:
+        if kernel.poll() is None:
+            os.killpg(kernel.pid, signal.SIGKILL)
+            kernel.wait()
+    import torch
+
+    mine, alone = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "u.pt")
+    assert sorted(mine) == sorted(alone) == ["bias", "weight"]
+    assert all(torch.equal(mine[k], alone[k]) for k in mine)  # bit for bit
