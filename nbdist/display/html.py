@@ -32,6 +32,7 @@ from ..table_layout import (
     rank_colour,
 )
 from ..telemetry.units import fmt_bytes_rate, fmt_ranks, fmt_seconds
+from .static_charts import static_chart
 from .tables import (
     DEFINITIONS,
     MEMORY_CAPTION,
@@ -426,14 +427,20 @@ def _spread_chart_svg(name: str, ranks: Sequence[int],
     return _svg("nbdist-scalar-chart", width, height, title, hover, body)
 
 
-def charts(snap: RunSnapshot) -> str:
-    """Step time, bandwidth and every logged value, side by side where the cell is wide."""
+def charts(snap: RunSnapshot, static: bool = False) -> str:
+    """Step time, bandwidth and every logged value, side by side where the cell is wide:
+    SVG, or ``static``, images with their words over them (what a saved notebook keeps:
+    :mod:`nbdist.display.static_charts`)."""
     svgs = [step_chart_svg(snap.series, marks=snap.marks), bandwidth_chart_svg(snap.series)]
     svgs += [scalar_chart_svg(k, v, spread=snap.scalar_spread.get(k))
              for k, v in snap.scalar_series.items()]
-    svgs = [s for s in svgs if s]
+    svgs = [static_chart(s) if static else s for s in svgs if s]
     if not svgs:
         return ""
+    if static:  # inline blocks, not flex's wrap and gap: sanitizers drop styles they don't know
+        return "<div>" + "".join(
+            f"<div style='display:inline-block;vertical-align:top;margin:0 12px 4px 0'>{s}"
+            "</div>" for s in svgs) + "</div>"
     return ("<div style='display:flex;flex-wrap:wrap;gap:4px 12px;align-items:flex-start'>"
             + "".join(svgs) + "</div>")
 
@@ -444,19 +451,26 @@ def summary_sections(snap: RunSnapshot) -> list[str]:
     numbers = snap.has_telemetry
     return [
         run_header(snap, final=snap.finished),
-        stall(snap),
-        run_table_html(snap) if numbers else "",
-        detail_tables(snap),
+        _part("nbdist-stall-box", stall(snap)),
+        _part("nbdist-rows", run_table_html(snap) if numbers else ""),
+        _part("nbdist-memory", detail_tables(snap)),
         verdicts(snap),
         failures(snap),
         legend() if numbers else "",
-        charts(snap),
+        _part("nbdist-chart", charts(snap, static=True)),
     ]
+
+
+def _part(cls: str, html: str) -> str:
+    """A part in a box of the class its widget has, so that the summary reads as the
+    dashboard it replaces ("" stays "")."""
+    return f"<div class='{cls}'>{html}</div>" if html else ""
 
 
 def run_summary(snap: RunSnapshot) -> str:
     """A static summary of a run (header, table, pipeline, mesh dimensions and memory per
-    rank, legend, charts) that renders without widgets."""
+    rank, legend, charts) that renders without widgets, and whole where HTML is sanitized:
+    no SVG, no script, the charts as PNG images."""
     return f"<div class='nbdist-summary'>{''.join(summary_sections(snap))}</div>"
 
 

@@ -132,9 +132,10 @@ class RunWidget(VBox):
 class WidgetDashboard:
     """Shows a :class:`RunWidget` under the cell when the first telemetry arrives.
 
-    The display carries a static HTML summary next to the widget, refreshed at the end, so a
-    saved notebook shows the table and chart where no widget state is stored (GitHub,
-    nbviewer) while JupyterLab shows the live widget.
+    While the run goes on, the display carries the static summary (:func:`.summary_bundle`)
+    next to the widget, for a viewer that draws no widgets; when it ends, the display is
+    replaced by that summary alone: a widget in a saved notebook reads "model not found" in
+    a fresh session.
     """
 
     interval: float = 0.25
@@ -159,11 +160,13 @@ class WidgetDashboard:
         self._draw(snap, final=False)
 
     def close(self, snap: RunSnapshot) -> None:
-        """The final redraw, and the saved summary brought up to date with it."""
+        """The final redraw: the output becomes the static summary, with no widget left in
+        it, so that the saved notebook shows the run whole in a fresh session (where no
+        widget model exists), trusted or not, and in any viewer."""
         shown = self._handle is not None
         self._draw(snap, final=True)
         if shown and self._handle is not None:
-            self._handle.update(self._bundle(snap), raw=True)
+            self._handle.update(summary_bundle(snap), raw=True)
 
 
 # ----------------------------------------------------------------- panels
