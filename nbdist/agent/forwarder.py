@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any, Optional
 
 from . import wire
-from .spool import COMMAND_PREFIX, COMMAND_TTL, SpoolReader, write_command
+from .spool import COMMAND_PREFIX, COMMAND_TTL, SpoolReader, claim, sweep, write_command
 
 #: seconds between looks at the spool files
 POLL = 0.1
@@ -77,6 +77,9 @@ class Forwarder:
                                         daemon=True)
 
     def start(self) -> Forwarder:
+        if self.owns_directory:  # say whose it is; remove what killed forwarders left
+            claim(self.directory)
+            sweep(os.path.dirname(os.path.abspath(self.directory)))
         self._thread.start()
         return self
 

@@ -7,6 +7,11 @@ has read it and the next one exists. A rank whose forwarder lags :data:`MAX_SEGM
 segments behind drops its batches and counts them (the job never waits for the notebook);
 frames that say who a rank is and how it ended are always written.
 
+A spool directory outlives a forwarder that was killed (its exit never ran): each forwarder
+writes its process into the directory it owns (:func:`claim`), and every new one removes the
+directories of the temporary directory whose forwarder and writers are all gone
+(:func:`sweep`).
+
 Commands go the other way as files too: the forwarder writes the notebook's request
 (``cmd-stacks-<id>``, whole or not at all), each rank looks for new ones a few times a second
 on a thread of its own and answers through its spool.
@@ -27,6 +32,76 @@ MAX_SEGMENTS = 4
 #: a command file's name starts so; seconds it is kept for the ranks to see it
 COMMAND_PREFIX = "cmd-"
 COMMAND_TTL = 30.0
+
+
+#: a spool directory's name starts so; the file in it that names its forwarder's process
+DIR_PREFIX = "nbdist-attach-"
+OWNER = "owner"
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """When process ``pid`` started (clock ticks since boot; None: unknown), which tells it
+    from a later process given the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == b"Z" else fields[19].decode()
+
+
+def _running(pid: int, started: Optional[str] = None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    now = _start_time(pid)
+    if now is None:  # a zombie, or no /proc: a zombie has ended; without /proc, say alive
+        return not os.path.exists(f"/proc/{pid}")
+    return started is None or now == started
+
+
+def claim(directory: str) -> None:
+    """Write this process into ``directory`` as the one that forwards from it (and removes
+    it at its exit)."""
+    path = os.path.join(directory, OWNER)
+    with open(path + ".tmp", "w", encoding="ascii") as f:
+        f.write(f"{os.getpid()} {_start_time(os.getpid()) or ''}\n")
+    os.replace(path + ".tmp", path)
+
+
+def sweep(parent: str) -> list[str]:
+    """Remove the spool directories in ``parent`` that this user's killed forwarders left:
+    those whose forwarder process is gone and none of whose rank processes still writes.
+    Returns the directories removed; one that cannot be read is left alone."""
+    import shutil
+
+    removed = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(DIR_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+            if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+                continue
+            with open(os.path.join(path, OWNER), encoding="ascii") as f:
+                pid, _, started = f.read().strip().partition(" ")
+            if _running(int(pid), started or None):
+                continue
+            writers = {int(n.partition(".")[0]) for n in os.listdir(path)
+                       if n.partition(".")[0].isdigit()}
+            if any(_running(w) for w in writers):
+                continue
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def write_command(directory: str, msg: dict[str, Any]) -> str:

@@ -1,9 +1,12 @@
 """Ranks hand frames to their node's forwarder through spool files: in order, bounded, and a
-lagging forwarder costs the rank dropped batches, counted, never a wait."""
+lagging forwarder costs the rank dropped batches, counted, never a wait. A spool directory
+a killed forwarder left is removed by the next one."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from nbdist.agent import wire
 from nbdist.agent.spool import SpoolReader, SpoolWriter
@@ -69,3 +72,63 @@ def test_commands_are_seen_once_whole_and_never_as_frames(tmp_path):
                                                    "rank": None}]
     assert read_commands(str(tmp_path), seen) == []
     assert SpoolReader(str(tmp_path)).read() == []  # the forwarder does not read them back
+
+
+LAUNCHER = """
+import sys, tempfile, time
+from nbdist.agent import wire
+from nbdist.agent.forwarder import Forwarder
+d = tempfile.mkdtemp(prefix="nbdist-attach-", dir=sys.argv[1])
+Forwarder(wire.parse("tcp://127.0.0.1:9/t"), d).start()
+print(d, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_forwarders_directory_is_removed_by_the_next_forwarder(tmp_path):
+    """A launcher SIGKILLed (its exit never runs) leaves its spool directory; the next
+    forwarder to start removes it, and only what is stale: a directory whose forwarder runs,
+    or one a rank still writes to, stays."""
+    from nbdist.agent.forwarder import Forwarder
+
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        left = launcher.stdout.readline().strip()
+        assert os.path.isdir(left) and os.path.dirname(left) == str(tmp_path)
+        # a rank of a job whose forwarder died writes on; a pid now someone else's
+        writing = tmp_path / "nbdist-attach-writing"
+        reused = tmp_path / "nbdist-attach-reused"
+        for d in (writing, reused):
+            d.mkdir()
+        (writing / "owner").write_text(f"{_dead_pid()} 1\n")
+        (writing / f"{os.getpid()}.0").write_bytes(b"")
+        (reused / "owner").write_text(f"{os.getpid()} 1\n")  # another process's start
+        (tmp_path / "nbdist-attach-foreign").mkdir()  # no owner: not one of these
+        address = wire.parse("tcp://127.0.0.1:9/t")
+        first = Forwarder(address, str(tmp_path / "nbdist-attach-a"))
+        (tmp_path / "nbdist-attach-a").mkdir()
+        first.start()
+        assert os.path.isdir(left)  # its launcher runs
+        assert not reused.exists() and writing.is_dir()
+        launcher.kill()
+        launcher.wait(timeout=30)
+        assert os.path.isdir(left)  # killed: its exit did not remove it
+        (tmp_path / "nbdist-attach-b").mkdir()
+        second = Forwarder(address, str(tmp_path / "nbdist-attach-b")).start()
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "nbdist-attach-a", "nbdist-attach-b", "nbdist-attach-foreign",
+            "nbdist-attach-writing"]
+        for f in (first, second):
+            f.close(timeout=0.1)
+        assert not (tmp_path / "nbdist-attach-a").exists()  # each removes its own at exit
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def _dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, timeout=60)
+    return int(done.stdout)
