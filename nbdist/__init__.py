@@ -516,4 +516,4 @@ def job(ident: Any) -> Any:
     if found is None:
         known = ", ".join(r.id for r in jobs()) or "none (nbdist.attach() first)"
         raise LookupError(f"no watched job {ident!r}; jobs: {known}")
-    return WatchedJob(collector.jobs, found, collector.stacks)
+    return WatchedJob(collector.jobs, found, collector.stacks, collector.detach)

@@ -64,6 +64,7 @@ class Forwarder:
         self._kept: dict[int, list[bytes]] = {}  # pid -> its rank and exit frames
         self._ranks: dict[int, dict[str, Any]] = {}  # pid -> its rank frame
         self._ended: set[int] = set()
+        self.detached: set[str] = set()  # jobs the notebook stopped watching: not sent
         self.dropped: dict[tuple[str, int], int] = {}  # (job, rank) -> batches dropped here
         self._dropped_sent: dict[tuple[str, int], int] = {}
         self._sock: Optional[socket.socket] = None
@@ -98,6 +99,8 @@ class Forwarder:
             except ValueError:
                 continue
             kind = msg.get("type")
+            if msg.get("job") in self.detached:
+                continue
             if kind == "batch":
                 self._enqueue_batch(msg, frame)
                 continue
@@ -201,6 +204,29 @@ class Forwarder:
     def _command(self, msg: dict[str, Any]) -> None:
         if msg.get("type") == "stacks" and isinstance(msg.get("id"), int):
             write_command(self.directory, msg)
+        elif msg.get("type") == "detach" and isinstance(msg.get("job"), str):
+            self._detach(msg["job"])
+
+    def _detach(self, job: str) -> None:
+        """Send nothing more of ``job`` (the notebook stopped watching it): what is queued
+        of it goes, and what its ranks write from now on is read and let go."""
+        self.detached.add(job)
+        ours = [pid for pid, m in self._ranks.items() if m.get("job") == job]
+        for pid in ours:
+            self._kept.pop(pid, None)
+            self._ended.add(pid)  # not reported lost either
+        kept: deque[bytes] = deque()
+        for frame in self._queue:
+            try:
+                if wire.decode(frame[4:]).get("job") == job:
+                    self._queued -= len(frame)
+                    continue
+            except ValueError:
+                pass
+            kept.append(frame)
+        self._queue = kept
+        for key in [k for k in self.dropped if k[0] == job]:
+            del self.dropped[key]
 
     def _forget_commands(self) -> None:
         """Commands older than :data:`COMMAND_TTL` seconds are answered or moot: removed."""

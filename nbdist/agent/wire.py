@@ -16,6 +16,9 @@ The frames a forwarder sends after its :func:`hello` (each names its ``job``):
   and ``failed_at`` (when it was raised), ``lost`` (True: it vanished without saying how it
   ended);
 * ``bye`` — the forwarder ends (the launcher exited): ``code``, its exit status if known.
+
+The collector sends its forwarders ``stacks`` (``id``, ``job``, ``rank``: each rank's stack
+now) and ``detach`` (``job``: send nothing more of it).
 """
 
 from __future__ import annotations

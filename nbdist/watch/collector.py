@@ -254,6 +254,24 @@ class Collector:
                       "hold the interpreter in a C call, or its node's forwarder is gone)\n")
         return dict(sorted(got.items()))
 
+    def detach(self, key: str) -> bool:
+        """Stop watching job ``key`` (its number or key): its node forwarders are told to
+        send nothing more of it, and its record goes. False: no such job."""
+        job = self.jobs.get(key)
+        if job is None:
+            return False
+        with self.jobs.lock:
+            links = [self._links[c] for c in job.connections if c in self._links]
+        frame = wire.encode({"type": "detach", "job": job.key})
+        for conn, lock in links:
+            try:
+                with lock:
+                    conn.sendall(frame)
+            except OSError:
+                pass  # a forwarder gone: nothing more comes from it anyway
+        self.jobs.detach(job.key)
+        return True
+
     def close(self) -> None:
         """Stop listening (jobs' forwarders keep retrying, and a new collector on the same
         address and token takes them back)."""

@@ -307,10 +307,12 @@ class WatchedJob:
     """A handle on one watched job (``nbdist.job(ID)``), read from the kernel's collector."""
 
     def __init__(self, jobs: Jobs, job: Job,
-                 ask_stacks: Optional[Callable[..., dict[int, str]]] = None):
+                 ask_stacks: Optional[Callable[..., dict[int, str]]] = None,
+                 tell_detach: Optional[Callable[[str], Any]] = None):
         self._jobs = jobs
         self._job = job
         self._ask_stacks = ask_stacks
+        self._tell_detach = tell_detach
 
     @property
     def id(self) -> str:
@@ -358,9 +360,14 @@ class WatchedJob:
         return self._ask_stacks(self._job.key, rank, timeout)
 
     def detach(self) -> str:
-        """Stop watching the job (``%nbdist job ID detach``); says what was detached."""
+        """Stop watching the job (``%nbdist job ID detach``): its forwarders are told to send
+        nothing more of it (the job runs on unreported) and the notebook forgets it; says
+        what was detached."""
+        if self._tell_detach is not None:
+            self._tell_detach(self._job.key)
         self._jobs.detach(self._job.key)
-        return f"job {self._job.id} ({self._job.key}) detached: its reports are ignored"
+        return (f"job {self._job.id} ({self._job.key}) detached: its forwarders send nothing "
+                "more of it")
 
     def __repr__(self) -> str:
         return f"<nbdist watched {self.record.line()}>"

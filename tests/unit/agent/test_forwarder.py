@@ -172,3 +172,31 @@ def test_over_tls_the_forwarder_reports_and_answers_commands(tmp_path):
     finally:
         f.close(timeout=1)
         c.close()
+
+
+def test_a_detached_job_is_no_longer_sent_while_the_nodes_other_jobs_are(tmp_path):
+    c = Collector()
+    heard: list = []  # every message the collector took, in order
+    fold = c.jobs.fold
+    c.jobs.fold = lambda m, conn=0: (heard.append(m), fold(m, conn))  # type: ignore
+    f = fwd.Forwarder(c.address, str(tmp_path), owns_directory=False).start()
+    try:
+        import os
+        w = _rank_writes(tmp_path, 0, os.getpid(), 3, world=1)
+        _until(lambda: c.jobs.records() and c.jobs.records()[0].steps == {0: 3})
+        assert c.detach("1") and c.jobs.records() == [] and not c.detach("1")
+        _until(lambda: JOB in f.detached)
+        told = len(heard)
+        # the job goes on writing; another job of the node reports after it, on one spool
+        for b in batches(0, training_events(2)):
+            w.write(wire.encode({"type": "batch", "job": JOB, "batch": b}))
+        _exit(w, 0)
+        w.write(wire.encode({"type": "rank", "job": "other", "rank": 0, "world_size": 1,
+                             "local_rank": 0, "host": "n1", "pid": 7, "restart": 0}), False)
+        _until(lambda: [r.key for r in c.jobs.records()] == ["other"])
+        assert [m.get("job") for m in heard[told:]] == ["other"]
+        f.close(timeout=2)  # its launcher does not wait for the detached job's ranks
+        assert not any(m.get("job") == JOB for m in heard[told:])
+    finally:
+        f.close(timeout=1)
+        c.close()
