@@ -129,6 +129,8 @@ class RemoteValue:
         return str(self.data.get("text/plain", ""))
 
     def _repr_html_(self) -> Optional[str]:
+        if "text/html" not in self.data and any(k.startswith("image/") for k in self.data):
+            return None  # an image (a figure as the value) shows as itself
         return self.data.get("text/html") or f"<pre>{html.escape(repr(self))}</pre>"
 
 

@@ -13,10 +13,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, TextIO
 
-from ..telemetry.events import STREAM, WARNING, Batch, Event
+from ..telemetry.events import DISPLAY, STREAM, WARNING, Batch, Event
 from ..telemetry.units import fmt_ranks
 from .output_html import OutputLine, rank_output_html, warnings_html
 from .refresh import Throttle
+from .rich_output import RichOutput
 from .text import StreamView
 
 #: lines kept per rank (and in the merged view); older ones are dropped first
@@ -262,6 +263,7 @@ class OutputView(StreamView):
         self._panel: Any = None
         self._shown = _Updatable()
         self._throttle = Throttle(self.interval)
+        self.rich = RichOutput(mode, shown_rank, stdout)  # what the ranks displayed
 
     def feed(self, batches: Iterable[Batch]) -> None:
         if self.mode == "quiet":
@@ -278,6 +280,10 @@ class OutputView(StreamView):
             super().feed(batches)
         elif self.lines.changed and self._throttle.due():
             self._draw_panel(final=False)
+        for batch in batches:  # after the batch's lines, as the rank wrote them
+            for ev in batch["events"]:
+                if ev["kind"] == DISPLAY:
+                    self.rich.feed(batch["rank"], ev)
         if warned:
             self._warned.show(self._warnings_bundle())
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, TextIO
 from ..telemetry.columns import pack
 from ..telemetry.events import (
     DEBUGGER,
+    DISPLAY,
     ELASTIC,
     INPUT,
     STACK,
@@ -50,6 +51,8 @@ NOTEBOOK_BATCHES_PER_S = 256
 MAX_INTERVAL = 4.0
 #: kinds sent at the next tick, whatever the interval
 URGENT = frozenset({ELASTIC, STACK, DEBUGGER, INPUT})
+#: kinds of the output the notebook shows, urgent from the shown rank
+SHOWN = frozenset({STREAM, DISPLAY})
 
 
 def flush_interval(world: int) -> float:
@@ -89,7 +92,7 @@ class EventSink:
     def emit(self, event: Event) -> None:
         with self._lock:
             self._pending.append(event)
-            if event["kind"] in URGENT or (self.prompt_output and event["kind"] == STREAM):
+            if event["kind"] in URGENT or (self.prompt_output and event["kind"] in SHOWN):
                 self._urgent = True
 
     def defer(self, build: Callable[..., list[Event]], *args: Any) -> None:

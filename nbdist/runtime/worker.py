@@ -27,6 +27,7 @@ from .interrupt import interruptible
 from .launched import launch_env, launched, start_environment
 from .measure.spec import DEFAULT, Measure
 from .measure.stall_probe import enable_flight_recorder, watching
+from .rich_output import capturing, figure_png
 
 
 class WorkerState:
@@ -330,10 +331,14 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         with interruptible(group.sever) as watch, captured_output(_state.sink, filename=filename), \
                 watching(_state.sink, filename, measure.telemetry, measure.stall_after):
             try:
-                with debugger.debugging(link, _state.sink, filename, _debug_store), launched():
+                with debugger.debugging(link, _state.sink, filename, _debug_store), \
+                        launched(), capturing(_state.sink):
                     value = run_code(source, filename, _state.namespace)
                 if want_result:
                     out["value"] = mimebundle(value)
+                    png = figure_png(value)  # a matplotlib figure as the value: its image
+                    if png is not None and out["value"] is not None:
+                        out["value"]["image/png"] = png
             except tuning.TrialDone:
                 pass  # a tuning trial took its steps: every rank cut the cell at the same one
             except BaseException as exc:  # the user's error is data for the notebook

@@ -16,6 +16,9 @@ from typing import Any, Optional
 
 STREAM = "stream"  # {"kind", "name": "stdout"|"stderr", "text"}
 WARNING = "warning"  # a Python warning a rank showed: {"category", "message", "filename", "lineno"}
+# A rich output a rank's code displayed (IPython's display(), a matplotlib figure shown):
+# {"data": a MIME bundle, "metadata", "display_id" or None, "update": replaces that display}
+DISPLAY = "display"
 # Telemetry. Times are the worker's ``time.time()`` seconds; durations are seconds.
 STEP = "step"  # one training step on one rank; see step()
 COMM = "comm"  # one timed collective (a DDP gradient bucket, or a call in the cell)
@@ -50,6 +53,13 @@ Batch = dict[str, Any]
 
 def stream(name: str, text: str) -> Event:
     return {"kind": STREAM, "name": name, "text": text}
+
+
+def display(data: dict[str, Any], metadata: Optional[dict[str, Any]] = None,
+            display_id: Optional[str] = None, update: bool = False) -> Event:
+    """What a rank displayed: ``data`` maps MIME types to content (images base64 text)."""
+    return {"kind": DISPLAY, "data": data, "metadata": metadata or {}, "display_id": display_id,
+            "update": update}
 
 
 def warning(category: str, message: str, filename: str, lineno: int) -> Event:
