@@ -100,6 +100,36 @@ class ExportError(NbdistError):
     """``%nbdist export`` has nothing to write, or would overwrite a file it did not write."""
 
 
+class AttachError(NbdistError, ValueError):
+    """``%nbdist attach`` (``nbdist.attach``) cannot do what it was asked: a ``--listen``
+    that is not ``[HOST:]PORT``, a token file others may read or that holds no attach line,
+    half of TLS, or a collector that already listens elsewhere. Nothing was started."""
+
+    @classmethod
+    def listen(cls, text: str) -> AttachError:
+        return cls(f"--listen takes [HOST:]PORT (e.g. 9000 or 0.0.0.0:9000), not {text!r}")
+
+    @classmethod
+    def token_file_open(cls, path: str, mode: int) -> AttachError:
+        return cls(f"token file {path} may be read by others (mode {mode:o}): chmod 600 "
+                   f"{path}, or remove it for a new token")
+
+    @classmethod
+    def token_file_empty(cls, path: str, why: object) -> AttachError:
+        return cls(f"token file {path} holds no attach line ({why}): remove it, and attach "
+                   "writes a new one (a job started with the old line then needs the new)")
+
+    @classmethod
+    def half_tls(cls) -> AttachError:
+        return cls("TLS needs both --tls-cert and --tls-key: give both, or neither for a "
+                   "plain tcp:// line")
+
+    @classmethod
+    def listening_elsewhere(cls, host: str, port: int) -> AttachError:
+        return cls(f"the collector already listens at {host}:{port}; close it first "
+                   "(nbdist.attach().close()), or attach without --listen to keep it")
+
+
 class ClusterError(NbdistError):
     """Starting, reaching, scaling or stopping workers failed."""
 

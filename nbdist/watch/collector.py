@@ -23,15 +23,15 @@ import time
 from typing import Optional
 
 from ..agent import wire
+from ..errors import AttachError
 from .watched import Jobs
+
+__all__ = ["AttachError", "Collector", "attach", "current", "parse_listen", "read_token_file",
+           "write_token_file"]
 
 #: seconds a new connection has to present its token
 HELLO_TIMEOUT = 10.0
 LOOPBACK = "127.0.0.1"
-
-
-class AttachError(ValueError):
-    """An ``attach`` option that cannot be honoured; the message says why and what to do."""
 
 
 def parse_listen(listen: Optional[str]) -> tuple[Optional[str], Optional[int]]:
@@ -48,7 +48,7 @@ def parse_listen(listen: Optional[str]) -> tuple[Optional[str], Optional[int]]:
     host, _, port = text.rpartition(":")
     host = host.strip("[]") or None
     if not port.isdigit() or not 0 <= int(port) < 65536:
-        raise AttachError(f"--listen takes [HOST:]PORT (e.g. 9000 or 0.0.0.0:9000), not {text!r}")
+        raise AttachError.listen(text)
     return host, int(port)
 
 
@@ -65,15 +65,13 @@ def read_token_file(path: str) -> Optional[wire.Address]:
     except FileNotFoundError:
         return None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise AttachError(f"token file {path} may be read by others (mode "
-                          f"{stat.S_IMODE(st.st_mode):o}): chmod 600 {path}, or remove it for "
-                          "a new token")
+        raise AttachError.token_file_open(path, stat.S_IMODE(st.st_mode))
     with open(path, encoding="utf-8") as f:
         text = f.read().strip()
     try:
         return wire.parse(text)
     except ValueError as exc:
-        raise AttachError(f"token file {path} holds no attach line: {exc}") from None
+        raise AttachError.token_file_empty(path, exc) from None
 
 
 def write_token_file(path: str, address: wire.Address) -> None:
@@ -308,14 +306,13 @@ def attach(listen: Optional[str] = None, token_file: Optional[str] = None,
     """
     global _current
     if (tls_cert is None) != (tls_key is None):
-        raise AttachError("TLS needs both --tls-cert and --tls-key")
+        raise AttachError.half_tls()
     host, port = parse_listen(listen)
     with _lock:
         running = current()
         if running is not None:
             if (host is not None and host != running.host) or (port and port != running.port):
-                raise AttachError(f"the collector already listens at {running.host}:"
-                                  f"{running.port}; close it first (nbdist.attach().close())")
+                raise AttachError.listening_elsewhere(running.host, running.port)
             if token_file is not None and not os.path.exists(token_file):
                 write_token_file(token_file, running.address)
             return running

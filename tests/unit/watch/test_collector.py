@@ -148,3 +148,18 @@ def test_with_a_certificate_connections_are_tls(tmp_path):
         assert _unanswered(plain)
     finally:
         c.close()
+
+
+def test_attach_errors_are_nbdists_errors_that_say_what_to_do(fresh, tmp_path):
+    from nbdist.errors import AttachError as InErrors
+    from nbdist.errors import NbdistError
+
+    assert AttachError is InErrors and issubclass(AttachError, (NbdistError, ValueError))
+    path = tmp_path / "token"
+    path.write_text("not a line\n")
+    os.chmod(path, 0o600)
+    with pytest.raises(AttachError, match="holds no attach line .*: remove it") as bad:
+        attach(token_file=str(path))
+    assert bad.value._render_traceback_() == [f"\x1b[31mAttachError\x1b[0m: {bad.value}"]
+    with pytest.raises(AttachError, match="give both, or neither"):
+        attach(tls_key="k.pem")
