@@ -173,8 +173,9 @@ class Job:
             self.run.note_recovery(Lost(t, proc.rank, proc.host, proc.pid, by="nbdist"),
                                    line=False)
 
-    def record(self) -> JobRecord:
-        snap = self.snapshot()
+    def record(self, snap: Any = None) -> JobRecord:
+        """The job now; ``snap``: its run's snapshot just taken (None: take one)."""
+        snap = self.snapshot() if snap is None else snap
         steps = {r.rank: r.steps for r in snap.ranks} if snap is not None else {}
         # the root cause, as torchrun names it: the error raised first (its peers' errors
         # follow from it: a collective that lost its peer)
@@ -344,11 +345,23 @@ class WatchedJob:
         idle; elsewhere :meth:`summary` printed. Returns the panel (None: printed)."""
         from ..display import show_job
 
-        def ended() -> bool:
-            return self.record.state != RUNNING
+        # A refresh asks for the state, the snapshot, then the header: one snapshot serves
+        # both of the latter (at thousands of ranks, a snapshot is most of a refresh's cost).
+        drawn: list[Optional[RunSnapshot]] = [None]
 
-        return show_job(lambda: self.record.line(), self.snapshot, ended,
-                        range(self._job.world_size), self.summary)
+        def ended() -> bool:
+            with self._jobs.lock:
+                return self._job.state != RUNNING
+
+        def snapshot() -> Optional[RunSnapshot]:
+            drawn[0] = self.snapshot()
+            return drawn[0]
+
+        def header() -> str:
+            with self._jobs.lock:
+                return self._job.record(drawn[0]).line()
+
+        return show_job(header, snapshot, ended, range(self._job.world_size), self.summary)
 
     def stacks(self, rank: Optional[int] = None, timeout: float = 10.0) -> dict[int, str]:
         """Each running rank's Python stack, taken now (``%nbdist job ID stacks``), also

@@ -156,3 +156,32 @@ def test_a_restart_goes_on_in_the_same_run_with_the_earlier_attempt_kept():
     assert notes == ["rank 1 (pid 101 on h1) ended without saying how: killed, or lost",
                      "rank 0 (pid 100 on h1) ended without saying how: killed, or lost",
                      "the launcher restarted the ranks (restart 1)"]
+
+
+def test_a_shown_jobs_refresh_takes_one_snapshot_of_its_run(monkeypatch):
+    import pytest
+
+    pytest.importorskip("ipywidgets")
+    import IPython.display
+
+    import nbdist.display as display
+    from nbdist.watch.watched import WatchedJob
+
+    jobs = Jobs()
+    for r in (0, 1):
+        jobs.fold(_rank(r, 10 + r), 1)
+        _train(jobs, r, 3)
+    job = jobs.get("1")
+    taken = []
+    snapshot = job.run.snapshot
+    monkeypatch.setattr(job.run, "snapshot", lambda *a, **k: taken.append(1) or snapshot())
+    monkeypatch.setattr(display, "display_medium", lambda mode=None: "widget")
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: None)
+    panel = WatchedJob(jobs, job).show()
+    try:
+        taken.clear()
+        panel.refresh()
+        assert len(taken) == 1  # the header's steps come from the snapshot the panel drew
+        assert "running, 2 ranks on h1, steps {0: 3, 1: 3}" in panel.head.value
+    finally:
+        panel.close()
