@@ -229,13 +229,18 @@ def _thread_cpu(prefix: str) -> float:
     return total / 1e9
 
 
-def _panel(job: Any, ranks: int) -> Any:
-    """The widget ``%nbdist job ID show`` draws, with its callables (refreshed on demand)."""
-    from nbdist.display.widgets import JobPanel
-    from nbdist.watch.watched import RUNNING
+def _panel(job: Any) -> Any:
+    """The widget ``%nbdist job ID show`` draws (``job.show()`` as in a kernel with widgets;
+    no frontend displays it: the benchmark refreshes it as its timer would)."""
+    import IPython.display
 
-    return JobPanel(lambda: job.record.line(), job.snapshot,
-                    lambda: job.record.state != RUNNING, list(range(ranks)), interval=None)
+    import nbdist.display
+
+    nbdist.display.widgets_available = lambda: True  # no kernel runs here
+    IPython.display.display = lambda *a, **k: None
+    panel = job.show()
+    panel.interval = None  # refreshed by the benchmark, once a second
+    return panel
 
 
 def fanin_once(args: argparse.Namespace) -> dict[str, Any]:
@@ -276,8 +281,7 @@ def fanin_once(args: argparse.Namespace) -> dict[str, Any]:
                 cpu0, wall0, redraw0 = _thread_cpu("nbdist-attach"), time.monotonic(), redraw
                 comms["messages"] = comms["bytes"] = 0
             if panel is None and collector.jobs.records():
-                panel = _panel(WatchedJob(collector.jobs, collector.jobs.get("1")),
-                               args.ranks)
+                panel = _panel(WatchedJob(collector.jobs, collector.jobs.get("1")))
             if panel is not None and time.monotonic() >= next_draw:
                 t = time.thread_time()
                 panel.refresh()  # what the panel's timer does once a second while shown
