@@ -471,7 +471,9 @@ def run_summary(snap: RunSnapshot) -> str:
     """A static summary of a run (header, table, pipeline, mesh dimensions and memory per
     rank, legend, charts) that renders without widgets, and whole where HTML is sanitized:
     no SVG, no script, the charts as PNG images."""
-    return f"<div class='nbdist-summary'>{''.join(summary_sections(snap))}</div>"
+    # the dashboard's class too: at a run's end this summary takes the live widget's place
+    return (f"<div class='nbdist-summary nbdist-dashboard'>{''.join(summary_sections(snap))}"
+            "</div>")
 
 
 def detail_tables(snap: RunSnapshot) -> str:
