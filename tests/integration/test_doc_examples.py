@@ -33,9 +33,9 @@ STANDALONE = {"README.md", "docs/getting-started.md"}
 #: the pages, in the order a reader meets them; each runs in a fresh notebook
 PAGES = ["README.md", "docs/index.md", "docs/getting-started.md", "docs/usage.md",
          "docs/telemetry.md", "docs/tuning.md", "docs/strategies.md", "docs/parallelism.md",
-         "docs/lightning.md", "docs/deepspeed.md",
-         "docs/fault-tolerance.md", "docs/debugging.md", "docs/dask.md", "docs/clusters.md",
-         "docs/profiles.md",
+         "docs/huggingface.md", "docs/lightning.md", "docs/deepspeed.md",
+         "docs/fault-tolerance.md", "docs/debugging.md", "docs/dask.md",
+         "docs/clusters.md", "docs/profiles.md",
          "docs/export.md", "docs/faq.md", "docs/troubleshooting.md", "docs/gpu.md"]
 
 
