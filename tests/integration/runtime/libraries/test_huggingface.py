@@ -127,6 +127,10 @@ def test_the_trainer_in_a_cell_trains_torchruns_weights_and_lights_up_the_dashbo
         assert len(run.scalar_series["loss"][0]) == MAX_STEPS // 2  # logging_steps=2
         assert "epoch" not in run.scalar_series
         assert all(r.samples_per_s and r.samples_per_s > 0 for r in run.ranks)
+        # rank 0's bars are transformers' tqdm bars; rank 1's, where it draws none, the steps
+        assert all(r.bar is not None for r in run.ranks)
+        bar = next(r.bar for r in run.ranks if r.rank == 1)
+        assert (bar.n, bar.total, bar.done) == (MAX_STEPS, MAX_STEPS, True)
         evaluated = session.pull("metrics", rank=0)["eval_loss"]
         assert run.scalar_series["eval_loss"][0][-1][1] == pytest.approx(evaluated)
 
