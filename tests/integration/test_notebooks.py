@@ -37,7 +37,8 @@ def test_the_notebooks_are_numbered_and_complete():
                          "03-torchrun-scripts.ipynb", "04-dask-and-existing-clusters.ipynb",
                          "05-auto-mode-and-output.ipynb", "06-strategies.ipynb",
                          "07-parallelism.ipynb", "08-elastic.ipynb",
-                         "09-autotune-and-verdicts.ipynb", "10-watching-jobs.ipynb"]
+                         "09-autotune-and-verdicts.ipynb", "10-huggingface-and-lightning.ipynb",
+                         "10-watching-jobs.ipynb"]
 
 
 def test_quickstart_trains_on_two_workers(run_notebook):
@@ -205,6 +206,33 @@ def test_autotune_notebook_tunes_applies_and_gives_verdicts(run_notebook):
     assert any("ZeRO-1&#x27;s model predicts" in h or "ZeRO-1's model predicts" in h
                for h in verdicts)
     assert "whole tensors" in outputs_text(cell_with(nb, "runs = {name:"))
+
+
+def test_huggingface_and_lightning_notebook_reads_what_the_libraries_logged(run_notebook):
+    nb = run_notebook("10-huggingface-and-lightning.ipynb")  # its own asserts check the record
+    training = [c for c in code_cells(nb) if c.source.startswith("%%distributed")]
+    assert not [c for c in training if "nbdist" in c.source]  # no nbdist line in the code
+    probes = outputs_text(cell_with(nb, "_IS_INTERACTIVE"))
+    for r in (0, 1):
+        assert (f"[{r}] rank {r}/2 {{'REPL prompt': False, 'Lightning: interactive': False, "
+                f"'transformers: notebook': False}}") in probes, probes
+    # the Hugging Face Trainer: its values in the dashboard under the cell and in the record
+    hf = outputs_text(cell_with(nb, "transformers.Trainer("))
+    assert "eval_accuracy" in hf and "<IPython.core.display" not in hf, hf
+    record = outputs_text(cell_with(nb, 'history = nbdist.pull("history")'))
+    assert record.startswith("24 optimizer steps; logged: ") and "learning_rate" in record
+    assert re.findall(r"^step +(\d+): loss [\d.]+, learning rate [\d.]+$", record, re.M) == [
+        "3", "7", "11", "15", "19", "23"], record
+    assert re.search(r"eval_loss \d\.\d{4}, eval_accuracy \d\.\d{3}",
+                     outputs_text(cell_with(nb, "--as hf_metrics")))
+    # Lightning's Trainer with strategy="ddp": no refusal, its self.log values in the record
+    lightning = outputs_text(cell_with(nb, 'strategy="ddp"'))
+    assert "ddp_notebook" not in lightning and "fit 24/24" in lightning, lightning
+    record = outputs_text(cell_with(nb, "(first, v0), *_, (last, v1)"))
+    assert "24 optimizer steps; logged: train_loss, val_accuracy, val_loss" in record, record
+    assert re.search(r"^train_loss: [\d.]+ at step \d+ \.\.\. [\d.]+ at step 23$", record, re.M)
+    assert re.search(r"val_loss \d\.\d{4}, val_accuracy \d\.\d{3}",
+                     outputs_text(cell_with(nb, "--as lightning_metrics")))
 
 
 def test_watching_notebook_sees_a_torchrun_job_started_from_it(run_notebook):
