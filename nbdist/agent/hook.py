@@ -60,8 +60,7 @@ def node_directory(address: wire.Address, env: Any = os.environ) -> str:
 def _elect(address: wire.Address) -> str:
     """The spool directory of this rank's node; the first rank to lock it forwards."""
     import fcntl
-
-    from .forwarder import Forwarder
+    import threading
 
     directory = node_directory(address)
     os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -70,16 +69,39 @@ def _elect(address: wire.Address) -> str:
     fd = os.open(os.path.join(directory, "forwarder.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)  # another rank of this node forwards
+    except OSError:  # another rank of this node forwards; this one stands by to take over
+        threading.Thread(target=_stand_by, args=(address, directory, fd),
+                         name="nbdist-standby", daemon=True).start()
         return directory
-    forwarder = Forwarder(address, directory).start()
-    # The forwarding rank waits at its exit for its node's other ranks, a few seconds at most,
-    # then removes the directory (a rank still running goes on unreported).
+    _forward(address, directory)
+    return directory
+
+
+def _forward(address: wire.Address, directory: str) -> None:
+    """Run the node's forwarder in this rank. It waits at the rank's exit for its node's other
+    ranks, a few seconds at most, then removes the directory (a rank still running goes on
+    unreported)."""
     import atexit
 
+    from .forwarder import Forwarder
+
+    forwarder = Forwarder(address, directory).start()
     atexit.register(forwarder.close, 10.0)
-    return directory
+
+
+def _stand_by(address: wire.Address, directory: str, fd: int) -> None:
+    """Wait for the node's lock: its holder died (a killed rank's lock goes with it) or ended.
+    A directory still there has ranks still writing: this rank forwards for them from now on
+    (the new forwarder reads their files from the start; the notebook takes each frame
+    once). Gone, the node's forwarder ended as planned."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.path.isdir(directory):
+            _forward(address, directory)
+    except Exception as exc:  # the job must not notice
+        sys.__stderr__.write(f"nbdist: could not take over the node's forwarder: {exc!r}\n")
 
 
 def activate(measure: bool = True) -> Optional[str]:

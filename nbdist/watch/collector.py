@@ -31,6 +31,8 @@ __all__ = ["AttachError", "Collector", "attach", "current", "parse_listen", "rea
 
 #: seconds a new connection has to present its token
 HELLO_TIMEOUT = 10.0
+#: seconds a job whose connection ended without a bye waits for another to carry it
+TAKE_OVER = 3.0
 LOOPBACK = "127.0.0.1"
 
 
@@ -210,8 +212,11 @@ class Collector:
             self._links.pop(ident, None)
             self._conns.discard(conn)
             conn.close()
-            if greeted:
-                self.jobs.closed(ident)
+            if greeted:  # a forwarder gone without its bye may be taken over by another rank
+                # of its node in moments: its jobs read lost only if none was
+                later = threading.Timer(TAKE_OVER, self.jobs.closed, (ident,))
+                later.daemon = True
+                later.start()
 
     def _answer(self, message: dict) -> None:
         with self._answered:

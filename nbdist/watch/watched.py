@@ -107,6 +107,7 @@ class RankProcess:
     ended: Optional[str] = None  # None: running; else FINISHED, FAILED or LOST
     error: Optional[str] = None
     failed_at: float = float("inf")  # when its error was raised
+    seq: int = 0  # its last batch folded
 
 
 @dataclass
@@ -232,19 +233,28 @@ class Jobs:
                 job.restarted(restart)
             elif restart < job.attempt:
                 return  # an earlier attempt's rank, sent again by a reconnecting forwarder
-            job.ranks[rank] = RankProcess(rank, str(m.get("host", "")), int(m.get("pid", 0)),
-                                          restart)
+            pid = int(m.get("pid", 0))
+            known = job.ranks.get(rank)
+            if known is not None and known.pid == pid:
+                return  # said again: a forwarder that reconnected, or took over the node
+            job.ranks[rank] = RankProcess(rank, str(m.get("host", "")), pid, restart)
             job.rejoined(rank, float(m.get("t") or time.time()))
         elif kind == "batch" and key in self._jobs and self._jobs[key].run is not None:
             job = self._jobs[key]
             job.connections.add(connection)
+            proc = job.ranks.get(int(m["batch"].get("rank", -1)))
+            seq = int(m["batch"].get("seq", 0))
+            if proc is not None and seq:
+                if seq <= proc.seq:  # sent again by a forwarder that took over the node
+                    return
+                proc.seq = seq
             job.run.feed([m["batch"]])  # type: ignore[union-attr]
         elif kind == "dropped":
             job = self._job(key)
             job.dropped[(str(m.get("where", "node")), int(m["rank"]))] = int(m["count"])
         elif kind == "exit" and key in self._jobs:
             proc = self._jobs[key].ranks.get(int(m["rank"]))
-            if proc is not None and proc.pid == int(m.get("pid", proc.pid)):
+            if proc is not None and proc.pid == int(m.get("pid", proc.pid)) and not proc.ended:
                 proc.ended = (LOST if m.get("lost") else FINISHED if m.get("ok")
                               else FAILED)
                 proc.error = m.get("error") or (None if proc.ended != FAILED

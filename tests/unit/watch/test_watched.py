@@ -185,3 +185,25 @@ def test_a_shown_jobs_refresh_takes_one_snapshot_of_its_run(monkeypatch):
         assert "running, 2 ranks on h1, steps {0: 3, 1: 3}" in panel.head.value
     finally:
         panel.close()
+
+
+def test_a_forwarder_that_takes_over_and_says_it_all_again_changes_nothing():
+    """A node's new forwarder reads the ranks' spool from its start: who they are, batches
+    already folded, ends already known. Each is taken once."""
+    jobs = Jobs()
+    for r in (0, 1):
+        jobs.fold(_rank(r, 100 + r), 1)
+    _train(jobs, 0, 4)
+    jobs.fold(_exit(1, 101, ok=False, lost=True), 1)
+    jobs.closed(1)
+    for r in (0, 1):  # the new forwarder's connection
+        jobs.fold(_rank(r, 100 + r), 2)
+    _train(jobs, 0, 4, conn=2)
+    jobs.fold(_exit(1, 101, ok=False, lost=True), 2)
+    jobs.fold(_exit(0, 100), 2)
+    jobs.closed(2)
+    rec = jobs.records()[0]
+    assert (rec.state, rec.steps, rec.restarts) == (LOST, {0: 4, 1: 0}, 0), rec
+    assert jobs.get("1").notes == [
+        "rank 1 (pid 101 on h1) ended without saying how: killed, or lost"]
+    assert [m.kind for m in jobs.get("1").snapshot().marks] == ["died"]
