@@ -29,7 +29,7 @@ from .boot.store_host import StoreHost
 from .cell.runner import KEPT_RUNS, MAX_NAMED, Cells
 from .debugger.console import for_call, post_mortem
 from .debugger.faults import Faults
-from .display import make_run_view, make_start_view
+from .display import end_cluster_views, make_run_view, make_start_view
 from .exporter.history import History
 from .group.cluster import Cluster
 from .group.transfer import Transfers
@@ -78,6 +78,7 @@ class Session(Cluster):
         self.transfers.close()
         said = super().stop()
         self.release()
+        end_cluster_views()  # the panels shown say so, and stay in the notebook as text
         return said
 
     def release(self) -> None:

@@ -18,8 +18,9 @@ from .run_view import Dashboard, RunView
 from .summary import register_formatters, show_summary
 from .text import TextDashboard
 
-__all__ = ["MODES", "Dashboard", "RunView", "display_medium", "make_cluster_view",
-           "make_run_view", "make_start_view", "set_display", "show_job", "widgets_available"]
+__all__ = ["MODES", "Dashboard", "RunView", "display_medium", "end_cluster_views",
+           "make_cluster_view", "make_run_view", "make_start_view", "set_display", "show_job",
+           "widgets_available"]
 
 MODES = ("auto", "widget", "text")
 _mode: Optional[str] = None
@@ -104,6 +105,14 @@ def make_cluster_view(status: Callable[[], Any], scale: Optional[Callable[[int],
 
         return ClusterPanel(status, scale)
     return status()
+
+
+def end_cluster_views() -> None:
+    """The cluster stopped: each cluster panel shown says so, and its output becomes static
+    (text and HTML, no widget), which a saved notebook shows whole."""
+    panels = sys.modules.get(f"{__name__}.widgets")
+    if panels is not None:  # else no panel was ever made
+        panels.end_cluster_panels()
 
 
 def show_job(header: Callable[[], str], snapshot: Callable[[], Any],

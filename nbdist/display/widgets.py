@@ -18,6 +18,7 @@ import asyncio
 import sys
 import threading
 import time
+import weakref
 from contextlib import ExitStack
 from html import escape as html_escape
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -41,6 +42,8 @@ from .html import (
     verdicts,
 )
 from .summary import summary_bundle
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 if TYPE_CHECKING:
     from IPython.display import DisplayHandle
@@ -192,10 +195,43 @@ class _ShownPanel(VBox):
         self._beside = False  # the refreshing thread runs (BESIDE_CELLS)
         self._beside_lock = threading.Lock()
         self._wake = threading.Event()  # set on close: the thread stops waiting
+        self._outputs: list[DisplayHandle] = []  # the outputs that show this panel
+        self._static = False  # the outputs hold the static bundle: the panel's view ended
+        self._outputs_lock = threading.Lock()  # the panel's thread may end them as one shows
         super().__init__(children)
 
     def refresh(self) -> None:
         raise NotImplementedError
+
+    def static_bundle(self) -> dict[str, str]:
+        """The panel as it is now, with no widget: text and sanitizer-safe HTML."""
+        raise NotImplementedError
+
+    def _ipython_display_(self) -> None:
+        """Show the panel as an output of its own, by display id: the widget's view with
+        :meth:`static_bundle` beside it (for a frontend that draws no widgets), or, once the
+        panel's view has ended, the static bundle alone."""
+        from IPython.display import display  # deferred: only a live kernel shows panels
+
+        with self._outputs_lock:
+            bundle = self.static_bundle()
+            if not self._static:
+                bundle = {**self._repr_mimebundle_(), **bundle}
+            handle = display(bundle, raw=True, display_id=True)
+            if handle is not None and not self._static:
+                self._outputs.append(handle)
+
+    def _end_outputs(self) -> None:
+        """Replace every output of the panel with its static bundle (once): a widget in a
+        saved notebook reads "model not found" in a fresh session, where no model exists."""
+        with self._outputs_lock:
+            if self._static:
+                return
+            self._static = True
+            if self._outputs:
+                bundle = self.static_bundle()
+                for handle in self._outputs:
+                    handle.update(bundle, raw=True)
 
     def _watch_views(self) -> None:
         if self.interval:
@@ -264,8 +300,9 @@ class _ShownPanel(VBox):
 class JobPanel(_ShownPanel):
     """A watched job's dashboard (``%nbdist job ID show``): its record's line over the run's
     widget, refreshed while shown, by a thread of its own, so also while other cells run
-    (the callables read the collector, which any thread may); once the job has ended, one
-    last refresh draws it final.
+    (the callables read the collector, which any thread may); once the job has ended (or is
+    no longer watched), one last refresh draws it final and its output becomes the job's
+    static summary (:meth:`static_bundle`), which a saved notebook shows whole.
 
     Parameters
     ----------
@@ -289,6 +326,7 @@ class JobPanel(_ShownPanel):
         self.head.add_class("nbdist-job")
         self.run = RunWidget(ranks)
         self._drawing = threading.Lock()  # the panel's thread, or a call from a cell
+        self._drawn: tuple[str, Optional[RunSnapshot]] = ("", None)  # header, snapshot
         super().__init__([self.head, self.run], interval)
         self.refresh()
         self._watch_views()
@@ -304,13 +342,27 @@ class JobPanel(_ShownPanel):
         t0 = time.perf_counter()
         done = self._ended()
         snap = self._snapshot()
-        _set(self.head, f"<b>nbdist</b> {html_escape(self._header())}")
+        header = self._header()
+        self._drawn = (header, snap)
+        _set(self.head, f"<b>nbdist</b> {html_escape(header)}")
         if snap is not None:
             self.run.show(snap, final=done)
         if done:
             self.interval = None
+            self._end_outputs()
         self._last_cost = time.perf_counter() - t0
         self.refreshes += 1
+
+    def static_bundle(self) -> dict[str, str]:
+        """The job as last drawn, with no widget: its record's line over the run's summary
+        (text and HTML, the charts as images)."""
+        header, snap = self._drawn
+        head = f"<div class='nbdist-job'><b>nbdist</b> {html_escape(header)}</div>"
+        if snap is None:
+            return {"text/plain": f"nbdist {header}", "text/html": head}
+        summary = summary_bundle(snap)
+        return {"text/plain": f"nbdist {header}\n{summary['text/plain']}",
+                "text/html": head + summary["text/html"]}
 
     def __repr__(self) -> str:
         return f"nbdist {self._header()}"
@@ -338,6 +390,9 @@ class ClusterPanel(_ShownPanel):
         self._clock = clock
         self.status: Optional[ClusterStatus] = None
         self.stopped = False
+        self._seen: Optional[ClusterStatus] = None  # the last status (kept once stopped)
+        self._why = ""  # why the cluster reads stopped
+        self._updated = ""  # the clock at the last refresh
         self.table = HTML("")
         self.table.add_class("nbdist-cluster-table")
         self.note = HTML("")
@@ -373,12 +428,13 @@ class ClusterPanel(_ShownPanel):
             self.stopped = False
         except NoClusterError as exc:
             self.status, self.stopped = None, True
-            error = str(exc)
+            error = self._why = str(exc)
         except Exception as exc:  # shown, not raised: a timer has no cell to raise into
             error = f"{type(exc).__name__}: {exc}"
         self._last_cost = time.perf_counter() - t0
         self.refreshes += 1
-        clock = time.strftime("%H:%M:%S", time.localtime(self._clock()))
+        clock = self._updated = time.strftime("%H:%M:%S", time.localtime(self._clock()))
+        self._seen = self.status or self._seen
         with _held(self.table, self.note, self.message, self.scale_button):
             if self.stopped:
                 _set(self.table, cluster_stopped(error))
@@ -417,10 +473,51 @@ class ClusterPanel(_ShownPanel):
         finally:
             self.scale_button.disabled = self._scale is None or self.stopped
 
+    def static_bundle(self) -> dict[str, str]:
+        """The cluster as last seen, with no widget: its table, and whether it stopped."""
+        text, html = [], []
+        if self._seen is not None:
+            text.append(repr(self._seen))
+            html.append(self._seen._repr_html_())
+        if self.stopped:
+            text.append(f"nbdist cluster: stopped: {self._why}")
+            html.append(cluster_stopped(self._why))
+        now = "" if self.stopped else "; `%nbdist cluster` shows the cluster now"
+        text.append(f"as of {self._updated}{now}")
+        html.append(f"<small>as of {html_escape(self._updated)}{message(now)}</small>")
+        return {"text/plain": "\n".join(text),
+                "text/html": "<div class='nbdist-cluster'>" + "".join(html) + "</div>"}
+
+    def _ipython_display_(self) -> None:
+        """Show the panel; the panels shown before it stay as they last were, static."""
+        for older in list(_SHOWN_CLUSTER_PANELS):
+            older.close()
+        super()._ipython_display_()
+        if not self._static:
+            _SHOWN_CLUSTER_PANELS.add(self)
+
+    def close(self) -> None:
+        """Stop refreshing; the panel's outputs become its static bundle."""
+        self._end_outputs()
+        _SHOWN_CLUSTER_PANELS.discard(self)
+        super().close()
+
     def __repr__(self) -> str:
         if self.stopped:
             return "nbdist cluster: stopped"
         return repr(self.status) if self.status is not None else "<ClusterPanel>"
 
 
-__all__ = ["ClusterPanel", "JobPanel", "RunWidget", "WidgetDashboard", "message"]
+#: the cluster panels whose outputs are live widget views
+_SHOWN_CLUSTER_PANELS: weakref.WeakSet[ClusterPanel] = weakref.WeakSet()
+
+
+def end_cluster_panels() -> None:
+    """The cluster stopped: each shown cluster panel draws that and becomes static."""
+    for panel in list(_SHOWN_CLUSTER_PANELS):
+        panel.refresh()
+        panel.close()
+
+
+__all__ = ["ClusterPanel", "JobPanel", "RunWidget", "WidgetDashboard", "end_cluster_panels",
+           "message"]

@@ -359,9 +359,9 @@ class WatchedJob:
         # both of the latter (at thousands of ranks, a snapshot is most of a refresh's cost).
         drawn: list[Optional[RunSnapshot]] = [None]
 
-        def ended() -> bool:
+        def ended() -> bool:  # or detached: no more news comes
             with self._jobs.lock:
-                return self._job.state != RUNNING
+                return self._job.state != RUNNING or self._job.key in self._jobs._detached
 
         def snapshot() -> Optional[RunSnapshot]:
             drawn[0] = self.snapshot()
@@ -369,7 +369,9 @@ class WatchedJob:
 
         def header() -> str:
             with self._jobs.lock:
-                return self._job.record(drawn[0]).line()
+                line = self._job.record(drawn[0]).line()
+                detached = self._job.key in self._jobs._detached
+            return f"{line}; detached: no longer watched" if detached else line
 
         return show_job(header, snapshot, ended, range(self._job.world_size), self.summary)
 

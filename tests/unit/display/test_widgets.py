@@ -312,3 +312,32 @@ def test_dashboards_share_one_protocol():
         assert isinstance(cls.interval, float)
         assert list(inspect.signature(cls.update).parameters) == ["self", "snap"]
         assert list(inspect.signature(cls.close).parameters) == ["self", "snap"]
+
+
+def test_the_cluster_panels_output_becomes_static_when_stopped_or_replaced(monkeypatch):
+    from display.test_widgets_job import WIDGET, Outputs, saved_whole
+
+    from nbdist.display import end_cluster_views
+
+    out = Outputs(monkeypatch)
+    c = FakeCluster()
+    first = ClusterPanel(c.status, c.scale, interval=None)
+    first._ipython_display_()  # as `%nbdist cluster` shows it
+    [live] = out.shown[0]
+    assert live[WIDGET]["model_id"] == first.model_id
+    # a frontend that draws no widgets shows the table
+    assert "2/2 workers alive" in live["text/html"] and "2/2 workers alive" in live["text/plain"]
+    second = ClusterPanel(c.status, c.scale, interval=None)
+    second._ipython_display_()  # a new panel: the old one's output stays as it last was
+    replaced = out.shown[0][-1]
+    assert saved_whole(replaced) and "2/2 workers alive" in replaced["text/html"]
+    assert "%nbdist cluster" in replaced["text/plain"]
+    assert first._closed and not second._closed and len(out.shown[1]) == 1
+    c.running = False  # %nbdist stop
+    end_cluster_views()
+    stopped = out.shown[1][-1]
+    assert saved_whole(stopped) and "stopped" in stopped["text/html"]
+    assert "2/2 workers alive" in stopped["text/html"]  # what ran, as last seen
+    assert "stopped" in stopped["text/plain"] and second._closed
+    end_cluster_views()
+    assert len(out.shown[1]) == 2 and len(out.shown[0]) == 2

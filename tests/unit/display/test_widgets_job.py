@@ -159,3 +159,90 @@ def test_the_text_view_shows_the_rows_steps_state_and_the_hang_doctors_verdict(c
                for line in lines)
     assert ("rank 1: in time.sleep(0.05) at train.py:28; it never reached the all_reduce the "
             "others wait in") in lines
+
+
+class Outputs:
+    """The notebook's outputs, as ``IPython.display.display`` with a display id makes and
+    updates them: one list of bundles per display id, the last one what a save keeps."""
+
+    def __init__(self, monkeypatch):
+        self.shown: list[list[dict]] = []
+        monkeypatch.setattr("IPython.display.display", self.display)
+
+    def display(self, bundle, raw=False, display_id=None):
+        if not raw:  # display(panel): IPython's formatter asks the panel to show itself
+            from IPython.core.formatters import DisplayFormatter
+
+            assert DisplayFormatter().format(bundle) == ({}, {})
+            return None
+        assert display_id is True
+        shown = [bundle]
+        self.shown.append(shown)
+
+        class Handle:
+            def update(self, bundle, raw):
+                assert raw
+                shown.append(bundle)
+
+        return Handle()
+
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def saved_whole(bundle):
+    """The bundle holds no widget view and its HTML survives a viewer's sanitizer whole."""
+    from display.test_static_charts import JUPYTERLAB, visible
+
+    bleach = pytest.importorskip("bleach")
+    html = bundle["text/html"]
+    return (WIDGET not in bundle and "<svg" not in html and bundle["text/plain"]
+            and visible(bleach.clean(html, **JUPYTERLAB)).parts == visible(html).parts)
+
+
+def test_the_panels_output_carries_html_while_live_and_becomes_static_when_the_job_ends(
+        monkeypatch):
+    from IPython.core.formatters import DisplayFormatter
+
+    out = Outputs(monkeypatch)
+    jobs, job = _job()
+    _steps(jobs, 4)
+    panel = _panel(job, None)
+    # shown as a cell's value or with display(): the panel makes its own output, by id
+    assert DisplayFormatter().format(panel) == ({}, {})
+    [live] = out.shown[0]
+    assert live[WIDGET]["model_id"] == panel.model_id
+    # a frontend that draws no widgets shows the job's line and its run's summary
+    assert "job 1 (torchrun-p) running" in live["text/html"]
+    assert "nbdist-summary" in live["text/html"] and "<svg" not in live["text/html"]
+    assert live["text/plain"].startswith("nbdist job 1 (torchrun-p) running")
+    panel.refresh()
+    assert len(out.shown[0]) == 1  # while the job runs, the widget draws the news
+    for rank in (0, 1):
+        jobs.fold({"type": "exit", "job": KEY, "rank": rank, "pid": 10 + rank, "ok": True}, 1)
+    jobs.fold({"type": "bye"}, 1)
+    panel.refresh()  # drawn final: the output becomes the job's static summary
+    final = out.shown[0][-1]
+    assert len(out.shown[0]) == 2 and saved_whole(final)
+    assert "job 1 (torchrun-p) finished" in final["text/html"]
+    assert "nbdist-summary" in final["text/html"] and "step" in final["text/plain"]
+    panel.refresh()
+    assert len(out.shown[0]) == 2
+    panel._ipython_display_()  # shown again once it ended: the static summary only
+    assert out.shown[1] == [final]
+    panel.close()
+
+
+def test_a_detached_jobs_panel_ends_static(monkeypatch):
+    out = Outputs(monkeypatch)
+    jobs, job = _job()
+    _steps(jobs, 2)
+    monkeypatch.setattr("nbdist.display.widgets_available", lambda: True)  # as in a kernel
+    panel = job.show()
+    assert WIDGET in out.shown[0][0]
+    job.detach()
+    panel.refresh()  # the panel's next refresh
+    final = out.shown[0][-1]
+    assert saved_whole(final) and "detached" in final["text/plain"]
+    assert panel.interval is None
+    panel.close()
