@@ -22,6 +22,12 @@ _client_addr: Optional[tuple[str, int]] = None
 _generation: Optional[int] = None
 _device_type = "cpu"  # of the tensors the ranks compute on: "cuda" or "cpu"
 _group_fds: set[int] = set()  # sockets the group opened to its peers (gloo)
+# How many times this process formed each generation. A generation formed again (the user's
+# destroy_process_group() or a library's end_training() in a cell, then the next cell) must
+# not read the previous formation's keys: torch names the default group the same each time,
+# and a peer that read the other rank's old gloo address would connect to a closed port
+# until the group's timeout. Every rank re-forms together, so their counts agree.
+_formed: dict[int, int] = {}
 _original_init = dist.init_process_group
 
 
@@ -76,7 +82,10 @@ def form(gen: int, rank: int, world_size: int, backend: str, addr: str, port: in
     global _generation, _group_fds, _device_type
     teardown()
     _device_type = device.type if device is not None else "cpu"
-    store = dist.PrefixStore(f"nbdist/pg/{gen}", client(addr, port, timeout))
+    again = _formed.get(gen, 0)
+    _formed[gen] = again + 1
+    prefix = f"nbdist/pg/{gen}" if again == 0 else f"nbdist/pg/{gen}.{again}"
+    store = dist.PrefixStore(prefix, client(addr, port, timeout))
     kwargs: dict[str, Any] = {}
     if device is not None and device.type == "cuda" and backend == "nccl":
         # NCCL binds its communicator to the rank's GPU at once; gloo (ranks sharing a GPU)
