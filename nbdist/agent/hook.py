@@ -12,6 +12,9 @@ is imported. ``python -m nbdist.agent`` calls it too. A process is then one of:
   (``srun``, ``mpirun``), through the node's: the first rank of the job on the host to lock
   the job's directory runs the forwarder in a thread. A batch script's own processes are not
   ranks: Slurm sets ``SLURM_PROCID=0`` there too, but no ``SLURM_STEP_ID``;
+* **a ``%nbdist run`` script's rank** (:data:`~.wire.RUN_SPOOL_ENV` set by its worker, which
+  starts it with ``python -m nbdist.agent``): it reports to the spool directory the variable
+  names, which its worker reads and relays as the rank's events; no notebook address;
 * anything else (a process a rank started, a tool run with the variable set): nothing.
 """
 
@@ -32,7 +35,11 @@ _started: Optional[Any] = None  # the forwarder or the rank agent of this proces
 
 def role(env: Any = os.environ, argv: Optional[list[str]] = None) -> Optional[str]:
     """``"launcher"``, ``"rank"`` or None for this process (see the module's text)."""
-    if not env.get(wire.ENV) or env.get(wire.RANK_ENV):
+    if env.get(wire.RANK_ENV):
+        return None
+    if env.get(wire.RUN_SPOOL_ENV):  # a `%nbdist run` script's rank: its worker reads it
+        return "rank"
+    if not env.get(wire.ENV):
         return None
     argv = list(getattr(sys, "orig_argv", sys.argv)) if argv is None else argv
     for i, arg in enumerate(argv[1:], 1):
@@ -114,8 +121,8 @@ def activate(measure: bool = True) -> Optional[str]:
     if which is None or _started is not None:
         return which
     try:
-        address = wire.parse(os.environ[wire.ENV])
         if which == "launcher":
+            address = wire.parse(os.environ[wire.ENV])
             import atexit
             import tempfile
 
@@ -128,7 +135,8 @@ def activate(measure: bool = True) -> Optional[str]:
         else:
             from .rank import RankAgent
 
-            directory = os.environ.get(wire.SPOOL_ENV) or _elect(address)
+            directory = (os.environ.get(wire.RUN_SPOOL_ENV) or os.environ.get(wire.SPOOL_ENV)
+                         or _elect(wire.parse(os.environ[wire.ENV])))
             os.environ[wire.RANK_ENV] = str(os.getpid())  # its own children stay quiet
             _started = RankAgent(directory).start(measure)
     except Exception as exc:

@@ -36,6 +36,9 @@ ENV = "NBDIST_ATTACH"
 SPOOL_ENV = "NBDIST_ATTACH_SPOOL"
 #: set in a rank that reports (its children do not report as ranks)
 RANK_ENV = "NBDIST_ATTACH_RANK_PID"
+#: a ``%nbdist run`` script's rank: the spool directory its worker reads (no forwarder, no
+#: notebook address: the worker relays the rank's events as its own)
+RUN_SPOOL_ENV = "NBDIST_RUN_SPOOL"
 PROTOCOL = 1
 #: bytes of one frame at most (a batch is far smaller); a hello much less
 MAX_FRAME = 16 << 20

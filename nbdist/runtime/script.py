@@ -10,6 +10,13 @@ Each rank's end is its script's exit status, sent as the rank's end event (the r
 reads it as a cell's end): 0 finished, any other status failed with that status, a signal
 named as torchrun names it (``exit code -9``: SIGKILL).
 
+The script reports as a cell's ranks do: its process starts with ``python -m nbdist.agent``
+and :data:`~nbdist.agent.wire.RUN_SPOOL_ENV` set, so the agent's rank (:mod:`nbdist.agent.rank`)
+measures it with the workers' instruments (DDP steps, collectives, memory, ``tqdm`` and
+``nbdist.progress`` bars, what training libraries log) and writes its batches to a spool
+directory of the worker's (:mod:`nbdist.agent.spool`), never a socket. :class:`Relay` reads
+them there and hands their events to the worker's sink as the rank's.
+
 The child leads its own process session, so an interrupt or timeout stops the script and every
 process it started (DataLoader workers, its own children), by process group.
 """
@@ -27,12 +34,82 @@ import threading
 import time
 from typing import Any, Optional
 
-from ..telemetry.events import end, stream
+from ..agent import wire
+from ..agent.spool import SpoolReader
+from ..telemetry.columns import unpack
+from ..telemetry.events import END, end, stream
 from .capture import EventSink
 from .results import CellResult, ErrorInfo, plain_error, script_result
 
 # After SIGTERM, how long a script's processes get to exit before SIGKILL.
 _TERM_GRACE = 3.0
+#: seconds between the relay's looks at the script's spool
+RELAY_POLL = 0.1
+
+
+class Relay:
+    """The script's telemetry, from its process's spool to the worker's ``sink``.
+
+    The script's rank agent writes its batches to :attr:`directory` (a fresh one, removed at
+    :meth:`close`); a thread reads them every :data:`RELAY_POLL` seconds and emits their
+    events into ``sink``, so they leave the worker as the rank's, in the worker's batches.
+    The script's own end event is left out: the worker reports the rank's end from the
+    script's exit status."""
+
+    def __init__(self, sink: EventSink) -> None:
+        self.sink = sink
+        self.directory = tempfile.mkdtemp(prefix="nbdist-run-events-")
+        self.reader = SpoolReader(self.directory)
+        self.relayed = 0  # events handed to the sink
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="nbdist-script-events",
+                                        daemon=True)
+
+    def env(self) -> dict[str, str]:
+        """What the script's environment needs for its agent to write here."""
+        return {wire.RUN_SPOOL_ENV: self.directory}
+
+    def start(self) -> Relay:
+        self._thread.start()
+        return self
+
+    def pump(self) -> int:
+        """Relay what the script wrote since the last call; the number of events."""
+        n = 0
+        for _pid, frame in self.reader.read():
+            try:
+                msg = wire.decode(frame[4:])
+            except ValueError:
+                continue
+            if msg.get("type") != "batch":  # who the rank is, how it exited: the worker knows
+                continue
+            for event in unpack(msg["batch"].get("events", ())):
+                if event.get("kind") != END:
+                    self.sink.emit(event)
+                    n += 1
+        self.relayed += n
+        return n
+
+    def _loop(self) -> None:
+        while not self._stop.wait(RELAY_POLL):
+            try:
+                self.pump()
+            except Exception as exc:  # a telemetry bug must not change how the script runs
+                sys.__stderr__.write(f"nbdist: could not relay the script's telemetry: "
+                                     f"{exc!r}\n")
+                return
+
+    def close(self) -> None:
+        """Relay the rest (the script has exited: all it wrote is there) and remove the
+        directory."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        try:
+            self.pump()
+        except Exception as exc:
+            sys.__stderr__.write(f"nbdist: could not relay the script's telemetry: {exc!r}\n")
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _script_path(script: str, source: str) -> tuple[str, Optional[str]]:
@@ -136,9 +213,16 @@ def run(script: str, source: str, argv: list[str], env: dict[str, str], cwd: str
             os.remove(errors)
     if not os.path.isdir(cwd):
         cwd = os.path.dirname(path)
-    proc = subprocess.Popen([sys.executable, path, *argv], cwd=cwd, env=child_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    relay = Relay(sink)
+    child_env.update(relay.env())
+    try:  # the agent runs the script as __main__ with the sys.argv it would have run directly
+        proc = subprocess.Popen([sys.executable, "-m", "nbdist.agent", path, *argv], cwd=cwd,
+                                env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+    except BaseException:
+        relay.close()
+        raise
+    relay.start()
     pumps = [threading.Thread(target=_pump, args=(p, n, sink), daemon=True)
              for p, n in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
     for t in pumps:
@@ -155,6 +239,7 @@ def run(script: str, source: str, argv: list[str], env: dict[str, str], cwd: str
             _stop_group(proc)
         for t in pumps:
             t.join(timeout=5)
+        relay.close()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     error: Optional[ErrorInfo] = None
