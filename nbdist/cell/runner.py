@@ -184,7 +184,11 @@ class Cells:
             world = len(m.plans)
             run = Run(f"script {os.path.basename(path)}", range(world), world_size=world,
                       generation=m.generation)
-            CellRun(m, calls, run, self._make_view(output, 0, world)).wait(timeout)
+            try:
+                CellRun(m, calls, run, self._make_view(output, 0, world)).wait(timeout)
+            finally:  # what its ranks reported is the latest run's, as a cell's is
+                if run.recorded:
+                    self._keep(run)
         finally:
             m.close_store("run")
 

@@ -1,7 +1,8 @@
 """``%nbdist run`` fails like torchrun: torchrun's variables, a per-run id, a per-rank error
 file whose recorded root cause is shown, no process of the script outliving a timeout, and each
 rank's end read from its exit status (finished, failed with that status, killed by a named
-signal), also for a script that runs long enough for the dashboard to show it."""
+signal), also for a script that runs long enough for the dashboard to show it; and its ranks
+report to the run's record as a cell's do (DDP steps, progress bars, logged values)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,25 @@ while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
     time.sleep(0.05)
 print("rank", os.environ["RANK"], "saw the dashboard:", os.path.exists(sys.argv[1]))
 sys.exit(int(sys.argv[2]) if os.environ["RANK"] == "1" else 0)
+"""
+
+DDP_STEPS = 8
+
+# A plain DDP script, no nbdist line but its progress bar: what a cell's ranks report, it
+# reports (steps, the bar, a logged value).
+DDP_SCRIPT = f"""
+import torch, torch.distributed as dist
+import nbdist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in nbdist.progress(range({DDP_STEPS}), desc="train"):
+    loss = model(torch.ones(32, 16)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    nbdist.log(loss=loss.item())
+dist.destroy_process_group()
 """
 
 KILLED_SCRIPT = """
@@ -192,3 +212,17 @@ def test_timeout_stops_the_scripts_whole_process_tree(cluster, tmp_path):
                  and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         time.sleep(0.1)  # processes exit asynchronously; nothing to wait on across processes
     assert not alive, f"script processes still running: {alive}"
+
+
+def test_a_ddp_scripts_ranks_report_steps_bars_and_values(cluster, tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    cluster.run_script(str(script), output="quiet", timeout=120)
+    run = cluster.last_run
+    assert run is not None and run.steps == DDP_STEPS  # DDP steps, measured as in a cell
+    assert [(r.rank, r.state) for r in run.ranks] == [(0, RankState.DONE), (1, RankState.DONE)]
+    assert all(r.samples_per_s and r.samples_per_s > 0 for r in run.ranks)
+    bars = [(r.rank, r.bar.n, r.bar.total, r.bar.done) for r in run.ranks]
+    assert bars == [(0, DDP_STEPS, DDP_STEPS, True), (1, DDP_STEPS, DDP_STEPS, True)]
+    assert {r: len(v) for r, v in run.scalar_series["loss"].items()} == {0: DDP_STEPS,
+                                                                        1: DDP_STEPS}
