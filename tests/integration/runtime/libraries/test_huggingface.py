@@ -2,8 +2,9 @@
 ``%%distributed`` cell and through ``%nbdist run`` it trains the same weights, bit for bit, as
 the same script under a real ``torchrun --nproc_per_node=2`` (train, evaluate, ``save_model``),
 the cell run again does too, and the dashboard's record has the Trainer's logged values, its
-optimizer steps and samples per second. A tiny BERT built from a config, synthetic tokens, the
-CPU; one cluster per engine for the module (importing transformers takes seconds)."""
+optimizer steps and samples per second, from the cell and from the script alike. A tiny BERT
+built from a config, synthetic tokens, the CPU; one cluster per engine for the module (importing
+transformers takes seconds)."""
 
 from __future__ import annotations
 
@@ -135,8 +136,18 @@ def test_the_trainer_in_a_cell_trains_torchruns_weights_and_lights_up_the_dashbo
         assert run.scalar_series["eval_loss"][0][-1][1] == pytest.approx(evaluated)
 
 
-def test_the_trainer_through_nbdist_run_trains_torchruns_weights(session, script,
-                                                                  under_torchrun, tmp_path):
+def test_the_trainer_through_nbdist_run_trains_torchruns_weights_and_lights_up_the_dashboard(
+        session, script, under_torchrun, tmp_path):
     out = tmp_path / "run"
+    before = session.cells.runs[-1] if session.cells.runs else None
     session.run_script(str(script), [str(out)], timeout=300, output="quiet")
     assert_same(weights(out), under_torchrun)
+    assert session.cells.runs and session.cells.runs[-1] is not before, "the run recorded nothing"
+    run = session.last_run
+    assert run is not None and run.steps == MAX_STEPS
+    for name in ("loss", "learning_rate", "grad_norm", "eval_loss"):
+        assert set(run.scalar_series.get(name, {})) == {0, 1}, name  # every rank's
+    assert len(run.scalar_series["loss"][0]) == MAX_STEPS // 2  # logging_steps=2
+    assert all(r.samples_per_s and r.samples_per_s > 0 for r in run.ranks)
+    bar = next(r.bar for r in run.ranks if r.rank == 1)
+    assert bar is not None and (bar.n, bar.total, bar.done) == (MAX_STEPS, MAX_STEPS, True)
