@@ -41,8 +41,11 @@ if TYPE_CHECKING:
     from ..elastic.coordinator import Coordinator
     from ..group.membership import Membership
 
-# After a cell ends, how long we wait for its last output batches to arrive.
-_EVENT_GRACE = 3.0
+# After a cell ends, how long we wait for its last output batches to arrive. Batches travel on
+# the engine's IO channel, the result on another: on a loaded machine they have been seen more
+# than 3 s behind the result (a Trainer's last logged values missing from the record). Waiting
+# costs nothing when they are there; the full wait is paid only for batches that never come.
+_EVENT_GRACE = 10.0
 # How often the kernel looks at a running job: output and the dashboard move at this pace.
 _POLL = 0.1
 #: what stopped a cell whose running ranks wait in a collective that finished ranks never call
