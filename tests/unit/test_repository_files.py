@@ -53,9 +53,9 @@ def test_extras_install_what_the_suite_and_the_notebooks_need():
         return {re.split(r"[<>=!~\[ ]", req)[0].lower() for req in extras[extra]}
 
     assert {"cryptography", "numpy", "tqdm", "sphinx", "myst-nb"} <= names("test")
-    assert {"numpy", "tqdm", "ipykernel", "ipywidgets", "pandas", "transformers", "accelerate",
-            "lightning"} <= names("notebook")
-    assert ".[notebook" in (ROOT / "binder" / "postBuild").read_text()
+    assert {"numpy", "tqdm", "ipykernel", "ipywidgets", "pandas"} <= names("notebook")
+    assert {"transformers", "accelerate", "lightning"} <= names("libraries") <= names("test")
+    assert ".[notebook,dask,libraries]" in (ROOT / "binder" / "postBuild").read_text()
     assert ".[notebook]" in (ROOT / "scripts" / "quickstart.sh").read_text()
 
 
