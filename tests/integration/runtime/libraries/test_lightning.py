@@ -186,10 +186,17 @@ def test_fabric_in_a_cell_trains_torchruns_weights_and_logs_to_the_dashboard(
             assert logged == pytest.approx(session.pull("losses", rank=rank))
 
 
-def test_the_script_through_nbdist_run_trains_torchruns_weights(session, script,
-                                                                under_torchrun, tmp_path):
+def test_the_script_through_nbdist_run_trains_torchruns_weights_and_logs_to_the_dashboard(
+        session, script, under_torchrun, tmp_path):
     out = tmp_path / "run"
+    before = session.cells.runs[-1] if session.cells.runs else None
     session.run_script(str(script), [str(out)], timeout=300, output="quiet")
     got = weights(out)
     assert_same(got, under_torchrun, "trainer.")
     assert_same(got, under_torchrun, "fabric.")
+    assert session.cells.runs and session.cells.runs[-1] is not before, "the run recorded nothing"
+    run = session.last_run
+    assert run is not None and run.steps == EPOCHS * BATCHES + FABRIC_STEPS  # fit, then Fabric
+    for name in ("train_loss", "val_loss", "loss"):  # self.log's, then fabric.log's
+        assert set(run.scalar_series.get(name, {})) == {0, 1}, name  # every rank's
+    assert all(r.samples_per_s and r.samples_per_s > 0 for r in run.ranks)
