@@ -7,8 +7,18 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from types import TracebackType
+from typing import Optional
 
 from . import hook
+
+
+def _from_script(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    """``tb`` from the script's first frame on: this module's and runpy's left out."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                              or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
 
 
 def main(argv: list[str]) -> int:
@@ -28,11 +38,20 @@ def main(argv: list[str]) -> int:
         if agent is not None:
             agent.end(code or 0)
         raise
-    except BaseException as exc:
+    except KeyboardInterrupt as exc:  # Python ends by SIGINT itself: its status says so
         if agent is not None:
             agent.failed(exc)
             agent.end(1)
         raise
+    except BaseException as exc:
+        if agent is not None:
+            agent.failed(exc)
+            agent.end(1)
+        # As Python ends a script that raised: its traceback, from the script's first frame
+        # (not this module's nor runpy's), and status 1.
+        tb = _from_script(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        return 1
     if agent is not None:
         agent.end(0)
     return 0

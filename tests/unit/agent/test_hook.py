@@ -55,6 +55,12 @@ def test_without_the_variable_or_inside_a_reporting_rank_a_process_does_nothing(
     assert role({wire.ENV: LINE}, ["python", "tool.py"]) is None
 
 
+def test_a_nbdist_run_scripts_process_is_a_rank_without_a_notebook_address_its_children_not():
+    env = {wire.RUN_SPOOL_ENV: "/tmp/spool", "RANK": "1"}
+    assert role(env, ["python", "-m", "nbdist.agent", "t.py"]) == "rank"
+    assert role({**env, wire.RANK_ENV: "42"}, ["python", "-c", "worker"]) is None
+
+
 def test_a_node_directory_is_one_per_job_and_token():
     a = wire.parse(LINE)
     b = wire.parse("tcp://127.0.0.1:9/other")

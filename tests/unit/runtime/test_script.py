@@ -5,6 +5,7 @@ that status, killed by a named signal), as the result the notebook raises from s
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from nbdist.runtime.capture import EventSink
 from nbdist.runtime.script import exit_words, run
 from nbdist.telemetry.aggregate import RunState
+from nbdist.telemetry.columns import unpack
+from nbdist.telemetry.events import STREAM
 from nbdist.telemetry.states import RankState
 
 pytestmark = pytest.mark.timeout(60)
@@ -75,3 +78,23 @@ def test_the_script_runs_in_this_interpreter(tmp_path):
     code = f"import sys\nsys.exit(0 if sys.executable == {sys.executable!r} else 5)\n"
     result, _ = _run(tmp_path, code)
     assert result["returncode"] == 0
+
+
+def test_a_failing_scripts_traceback_is_pythons_own(tmp_path):
+    # The script's process runs it through nbdist's agent; what it prints of its failure is
+    # what `python script.py` prints, the agent's and runpy's frames left out.
+    code = "def f():\n    raise ValueError('bad shard')\n\nf()\n"
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    direct = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=30)
+    sent: list[dict] = []
+    sink = EventSink(0, sent.append, interval=3600)
+    try:
+        result = run(str(script), code, [], {}, str(tmp_path), sink)
+    finally:
+        sink.close()
+    stderr = "".join(e["text"] for b in sent for e in unpack(b["events"])
+                     if e["kind"] == STREAM and e["name"] == "stderr")
+    assert result["returncode"] == direct.returncode == 1
+    assert stderr == direct.stderr
