@@ -130,7 +130,14 @@ def test_accelerate_in_a_cell_trains_torchruns_weights_and_logs_to_the_dashboard
         assert all(r.samples_per_s and r.samples_per_s > 0 for r in run.ranks)
 
 
-def test_accelerate_through_nbdist_run_trains_torchruns_weights(session, script,
-                                                                under_torchrun, tmp_path):
+def test_accelerate_through_nbdist_run_trains_torchruns_weights_and_logs_to_the_dashboard(
+        session, script, under_torchrun, tmp_path):
+    before = session.cells.runs[-1] if session.cells.runs else None
     session.run_script(str(script), [str(tmp_path)], timeout=300, output="quiet")
     assert_same(result(tmp_path), under_torchrun)
+    assert session.cells.runs and session.cells.runs[-1] is not before, "the run recorded nothing"
+    run = session.last_run
+    assert run is not None and run.steps == STEPS
+    loss = run.scalar_series.get("loss", {})
+    assert set(loss) == {0, 1} and all(len(v) == STEPS for v in loss.values())
+    assert {v for _, v in run.scalar_series["lr"][1]} == {0.1}
