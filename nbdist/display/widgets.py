@@ -475,18 +475,27 @@ class ClusterPanel(_ShownPanel):
 
     def static_bundle(self) -> dict[str, str]:
         """The cluster as last seen, with no widget: its table, and whether it stopped."""
-        text, html = [], []
-        if self._seen is not None:
-            text.append(repr(self._seen))
-            html.append(self._seen._repr_html_())
+        # The same classes as the widget's parts: the static form reads as the panel it
+        # replaces, and, as the widget does, a stopped cluster's table says stopped (its last
+        # workers' rows follow, named as the last seen, never as alive now).
+        text, table, seen = [], "", ""
         if self.stopped:
             text.append(f"nbdist cluster: stopped: {self._why}")
-            html.append(cluster_stopped(self._why))
+            table = cluster_stopped(self._why)
+            if self._seen is not None:
+                text.append("last seen:\n" + repr(self._seen))
+                seen = ("<details class='nbdist-cluster-last'><summary>last seen</summary>"
+                        f"{self._seen._repr_html_()}</details>")
+        elif self._seen is not None:
+            text.append(repr(self._seen))
+            table = self._seen._repr_html_()
         now = "" if self.stopped else "; `%nbdist cluster` shows the cluster now"
         text.append(f"as of {self._updated}{now}")
-        html.append(f"<small>as of {html_escape(self._updated)}{message(now)}</small>")
+        html = (f"<div class='nbdist-cluster-table'>{table}</div>{seen}"
+                f"<div class='nbdist-cluster-note'><small>as of {html_escape(self._updated)}"
+                f"{message(now)}</small></div>")
         return {"text/plain": "\n".join(text),
-                "text/html": "<div class='nbdist-cluster'>" + "".join(html) + "</div>"}
+                "text/html": "<div class='nbdist-cluster'>" + html + "</div>"}
 
     def _ipython_display_(self) -> None:
         """Show the panel; the panels shown before it stay as they last were, static."""
