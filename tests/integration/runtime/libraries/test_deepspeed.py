@@ -130,9 +130,16 @@ def test_zero2_in_a_cell_trains_torchruns_weights_and_shows_its_steps_and_loss(
             assert [v for _, v in snap.scalar_series["lr"][rank]] == [1e-2] * STEPS
 
 
-def test_zero2_through_nbdist_run_trains_torchruns_weights(session, script, under_torchrun,
-                                                           tmp_path):
+def test_zero2_through_nbdist_run_trains_torchruns_weights_and_shows_its_steps_and_loss(
+        session, script, under_torchrun, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
+    before = session.cells.runs[-1] if session.cells.runs else None
     session.run_script(str(script), [str(out)], timeout=300, output="quiet")
     assert_same(weights(out), under_torchrun)
+    assert session.cells.runs and session.cells.runs[-1] is not before, "the run recorded nothing"
+    snap = session.last_run
+    assert snap is not None and snap.steps == STEPS
+    for rank in (0, 1):
+        assert snap.scalar_series["loss"][rank]  # read at most every 0.1 s
+        assert [v for _, v in snap.scalar_series["lr"][rank]] == [1e-2] * STEPS
