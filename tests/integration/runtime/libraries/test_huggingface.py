@@ -151,3 +151,20 @@ def test_the_trainer_through_nbdist_run_trains_torchruns_weights_and_lights_up_t
     assert all(r.samples_per_s and r.samples_per_s > 0 for r in run.ranks)
     bar = next(r.bar for r in run.ranks if r.rank == 1)
     assert bar is not None and (bar.n, bar.total, bar.done) == (MAX_STEPS, MAX_STEPS, True)
+
+
+def test_the_trainers_log_lines_reach_the_cell_as_under_torchrun(session, tmp_path, capsys):
+    """Rank 0's printed logs (the Trainer writes each log as a line under its bar) show in the
+    cell: a rank that looked like a notebook kernel drew them with display(), and they were
+    lost (or printed as an object's repr)."""
+    capsys.readouterr()
+    session.run_cell(TRAIN + f"\nmetrics = train({str(tmp_path / 'out')!r})\n", timeout=300)
+    out, err = capsys.readouterr()
+    text = out + err
+    logged = [line for line in text.splitlines() if "'loss':" in line]
+    assert len(logged) == MAX_STEPS // 2, text[-3000:]  # logging_steps=2
+    assert all("'learning_rate':" in line for line in logged), logged
+    # and the end of training's summary line, as torchrun's log has it (evaluate() logs to the
+    # dashboard only: the Trainer prints logs under its training bar, closed by then)
+    assert any("'train_runtime':" in line for line in text.splitlines()), text[-3000:]
+    assert "IPython.core.display" not in text and "\x1b[" not in text, text[-3000:]
