@@ -62,6 +62,9 @@ def _step(engine: Any, *args: Any, **kwargs: Any) -> None:
 
 def activate() -> None:
     """Wrap ``DeepSpeedEngine.backward`` and ``step`` so that they report to nbdist too."""
+    # Each cell's first loss is read: a short cell run again can begin within _EVERY of the
+    # previous cell's last read, and would otherwise report none of its first steps' losses.
+    _sent[0] = 0.0
     cls = sys.modules[TRIGGER].DeepSpeedEngine
     for name, after in (("backward", _backward), ("step", _step)):
         original = cls.__dict__[name]
