@@ -12,13 +12,10 @@ second one is made, and the ranks' group is formed again for it.)"""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import torchrun_runs
 from clusters import ENGINES, start_session
 
 pytest.importorskip("accelerate")
@@ -92,17 +89,7 @@ def script(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def under_torchrun(script) -> dict:
     out = script.parent / "torchrun"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), str(out)]
-    proc = subprocess.Popen(cmd, cwd=script.parent, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("torchrun did not finish within 300 s")
-    assert proc.returncode == 0, err[-3000:]
+    torchrun_runs.under_torchrun(script, out)
     return result(out)
 
 

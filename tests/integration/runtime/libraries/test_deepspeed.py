@@ -8,13 +8,11 @@ extension (minutes on a small machine): a fixture builds it once, before anythin
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torchrun_runs
 from clusters import ENGINES, start_session
 
 pytest.importorskip("deepspeed")
@@ -59,18 +57,6 @@ if __name__ == "__main__":
 '''
 
 
-def run(cmd: list, cwd: Path, timeout: float, what: str) -> None:
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{what} did not finish within {timeout:.0f} s")
-    assert proc.returncode == 0, err[-3000:]
-
-
 def weights(out: Path) -> dict:
     return torch.load(out / "weights.pt", weights_only=True)
 
@@ -87,7 +73,8 @@ def script(tmp_path_factory) -> Path:
     path.write_text(TRAIN + MAIN)
     # its JIT extension, built once here (a no-op once built): ranks that build it meanwhile
     # would wait on its lock, which a killed build leaves behind
-    run([sys.executable, "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()"],
+    torchrun_runs.run_to_end(
+        [sys.executable, "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()"],
         path.parent, 1200, "building DeepSpeed's CPU communication extension")
     return path
 
@@ -97,8 +84,7 @@ def under_torchrun(script) -> dict:
     """The weights the script saves under torchrun, 2 ranks on this host."""
     out = script.parent / "torchrun"
     out.mkdir()
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(script), str(out)], script.parent, 300, "torchrun")
+    torchrun_runs.under_torchrun(script, out)
     return weights(out)
 
 

@@ -9,13 +9,10 @@ not close. A tiny linear model, fixed data; one cluster per engine for the modul
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import torchrun_runs
 from clusters import ENGINES, start_session
 
 pytest.importorskip("lightning")
@@ -128,17 +125,7 @@ def script(tmp_path_factory) -> Path:
 def under_torchrun(script) -> dict:
     """The weights the script saves under torchrun, 2 ranks on this host."""
     out = script.parent / "torchrun"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), str(out)]
-    proc = subprocess.Popen(cmd, cwd=script.parent, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("torchrun did not finish within 300 s")
-    assert proc.returncode == 0, err[-3000:]
+    torchrun_runs.under_torchrun(script, out)
     return weights(out)
 
 
