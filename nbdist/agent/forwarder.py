@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any, Optional
 
 from . import wire
-from .spool import COMMAND_PREFIX, COMMAND_TTL, SpoolReader, claim, sweep, write_command
+from .spool import COMMAND_PREFIX, COMMAND_TTL, SpoolReader, claim, running, sweep, write_command
 
 #: seconds between looks at the spool files
 POLL = 0.1
@@ -34,20 +34,6 @@ MAX_QUEUED = 64 << 20
 BACKOFF = (0.5, 10.0)
 #: seconds a connection attempt or one send may take
 IO_TIMEOUT = 5.0
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a child that ended but is not reaped yet is no longer running
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
-
-
 class Forwarder:
     """Reads the spool ``directory`` and sends what it holds to ``address``."""
 
@@ -92,7 +78,7 @@ class Forwarder:
     def poll(self) -> None:
         """Take what the ranks wrote since the last look; a rank that vanished without its
         exit frame is reported lost (looked at before reading: its last words are in)."""
-        dead = [pid for pid in self._ranks if pid not in self._ended and not _alive(pid)]
+        dead = [pid for pid in self._ranks if pid not in self._ended and not running(pid)]
         for pid, frame in self._reader.read():
             try:
                 msg = wire.decode(frame[4:])

@@ -50,7 +50,9 @@ def _start_time(pid: int) -> Optional[str]:
     return None if fields[0] == b"Z" else fields[19].decode()
 
 
-def _running(pid: int, started: Optional[str] = None) -> bool:
+def running(pid: int, started: Optional[str] = None) -> bool:
+    """Whether process ``pid`` runs (not a zombie), and is the one started at ``started``
+    (its start time in clock ticks, as /proc gives it; None: any)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -91,11 +93,11 @@ def sweep(parent: str) -> list[str]:
                 continue
             with open(os.path.join(path, OWNER), encoding="ascii") as f:
                 pid, _, started = f.read().strip().partition(" ")
-            if _running(int(pid), started or None):
+            if running(int(pid), started or None):
                 continue
             writers = {int(n.partition(".")[0]) for n in os.listdir(path)
                        if n.partition(".")[0].isdigit()}
-            if any(_running(w) for w in writers):
+            if any(running(w) for w in writers):
                 continue
         except (OSError, ValueError):
             continue
