@@ -604,17 +604,33 @@ def test_a_rank_killed_and_replaced_keeps_its_history(nb, flag):
         wait_for(lambda: finished(page, C_SETUP), 120, "the elastic set-up")
         run_cells(page, C_KILL, C_KILL)
         wait_for(flag.exists, 120, "rank 1 to kill itself")
-        # the dead rank's row says so as soon as the notebook knows, the header says it once
-        wait_for(lambda: state_of(view, ".nbdist-rank-1").startswith("died: SIGKILL"), 60,
-                 "rank 1's row to say it died")
+        # the dead rank's row says so as soon as the notebook knows, the header says it once.
+        # A replacement forked from the worker template can join before the next redraw:
+        # then the first row that shows the death is already the former one.
+        seen: list[tuple[str, str]] = []
+
+        def died_row() -> str:
+            now = (state_of(view, ".nbdist-rank-1"), state_of(view, ".nbdist-rank-1-former"))
+            if not seen or seen[-1] != now:
+                seen.append(now)
+            return next((sel for sel, s in zip((".nbdist-rank-1", ".nbdist-rank-1-former"),
+                                               now) if s.startswith("died: SIGKILL")), "")
+
+        try:
+            row = wait_for(died_row, 90, "rank 1's row to say it died")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; rank 1's rows read (current, former): {seen}") \
+                from None
         # the header's last event: the death, or the re-formed group right after it (the
-        # death is then the earlier event folded under it)
+        # death is then the earlier event folded under it), or the replacement's joining
         event = text(view.locator(".nbdist-last-event"))
-        assert "rank 1 on" in event or "re-formed without rank 1" in event, event
+        assert ("rank 1 on" in event or "re-formed without rank 1" in event
+                or (row.endswith("former") and "replacement" in event)), event
         events = view.locator(".nbdist-header").text_content()
         assert events.count("died: SIGKILL") == 1, events
         assert "running" in state_of(view, ".nbdist-rank-0")
-        doc_shot(view, "elastic-died.png")
+        if row == ".nbdist-rank-1":
+            doc_shot(view, "elastic-died.png")
         wait_for(lambda: finished(page, C_KILL), 240, "the elastic run to finish")
         header = view.locator(".nbdist-header").inner_text()
         # the job's 50 steps, not one worker's
