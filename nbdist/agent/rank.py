@@ -83,6 +83,7 @@ class RankAgent:
         self._dropped_said = 0
         self._ended = False
         self.exit_status: Optional[int] = None  # what sys.exit was asked for, if called
+        self.status_recorded = False  # the C library writes the process's exit status
 
     def _send(self, message: dict[str, Any], droppable: bool = True) -> bool:
         return self.writer.write(wire.encode(message), droppable)
@@ -127,6 +128,9 @@ class RankAgent:
             exit_(status)
 
         sys.exit = exit
+        # ... nor a `raise SystemExit(3)` of the script's own: the status the process exits
+        # with is written at its C exit, and its end read with it (see .spool)
+        self.status_recorded = self.writer.record_exit_status()
         atexit.register(self.end)
         seen: set[str] = set()
         read_commands(self.writer.directory, seen)  # those before this process are not its
@@ -188,10 +192,13 @@ class RankAgent:
 
     def end(self, code: Optional[int] = None) -> None:
         """The rank's process ends: its last step, memory and end, then its exit frame.
-        ``code``: its exit status where known (not 0: failed)."""
+        ``code``: its exit status where known (not 0: failed); None: the status
+        :meth:`exiting` kept, else the one the process exits with, read by the forwarder
+        once the process has ended (the script returned, or raised ``SystemExit`` itself)."""
         if self._ended or self.sink is None:
             return
         self._ended = True
+        said = code is not None or self.exit_status is not None
         if code is None:
             code = self.exit_status
         if code and self.error is None:
@@ -209,7 +216,11 @@ class RankAgent:
         ok = self.error is None
         self.sink.emit(events.end(ok, time.time(), self.error))
         self.sink.close()
-        self._send({"type": "exit", "job": self.job, "rank": self.who["rank"],
-                    "pid": os.getpid(), "ok": ok, "error": self.error, "lost": False,
-                    "failed_at": self.failed_at, "t": time.time()}, droppable=False)
+        frame = {"type": "exit", "job": self.job, "rank": self.who["rank"],
+                 "pid": os.getpid(), "ok": ok, "error": self.error, "lost": False,
+                 "failed_at": self.failed_at, "t": time.time()}
+        if ok and not said and self.status_recorded:
+            self.writer.end_aside(wire.encode(frame))
+        else:
+            self._send(frame, droppable=False)
         self.writer.close()

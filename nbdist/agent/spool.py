@@ -12,6 +12,12 @@ writes its process into the directory it owns (:func:`claim`), and every new one
 directories of the temporary directory whose forwarder and writers are all gone
 (:func:`sweep`).
 
+A rank's end whose exit status only the process's end tells (its script returned, or raised
+``SystemExit`` itself: Python gives neither to ``atexit``) is written aside, ``<pid>.exit``,
+and the C library writes the status the process exits with, one byte, to ``<pid>.status``
+(:meth:`SpoolWriter.record_exit_status`); the reader hands the end on once the process has
+ended, failed if that status is not 0.
+
 Commands go the other way as files too: the forwarder writes the notebook's request
 (``cmd-stacks-<id>``, whole or not at all), each rank looks for new ones a few times a second
 on a thread of its own and answers through its spool.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any, Optional
 
 from . import wire
@@ -33,6 +40,12 @@ MAX_SEGMENTS = 4
 COMMAND_PREFIX = "cmd-"
 COMMAND_TTL = 30.0
 
+
+#: what follows a rank's pid in the name of its end written aside, and of its exit status
+END, STATUS = "exit", "status"
+#: seconds a rank's end written aside waits for its process to end before it is read as said
+#: (a process that hangs after its Python ended)
+SETTLE = 5.0
 
 #: a spool directory's name starts so; the file in it that names its forwarder's process
 DIR_PREFIX = "nbdist-attach-"
@@ -178,6 +191,50 @@ class SpoolWriter:
             self._size += len(frame)
             return True
 
+    def record_exit_status(self) -> bool:
+        """Have the C library write this process's exit status, one byte, to
+        ``<pid>.status`` when it exits: the status Python exits with, which no Python code
+        sees (glibc's ``on_exit`` calls ``fputc(status, file)`` after Python has ended).
+        False where the C library has no ``on_exit`` (not glibc) or the file cannot be made.
+
+        A child this process forks writes its own status elsewhere (``/dev/null``)."""
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None)
+            on_exit, fopen = libc.on_exit, libc.fopen
+        except (OSError, AttributeError):
+            return False
+        fopen.restype, fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+        fp = fopen(os.fsencode(self._side(STATUS)), b"we")  # e: closed across exec
+        if not fp:
+            return False
+        libc.setvbuf.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        libc.setvbuf(fp, None, 2, 0)  # _IONBF: the byte is written when fputc is called
+        on_exit.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        # fputc(int c, FILE *f) is the handler on_exit wants, void (*)(int status, void *arg)
+        if on_exit(ctypes.cast(libc.fputc, ctypes.c_void_p).value, fp) != 0:
+            return False
+        freopen = libc.freopen
+        freopen.restype = ctypes.c_void_p
+        freopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p]
+        os.register_at_fork(after_in_child=lambda: freopen(os.devnull.encode(), b"w", fp))
+        return True
+
+    def end_aside(self, frame: bytes) -> None:
+        """Write the rank's exit ``frame`` aside, to be read once the process has ended with
+        the status :meth:`record_exit_status` records (whole or not at all)."""
+        path = self._side(END)
+        try:
+            with open(path + ".tmp", "wb") as f:
+                f.write(frame)
+            os.replace(path + ".tmp", path)
+        except OSError:  # the forwarder's directory is gone: the job goes on unreported
+            self.dropped += 1
+
+    def _side(self, what: str) -> str:
+        return os.path.join(self.directory, f"{self.pid}.{what}")
+
     def close(self) -> None:
         with self._lock:
             if self._fd is not None:
@@ -231,7 +288,46 @@ class SpoolReader:
                     pass
                 seg, offset = seg + 1, 0
             self._at[pid] = (seg, offset)
+            end = self._end(pid)
+            if end is not None:
+                out.append((pid, end))
         return out
+
+    def _end(self, pid: int) -> Optional[bytes]:
+        """The exit frame rank ``pid`` wrote aside, once its process has ended (or ran on
+        :data:`SETTLE` seconds after it, or is this process, which cannot wait for its own
+        end): failed with the status it exited with, if not 0. None: none, or not yet."""
+        path = os.path.join(self.directory, f"{pid}.{END}")
+        status_path = os.path.join(self.directory, f"{pid}.{STATUS}")
+        try:
+            with open(path, "rb") as f:
+                frame = f.read()
+            waited = time.time() - os.stat(path).st_mtime
+        except FileNotFoundError:
+            return None
+        if pid != os.getpid() and waited < SETTLE and running(pid):
+            return None
+        try:
+            with open(status_path, "rb") as f:
+                status = f.read(1)
+            ended_at = os.stat(status_path).st_mtime
+        except FileNotFoundError:
+            status, ended_at = b"", time.time()
+        if status and status != b"\0":
+            try:
+                msg = wire.decode(frame[4:])
+            except ValueError:
+                msg = None
+            if msg is not None and msg.get("ok"):
+                msg.update(ok=False, error=f"exited with status {status[0]}",
+                           failed_at=ended_at)
+                frame = wire.encode(msg)
+        for done in (path, status_path):
+            try:
+                os.remove(done)
+            except FileNotFoundError:
+                pass
+        return frame
 
     def _first(self, pid: int) -> int:
         segs = [int(name.partition(".")[2]) for name in os.listdir(self.directory)

@@ -46,9 +46,12 @@ def _rank_exit(tmp_path, site_dir, script):
     return done.returncode, end
 
 
-@pytest.mark.parametrize("call, status", [("sys.exit(3)", 3), ("sys.exit('no data')", 1)])
+@pytest.mark.parametrize("call, status", [("sys.exit(3)", 3), ("sys.exit('no data')", 1),
+                                          ("raise SystemExit(3)", 3)])
 def test_a_script_that_exits_nonzero_reports_its_status_as_a_failure(tmp_path, site_dir,
                                                                      call, status):
+    """``sys.exit`` is seen as it is called; a ``SystemExit`` the script raises itself only
+    in the status the process exits with, read once it has ended."""
     code, end = _rank_exit(tmp_path, site_dir, f"import sys\n{call}\n")
     assert code == status
     assert end["ok"] is False and end["rank"] == 1 and end["lost"] is False
@@ -59,3 +62,9 @@ def test_a_script_that_exits_nonzero_reports_its_status_as_a_failure(tmp_path, s
 def test_a_script_that_raises_reports_the_error(tmp_path, site_dir):
     code, end = _rank_exit(tmp_path, site_dir, "raise KeyError('shard 7')\n")
     assert code == 1 and end["ok"] is False and end["error"] == "KeyError: 'shard 7'"
+
+
+def test_a_script_that_returns_reports_success_and_leaves_nothing_aside(tmp_path, site_dir):
+    code, end = _rank_exit(tmp_path, site_dir, "x = 1\n")
+    assert code == 0 and end["ok"] is True and end["error"] is None
+    assert sorted(p.suffix for p in (tmp_path / "spool").iterdir()) == [".0"]

@@ -132,3 +132,47 @@ def _dead_pid() -> int:
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, timeout=60)
     return int(done.stdout)
+
+
+#: a rank whose end only its exit status tells: it writes its end aside, forks a child that
+#: exits 7 (its status must not be taken for the rank's), waits for a line, and raises
+#: SystemExit(4) itself
+ENDS_ASIDE = """
+import os, sys
+from nbdist.agent import wire
+from nbdist.agent.spool import SpoolWriter
+w = SpoolWriter(sys.argv[1])
+assert w.record_exit_status()
+w.write(wire.encode({"type": "rank", "rank": 1}))
+w.end_aside(wire.encode({"type": "exit", "rank": 1, "ok": True, "error": None}))
+child = os.fork()
+if child == 0:
+    sys.exit(7)
+assert os.waitpid(child, 0)[1] >> 8 == 7
+print("ready", flush=True)
+sys.stdin.readline()
+raise SystemExit(4)
+"""
+
+
+def test_an_end_written_aside_is_read_when_the_process_ended_with_its_exit_status(tmp_path):
+    rank = subprocess.Popen([sys.executable, "-c", ENDS_ASIDE, str(tmp_path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout.readline() == "ready\n"
+        reader = SpoolReader(str(tmp_path))
+        # running: its end is not known yet, the frames before it are read
+        assert [m["type"] for _, m in _messages(reader)] == ["rank"]
+        rank.stdin.write("\n")
+        rank.stdin.close()
+        assert rank.wait(timeout=60) == 4
+        ((pid, end),) = _messages(reader)
+        assert pid == rank.pid and end["type"] == "exit"
+        assert end["ok"] is False and end["error"] == "exited with status 4"
+        assert end["failed_at"] is not None
+        assert sorted(os.listdir(tmp_path)) == [f"{rank.pid}.0"]  # the end's files taken
+        assert _messages(reader) == []  # once
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
