@@ -315,7 +315,8 @@ class JobPanel(_ShownPanel):
     ranks : list of int
         The job's ranks.
     interval : float, optional
-        Seconds between refreshes while shown (None: only on demand).
+        Seconds between refreshes while shown (None: only on demand); more where a redraw
+        takes over :attr:`MAX_BUSY_SHARE` of that.
     """
 
     def __init__(self, header: Callable[[], str],
@@ -332,6 +333,9 @@ class JobPanel(_ShownPanel):
         self._watch_views()
 
     BESIDE_CELLS = True
+    #: it redraws beside the user's cells, on the kernel's interpreter: a job of a thousand
+    #: ranks (35 ms a redraw) is redrawn every 2 s or so rather than every second
+    MAX_BUSY_SHARE = 0.02
 
     def refresh(self) -> None:
         """Draw the job now; once it has ended, draw it final and stop refreshing."""

@@ -7,7 +7,8 @@ built on the worker:
 
 * events of one kind with the same keys form a *part*, one column per field; a column of
   floats or of integers (or of pairs of floats) travels as the bytes of an ``array`` (no
-  object per value to unpickle), any other as a list;
+  object per value to unpickle), one string repeated (a collective's name) once with its
+  count, any other as a list;
 * ``order`` has one character per event, the index of its part, so :func:`rows` gives the
   events back exactly, in their order (what a trace file and the tests read);
 * a part of collectives that belong to a step (gradient buckets, collectives called in the
@@ -39,11 +40,23 @@ __all__ = ["SUMMARY", "column", "columns", "pack", "row", "rows", "summary", "su
 _BIG = sys.byteorder == "big"  # arrays travel little-endian
 
 
+#: the types a column of one repeated value is sent once for
+_SCALARS = (str, bool, type(None))
+
+
 def _encode(values: list[Any]) -> Any:
     """A column as ``b"d" + float64 bytes`` or ``b"q" + int64 bytes``; a column of
-    same-length lists of floats (a step's forward span) as ``b"D", k`` and their floats; any
-    other as the list."""
+    same-length lists of floats (a step's forward span) as ``b"D", k`` and their floats; a
+    column of one string, bool or None repeated (a collective's name and dtype) as
+    ``{"=": value, "n": count}``; any other as the list.
+
+    >>> _encode(["all_reduce"] * 3), _decode(_encode(["all_reduce"] * 3))
+    ({'=': 'all_reduce', 'n': 3}, ['all_reduce', 'all_reduce', 'all_reduce'])
+    """
     kinds = {type(v) for v in values}
+    if (len(values) > 1 and len(kinds) == 1 and isinstance(values[0], _SCALARS)
+            and values.count(values[0]) == len(values)):
+        return {"=": values[0], "n": len(values)}
     head = b"d" if kinds == {float} else b"q" if kinds == {int} else None
     if head is None and kinds == {list}:
         sizes = {len(v) for v in values}
@@ -73,6 +86,8 @@ def _decode(col: Any) -> list[Any]:
             k = col[1]
             return [a[i:i + k].tolist() for i in range(0, len(a), k)]
         return a.tolist()
+    if isinstance(col, dict):
+        return [col["="]] * col["n"]
     return list(col)
 
 
@@ -91,6 +106,8 @@ def row(part: Event, i: int) -> Event:
                 e[f] = list(struct.unpack_from(f"<{k}d", c, 2 + 8 * k * i))
             else:
                 e[f] = struct.unpack_from("<" + chr(c[0]), c, 1 + 8 * i)[0]
+        elif isinstance(c, dict):
+            e[f] = c["="]
         else:
             e[f] = c[i]
     return e

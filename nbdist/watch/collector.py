@@ -3,8 +3,10 @@
 One :class:`Collector` per kernel. It listens on loopback and a free port unless told another
 ``HOST:PORT``, and answers only connections whose first frame carries its token (compared in
 constant time); others are closed unanswered. Each job's node forwarder
-(:mod:`nbdist.agent.forwarder`) keeps one connection, read by one thread, and its frames are
-folded into :class:`~.watched.Jobs`. With a certificate and key the connections are TLS.
+(:mod:`nbdist.agent.forwarder`) keeps one connection, read and decoded by one thread; one
+more thread folds what all of them decoded into :class:`~.watched.Jobs` every
+:data:`FOLD_INTERVAL` seconds, in one go (a job's run settles what a feed changed once per
+feed, not once per frame). With a certificate and key the connections are TLS.
 
 The token can live in a file (mode 0600) holding the whole attach line: a restarted kernel
 that is given the same file listens again on the same address with the same token, and the
@@ -20,6 +22,7 @@ import ssl
 import stat
 import threading
 import time
+from collections import deque
 from typing import Optional
 
 from ..agent import wire
@@ -34,6 +37,10 @@ HELLO_TIMEOUT = 10.0
 #: seconds a job whose connection ended without a bye waits for another to carry it
 TAKE_OVER = 3.0
 LOOPBACK = "127.0.0.1"
+#: bytes one read of a connection takes at most
+RECV_BYTES = 256 << 10
+#: seconds between two folds of what the connections decoded (as a cell's loop polls its job)
+FOLD_INTERVAL = 0.1
 
 
 def parse_listen(listen: Optional[str]) -> tuple[Optional[str], Optional[int]]:
@@ -125,9 +132,16 @@ class Collector:
         self._answered = threading.Condition()
         self.refused = 0  # connections closed for a missing or wrong token
         self.accepted = 0  # connections that carried the token
+        #: decoded messages, each with its connection, for the fold thread (None for a
+        #: message: that connection ended, in its place among the messages)
+        self._inbox: deque[tuple[Optional[dict], int]] = deque()
+        self._news = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="nbdist-attach",
                                         daemon=True)
         self._thread.start()
+        self._folder = threading.Thread(target=self._fold, name="nbdist-attach-fold",
+                                        daemon=True)
+        self._folder.start()
 
     @property
     def address(self) -> wire.Address:
@@ -193,17 +207,22 @@ class Collector:
             conn.settimeout(None)
             self._links[ident] = (conn, threading.Lock())
             bodies = first[1:]
+            # into one buffer kept for the connection: recv(n) would allocate n bytes per
+            # call and shrink them, which cost more than the decoding at 1 MiB
+            space = memoryview(bytearray(RECV_BYTES))
             while True:
                 for body in bodies:
                     message = wire.decode(body)
                     if message.get("type") == "stacks":
                         self._answer(message)
                     else:
-                        self.jobs.fold(message, ident)
-                chunk = conn.recv(1 << 20)
-                if not chunk:
+                        self._inbox.append((message, ident))
+                if bodies:
+                    self._news.set()
+                n = conn.recv_into(space)
+                if not n:
                     return
-                buf += chunk
+                buf += space[:n]
                 bodies = wire.split(buf)
         except (OSError, ValueError, ssl.SSLError):
             if not greeted:
@@ -214,9 +233,30 @@ class Collector:
             conn.close()
             if greeted:  # a forwarder gone without its bye may be taken over by another rank
                 # of its node in moments: its jobs read lost only if none was
-                later = threading.Timer(TAKE_OVER, self.jobs.closed, (ident,))
+                later = threading.Timer(TAKE_OVER, self._ended, (ident,))
                 later.daemon = True
                 later.start()
+
+    def _ended(self, ident: int) -> None:
+        self._inbox.append((None, ident))
+        self._news.set()
+
+    def _fold(self) -> None:
+        """Fold what the connections decoded, every :data:`FOLD_INTERVAL` seconds at most."""
+        while not self._closed:
+            self._news.wait()
+            self._news.clear()
+            taken: list[tuple[dict, int]] = []
+            while self._inbox:
+                message, ident = self._inbox.popleft()
+                if message is not None:
+                    taken.append((message, ident))
+                    continue
+                self.jobs.fold_all(taken)
+                taken = []
+                self.jobs.closed(ident)
+            self.jobs.fold_all(taken)
+            time.sleep(FOLD_INTERVAL)  # what comes meanwhile is folded together, next time
 
     def _answer(self, message: dict) -> None:
         with self._answered:
@@ -279,6 +319,7 @@ class Collector:
         """Stop listening (jobs' forwarders keep retrying, and a new collector on the same
         address and token takes them back)."""
         self._closed = True
+        self._news.set()
         for sock in [self._server, *list(self._conns)]:
             try:  # shutdown wakes the thread blocked on it; close alone would not
                 sock.shutdown(socket.SHUT_RDWR)

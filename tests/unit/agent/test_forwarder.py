@@ -177,8 +177,8 @@ def test_over_tls_the_forwarder_reports_and_answers_commands(tmp_path):
 def test_a_detached_job_is_no_longer_sent_while_the_nodes_other_jobs_are(tmp_path):
     c = Collector()
     heard: list = []  # every message the collector took, in order
-    fold = c.jobs.fold
-    c.jobs.fold = lambda m, conn=0: (heard.append(m), fold(m, conn))  # type: ignore
+    fold_all = c.jobs.fold_all
+    c.jobs.fold_all = lambda ms: (heard.extend(m for m, _ in ms), fold_all(ms))  # type: ignore
     f = fwd.Forwarder(c.address, str(tmp_path), owns_directory=False).start()
     try:
         import os

@@ -102,15 +102,17 @@ def test_a_trace_keeps_what_tables_carried():
 # ----------------------------------------------------------------- views of many ranks
 @pytest.fixture(scope="module")
 def thousand():
-    """1,024 ranks: rank 700 computes slower (the straggler), rank 5 failed."""
+    """1,024 ranks: rank 700 computes slower (the straggler), rank 5 failed. 20 steps: at
+    1,024 ranks one step in 4 is matched across ranks, and a straggler is named after 5
+    matched steps."""
     world = 1024
     compute = {r: 0.010 for r in range(world)}
     compute[700] = 0.016
-    evs = ddp_job(compute, steps=8, bucket_bytes=(1000, 1000))
+    evs = ddp_job(compute, steps=20, bucket_bytes=(1000, 1000))
     state = RunState(range(world))
     for r, es in evs.items():
         es.append(ev.memory(T0 + 1, params=100, grads=100, optimizer=200 + r, rss=10_000 + r,
-                            peak=20_000, step=7))
+                            peak=20_000, step=19))
         if r == 5:
             es.append(ev.end(False, T0 + 2, "RuntimeError: out of memory"))
         state.feed([{"rank": r, "seq": 1, "events": pack(es)}])
@@ -120,6 +122,9 @@ def thousand():
 def test_a_thousand_ranks_read_as_min_median_max_and_named_outliers(thousand):
     snap = thousand
     assert snap.stragglers == (700,)
+    # every step counts in each rank's figures; one in 4 is matched across the ranks
+    assert {r.steps for r in snap.ranks} == {20}
+    assert [p.step for p in snap.series] == [0, 4, 8, 12, 16]
     header, table_rows = run_table(snap)
     labels = [row.cells[0] for row in table_rows]
     assert labels[:3] == ["min", "median", "max"] and "700" in labels and "5" in labels
