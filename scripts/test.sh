@@ -26,8 +26,8 @@ echo "testing against:" $("$PY" -m pip list --format=freeze \
   | grep -iE '^(torch|ipython|ipykernel|ipyparallel|distributed|ipywidgets|jupyterlab)==')
 # The browser tests drive Debian's chromium, the multi-host tests use network namespaces, the
 # launcher tests a real Slurm (slurm-wlm, munge) and a real sshd (openssh-server), all started
-# from temporary directories on loopback: install what they need where this user may (as
-# root, with apt).
+# from temporary directories on loopback, the attach tests Open MPI's mpirun (openmpi-bin):
+# install what they need where this user may (as root, with apt).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   [ -x /usr/bin/chromium ] || need+=(chromium chromium-driver)
@@ -36,6 +36,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v munged >/dev/null || need+=(munge)
   command -v sshd >/dev/null || need+=(openssh-server)
   command -v ssh >/dev/null || need+=(openssh-client)
+  command -v mpirun >/dev/null || need+=(openmpi-bin)
   if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y --no-install-recommends "${need[@]}" \

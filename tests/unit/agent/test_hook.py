@@ -38,6 +38,28 @@ def test_an_srun_task_is_a_rank_numbered_as_srun_numbers_it_and_its_step_is_the_
     assert wire.job_key(TASK_1) == "slurm-7.0"
 
 
+# What Debian's Open MPI 4.1 puts in rank 1 of `mpirun -np 2 python train.py` (seen with
+# `env`; of the rest, nothing names the rank or the job): the ranks of one mpirun share the
+# PMIx namespace, on every host
+MPI_1 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+         "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+         "OMPI_COMM_WORLD_NODE_RANK": "1", "PMIX_RANK": "1", "PMIX_NAMESPACE": "901971969",
+         "PMIX_ID": "901971969.1", "OMPI_MCA_ess_base_jobid": "901971969",
+         "OMPI_MCA_orte_hnp_uri": "901971968.0;tcp://192.0.2.2:35929"}
+
+
+def test_an_mpirun_rank_is_numbered_as_open_mpi_numbers_it_and_its_namespace_is_the_job():
+    assert role({wire.ENV: LINE, **MPI_1}, ["python", "train.py"]) == "rank"
+    assert identity(MPI_1) == {"rank": 1, "world_size": 2, "local_rank": 1, "restart": 0}
+    assert wire.job_key(MPI_1) == "mpirun-901971969"
+    rank_0 = {**MPI_1, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+              "PMIX_RANK": "0", "PMIX_ID": "901971969.0"}
+    address = wire.parse(LINE)
+    assert node_directory(address, rank_0) == node_directory(address, MPI_1)  # one election
+    other = {**MPI_1, "PMIX_NAMESPACE": "901971970"}  # the next mpirun
+    assert node_directory(address, other) != node_directory(address, MPI_1)
+
+
 def test_a_batch_scripts_own_python_is_not_a_rank_of_the_job():
     """Slurm sets SLURM_PROCID=0 in the batch script too: a Python run there (to prepare data,
     or a batch script written in Python that calls srun) is no rank, and its children, the
