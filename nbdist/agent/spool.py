@@ -310,17 +310,18 @@ class SpoolReader:
         try:
             with open(status_path, "rb") as f:
                 status = f.read(1)
-            ended_at = os.stat(status_path).st_mtime
         except FileNotFoundError:
-            status, ended_at = b"", time.time()
+            status = b""
         if status and status != b"\0":
             try:
                 msg = wire.decode(frame[4:])
             except ValueError:
                 msg = None
             if msg is not None and msg.get("ok"):
+                # failed when its script ended (its Python's exit comes later: a peer may
+                # fail in between, of the group this process's exit closed)
                 msg.update(ok=False, error=f"exited with status {status[0]}",
-                           failed_at=ended_at)
+                           failed_at=msg.get("t") or time.time())
                 frame = wire.encode(msg)
         for done in (path, status_path):
             try:

@@ -52,6 +52,8 @@ TRAIN = textwrap.dedent(f"""
             raise ValueError(f"bad batch at step {{i}}")
         if i == int(os.environ.get("EXIT_AT", "-1")) and rank == 1:
             sys.exit(3)
+        if i == int(os.environ.get("RAISE_EXIT_AT", "-1")) and rank == 1:
+            raise SystemExit(3)  # seen by no hook: only the status the process exits with
         if i == int(os.environ.get("DIE_AT", "-1")) and rank == 1 and not restart:
             os.kill(os.getpid(), 9)  # SIGKILL: no word of how it ended
         if i == {HELD_AT} and rank == 1:  # rank 0 waits in the all-reduce
@@ -227,7 +229,8 @@ def test_a_notebook_that_is_not_there_costs_the_job_nothing(tmp_path, site_dir):
 
 
 @pytest.mark.parametrize("how, error", [("FAIL_AT", "ValueError: bad batch at step 3"),
-                                        ("EXIT_AT", "exited with status 3")])
+                                        ("EXIT_AT", "exited with status 3"),
+                                        ("RAISE_EXIT_AT", "exited with status 3")])
 def test_a_rank_that_raises_or_exits_nonzero_fails_the_job_with_its_error(
         tmp_path, site_dir, how, error):
     collector = Collector()
