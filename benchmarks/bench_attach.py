@@ -284,7 +284,7 @@ def fanin_once(args: argparse.Namespace) -> dict[str, Any]:
             if "WARM" in marks and cpu0 is None:
                 cpu0, wall0, redraw0 = _thread_cpu("nbdist-attach"), time.monotonic(), redraw
                 redraws = 0
-                folding0 = _thread_cpu("nbdist-attach-fold")
+                folding0 = collector.fold_seconds
                 comms["messages"] = comms["bytes"] = 0
             if panel is None and collector.jobs.records():
                 panel = _panel(WatchedJob(collector.jobs, collector.jobs.get("1")))
@@ -296,7 +296,7 @@ def fanin_once(args: argparse.Namespace) -> dict[str, Any]:
                 redraws += 1
             time.sleep(0.02)
         cpu1, wall1 = _thread_cpu("nbdist-attach"), time.monotonic()
-        folding = _thread_cpu("nbdist-attach-fold") - folding0
+        folding = collector.fold_seconds - folding0
         sent = json.loads(marks["DONE"].split(" ", 2)[2])
         assert proc.stdin is not None
         proc.stdin.write("end\n")
@@ -350,8 +350,8 @@ def report_fanin(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[s
                     round(med("kib_per_s")),
                     med("widget_kib_per_s"), f"{med('wall_s'):.1f} / {args.seconds:g}"]]))
     print("CPU % of a core: the kernel's CPU seconds per second of simulated training, median "
-          f"of {len(runs)} runs; collector: its threads reading and decoding the frames (one "
-          "per connection) and folding them (one); panel: the job's widget, refreshed as its "
+          f"of {len(runs)} runs; collector: its thread reading and decoding every connection's "
+          "frames and folding them; panel: the job's widget, refreshed as its "
           "thread does")
     worst = statistics.median(cpu)
     line = (f"target fan-in, {args.ranks} ranks on {args.hosts} hosts: under "

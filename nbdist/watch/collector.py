@@ -15,8 +15,10 @@ running job's forwarders, which retry, find it again.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import selectors
 import socket
 import ssl
 import stat
@@ -37,8 +39,20 @@ HELLO_TIMEOUT = 10.0
 #: seconds a job whose connection ended without a bye waits for another to carry it
 TAKE_OVER = 3.0
 LOOPBACK = "127.0.0.1"
+#: seconds a command sent down a connection may wait for it
+IO_TIMEOUT = 5.0
 #: bytes one read of a connection takes at most
 RECV_BYTES = 256 << 10
+_ACCEPT, _WAKE = object(), object()  # the loop's own sockets, as the selector names them
+
+
+class _Reading:
+    """A connection the loop reads: its number, and what it sent of a frame so far."""
+
+    __slots__ = ("ident", "buf")
+
+    def __init__(self, ident: int, buf: bytearray):
+        self.ident, self.buf = ident, buf
 #: seconds between two folds of what the connections decoded (as a cell's loop polls its job)
 FOLD_INTERVAL = 0.1
 
@@ -132,16 +146,22 @@ class Collector:
         self._answered = threading.Condition()
         self.refused = 0  # connections closed for a missing or wrong token
         self.accepted = 0  # connections that carried the token
-        #: decoded messages, each with its connection, for the fold thread (None for a
+        #: CPU seconds the loop spent folding (the rest of its time is reading and decoding)
+        self.fold_seconds = 0.0
+        #: decoded messages, each with its connection, for the next fold (None for a
         #: message: that connection ended, in its place among the messages)
-        self._inbox: deque[tuple[Optional[dict], int]] = deque()
-        self._news = threading.Event()
-        self._thread = threading.Thread(target=self._accept, name="nbdist-attach",
-                                        daemon=True)
+        self._inbox: list[tuple[Optional[dict], int]] = []
+        # from other threads to the loop: greeted connections, and ended ones whose time to
+        # be taken over is up
+        self._handed: deque[tuple[socket.socket, int, bytearray]] = deque()
+        self._ends: deque[int] = deque()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._server, selectors.EVENT_READ, _ACCEPT)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+        self._thread = threading.Thread(target=self._loop, name="nbdist-attach", daemon=True)
         self._thread.start()
-        self._folder = threading.Thread(target=self._fold, name="nbdist-attach-fold",
-                                        daemon=True)
-        self._folder.start()
 
     @property
     def address(self) -> wire.Address:
@@ -175,88 +195,157 @@ class Collector:
     def __repr__(self) -> str:
         return self.instructions()
 
-    def _accept(self) -> None:
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        """Accept, read and decode every connection, and fold what they sent every
+        :data:`FOLD_INTERVAL` seconds: one thread for all of a job's hosts (a thread per
+        connection spent more on handing the interpreter to each other than on reading)."""
+        space = memoryview(bytearray(RECV_BYTES))
+        folded = time.monotonic()
         while not self._closed:
+            wait = None if not self._inbox else max(0.0, folded + FOLD_INTERVAL
+                                                    - time.monotonic())
             try:
-                conn, _ = self._server.accept()
+                ready = self._selector.select(wait)
             except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn, next(self._ids)),
-                             name="nbdist-attach-conn", daemon=True).start()
+                return  # closed under it
+            for key, _ in ready:
+                if key.data is _ACCEPT:
+                    self._accept()
+                elif key.data is _WAKE:
+                    self._woken()
+                else:
+                    self._read(key.fileobj, key.data, space)  # type: ignore[arg-type]
+            if self._inbox and time.monotonic() >= folded + FOLD_INTERVAL:
+                folded = time.monotonic()
+                t = time.thread_time()
+                self._fold()
+                self.fold_seconds += time.thread_time() - t
 
-    def _serve(self, conn: socket.socket, ident: int) -> None:
-        greeted = False
+    def _accept(self) -> None:
+        try:
+            conn, _ = self._server.accept()
+        except OSError:
+            return
+        # the token's check may wait for a slow client: on a thread of its own
+        threading.Thread(target=self._greet, args=(conn, next(self._ids)),
+                         name="nbdist-attach-hello", daemon=True).start()
+
+    def _greet(self, conn: socket.socket, ident: int) -> None:
+        """Read a new connection's first frame; one that carries the token goes to the loop,
+        with what came after its first frame."""
         self._conns.add(conn)
         try:
             conn.settimeout(HELLO_TIMEOUT)
             if self._ssl is not None:
-                conn = self._ssl.wrap_socket(conn, server_side=True)
+                raw = conn
+                conn = self._ssl.wrap_socket(raw, server_side=True)  # takes raw's socket
+                self._conns.add(conn)
+                self._conns.discard(raw)
             buf = bytearray()
             while not (first := wire.split(buf, wire.MAX_HELLO)):
                 chunk = conn.recv(wire.MAX_HELLO)
                 if not chunk:
-                    return
+                    raise ConnectionError("closed before its hello")
                 buf += chunk
             hello = wire.decode(first[0])
             if not wire.token_matches(hello.get("token"), self.token):
-                self.refused += 1
-                return
+                raise ConnectionError("no token, or not this collector's")
             conn.sendall(wire.encode({"ok": True}))
-            greeted = True
-            self.accepted += 1
-            conn.settimeout(None)
-            self._links[ident] = (conn, threading.Lock())
-            bodies = first[1:]
-            # into one buffer kept for the connection: recv(n) would allocate n bytes per
-            # call and shrink them, which cost more than the decoding at 1 MiB
-            space = memoryview(bytearray(RECV_BYTES))
-            while True:
-                for body in bodies:
-                    message = wire.decode(body)
-                    if message.get("type") == "stacks":
-                        self._answer(message)
-                    else:
-                        self._inbox.append((message, ident))
-                if bodies:
-                    self._news.set()
-                n = conn.recv_into(space)
-                if not n:
-                    return
-                buf += space[:n]
-                bodies = wire.split(buf)
         except (OSError, ValueError, ssl.SSLError):
-            if not greeted:
-                self.refused += 1
-        finally:
-            self._links.pop(ident, None)
+            self.refused += 1
             self._conns.discard(conn)
             conn.close()
-            if greeted:  # a forwarder gone without its bye may be taken over by another rank
-                # of its node in moments: its jobs read lost only if none was
-                later = threading.Timer(TAKE_OVER, self._ended, (ident,))
-                later.daemon = True
-                later.start()
+            return
+        self.accepted += 1
+        # the loop reads it when it is readable; sends (stacks, detach) may wait this long
+        conn.settimeout(IO_TIMEOUT)
+        self._links[ident] = (conn, threading.Lock())
+        # what came after the hello, framed again, is read first
+        rest = bytearray(b"".join(wire.framed(b) for b in first[1:])) + buf
+        self._handed.append((conn, ident, rest))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass  # closed, or already full of wakes: the loop wakes anyway
+
+    def _woken(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+        while self._ends:
+            self._inbox.append((None, self._ends.popleft()))
+        while self._handed:
+            conn, ident, buf = self._handed.popleft()
+            if self._closed:
+                conn.close()
+                continue
+            self._selector.register(conn, selectors.EVENT_READ, _Reading(ident, buf))
+            self._take(conn, ident, buf)
+
+    def _read(self, conn: socket.socket, reading: _Reading, space: memoryview) -> None:
+        try:
+            # into one buffer: recv(n) would allocate n bytes per call and shrink them,
+            # which cost more than the decoding at 1 MiB
+            n = conn.recv_into(space)
+            if n:
+                reading.buf += space[:n]
+                pending = conn.pending() if isinstance(conn, ssl.SSLSocket) else 0
+                while pending:  # decrypted bytes select cannot see
+                    n = conn.recv_into(space, min(pending, len(space)))
+                    reading.buf += space[:n]
+                    pending = conn.pending()
+                self._take(conn, reading.ident, reading.buf)
+                return
+        except (OSError, ValueError, ssl.SSLError):
+            pass
+        self._drop(conn, reading.ident)
+
+    def _take(self, conn: socket.socket, ident: int, buf: bytearray) -> None:
+        try:
+            for body in wire.split(buf):
+                message = wire.decode(body)
+                if message.get("type") == "stacks":
+                    self._answer(message)
+                else:
+                    self._inbox.append((message, ident))
+        except ValueError:
+            self._drop(conn, ident)
+
+    def _drop(self, conn: socket.socket, ident: int) -> None:
+        """A connection ended (or sent what is no frame)."""
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn)
+        self._links.pop(ident, None)
+        self._conns.discard(conn)
+        conn.close()
+        # a forwarder gone without its bye may be taken over by another rank of its node in
+        # moments: its jobs read lost only if none was
+        later = threading.Timer(TAKE_OVER, self._ended, (ident,))
+        later.daemon = True
+        later.start()
 
     def _ended(self, ident: int) -> None:
-        self._inbox.append((None, ident))
-        self._news.set()
+        self._ends.append(ident)
+        self._wake()
 
     def _fold(self) -> None:
-        """Fold what the connections decoded, every :data:`FOLD_INTERVAL` seconds at most."""
-        while not self._closed:
-            self._news.wait()
-            self._news.clear()
-            taken: list[tuple[dict, int]] = []
-            while self._inbox:
-                message, ident = self._inbox.popleft()
-                if message is not None:
-                    taken.append((message, ident))
-                    continue
-                self.jobs.fold_all(taken)
-                taken = []
-                self.jobs.closed(ident)
+        """Fold what the connections sent since the last fold, in their order."""
+        taken: list[tuple[dict, int]] = []
+        for message, ident in self._inbox:
+            if message is not None:
+                taken.append((message, ident))
+                continue
             self.jobs.fold_all(taken)
-            time.sleep(FOLD_INTERVAL)  # what comes meanwhile is folded together, next time
+            taken = []
+            self.jobs.closed(ident)
+        self._inbox = []
+        self.jobs.fold_all(taken)
 
     def _answer(self, message: dict) -> None:
         with self._answered:
@@ -319,14 +408,17 @@ class Collector:
         """Stop listening (jobs' forwarders keep retrying, and a new collector on the same
         address and token takes them back)."""
         self._closed = True
-        self._news.set()
+        self._wake()
         for sock in [self._server, *list(self._conns)]:
-            try:  # shutdown wakes the thread blocked on it; close alone would not
+            try:  # shutdown wakes a thread blocked on it; close alone would not
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             sock.close()
         self._thread.join(timeout=2)
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 _current: Optional[Collector] = None
