@@ -267,7 +267,16 @@ def fanin_once(args: argparse.Namespace) -> dict[str, Any]:
         assert proc.stdout is not None
         marks: dict[str, str] = {}
         lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        arrived = threading.Event()
+
+        def read() -> None:
+            for ln in proc.stdout:  # type: ignore[union-attr]
+                lines.append(ln)
+                arrived.set()
+            arrived.set()
+
+        # the kernel's main thread is idle while a job is watched: this one waits, too
+        reader = threading.Thread(target=read, daemon=True)
         reader.start()
         cpu0 = wall0 = redraw0 = None
         folding0 = 0.0
@@ -294,7 +303,8 @@ def fanin_once(args: argparse.Namespace) -> dict[str, Any]:
                 redraw += time.thread_time() - t
                 next_draw += panel._delay()  # its interval, or more for a costly redraw
                 redraws += 1
-            time.sleep(0.02)
+            arrived.wait(max(0.0, next_draw - time.monotonic()) if panel is not None else 0.05)
+            arrived.clear()
         cpu1, wall1 = _thread_cpu("nbdist-attach"), time.monotonic()
         folding = collector.fold_seconds - folding0
         sent = json.loads(marks["DONE"].split(" ", 2)[2])
