@@ -54,6 +54,7 @@ class Forwarder:
         self.dropped: dict[tuple[str, int], int] = {}  # (job, rank) -> batches dropped here
         self._dropped_sent: dict[tuple[str, int], int] = {}
         self._sock: Optional[socket.socket] = None
+        self._protocol = wire.PROTOCOL  # the connected collector's (see wire.PROTOCOL)
         self._retry_at = 0.0
         self._backoff = BACKOFF[0]
         self._connected_once = False
@@ -139,8 +140,12 @@ class Forwarder:
                 if not chunk:
                     raise ConnectionError("the collector closed the connection")
                 answer += chunk
-            if not wire.decode(bodies[0]).get("ok"):
+            said = wire.decode(bodies[0])
+            if not said.get("ok"):
                 raise ConnectionError("the collector refused the token")
+            # an older notebook reads bytes as base64 in the JSON only
+            protocol = said.get("nbdist")
+            self._protocol = protocol if isinstance(protocol, int) else 1
         except (OSError, ValueError, ConnectionError):
             if sock is not None:
                 sock.close()
@@ -245,7 +250,7 @@ class Forwarder:
         try:
             while self._queue:
                 frame = self._queue[0]
-                self._sock.sendall(frame)
+                self._sock.sendall(wire.for_protocol(frame, self._protocol))
                 self._queue.popleft()
                 self._queued -= len(frame)
         except OSError:

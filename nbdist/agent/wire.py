@@ -42,7 +42,9 @@ RANK_ENV = "NBDIST_ATTACH_RANK_PID"
 #: a ``%nbdist run`` script's rank: the spool directory its worker reads (no forwarder, no
 #: notebook address: the worker relays the rank's events as its own)
 RUN_SPOOL_ENV = "NBDIST_RUN_SPOOL"
-PROTOCOL = 1
+#: 2: bytes after a frame's JSON (1: as base64 in it). A collector says its own in its answer
+#: to the hello (none said: 1), and a forwarder sends a collector of 1 what it can read
+PROTOCOL = 2
 #: bytes of one frame at most (a batch is far smaller); a hello much less
 MAX_FRAME = 16 << 20
 MAX_HELLO = 4096
@@ -115,14 +117,17 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot send {type(obj).__name__} to the notebook")
 
 
-def encode(message: dict[str, Any]) -> bytes:
-    """One frame: length, then ``message``'s body (see the module's docstring)."""
+def encode(message: dict[str, Any], protocol: int = PROTOCOL) -> bytes:
+    """One frame: length, then ``message``'s body (see the module's docstring); ``protocol``
+    1: its bytes as base64 in the JSON, for a collector of that protocol."""
     blobs: list[bytes] = []
     size = 0
 
     def attach(obj: Any) -> Any:
         nonlocal size
         if isinstance(obj, (bytes, bytearray, memoryview)):
+            if protocol < 2:
+                return {"$b": base64.b64encode(bytes(obj)).decode("ascii")}
             blob = bytes(obj)
             blobs.append(blob)
             size += len(blob)
@@ -172,6 +177,13 @@ def decode(body: bytes) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ValueError("a frame must hold a JSON object")
     return message
+
+
+def for_protocol(frame: bytes, protocol: int) -> bytes:
+    """``frame`` as a collector of ``protocol`` reads it (the same frame where it can)."""
+    if protocol >= 2 or frame[_LEN.size:_LEN.size + 1] != _BINARY:
+        return frame
+    return encode(decode(frame[_LEN.size:]), protocol)
 
 
 def split(buffer: bytearray, limit: int = MAX_FRAME) -> list[bytes]:

@@ -251,7 +251,7 @@ class Collector:
             hello = wire.decode(first[0])
             if not wire.token_matches(hello.get("token"), self.token):
                 raise ConnectionError("no token, or not this collector's")
-            conn.sendall(wire.encode({"ok": True}))
+            conn.sendall(wire.encode({"ok": True, "nbdist": wire.PROTOCOL}))
         except (OSError, ValueError, ssl.SSLError):
             self.refused += 1
             self._conns.discard(conn)

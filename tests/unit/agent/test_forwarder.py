@@ -200,3 +200,41 @@ def test_a_detached_job_is_no_longer_sent_while_the_nodes_other_jobs_are(tmp_pat
     finally:
         f.close(timeout=1)
         c.close()
+
+
+def test_a_collector_of_the_first_protocol_gets_bytes_as_base64_in_the_json(tmp_path):
+    import os
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+    address = wire.Address("tcp", "127.0.0.1", server.getsockname()[1], "tok")
+    f = fwd.Forwarder(address, str(tmp_path), owns_directory=False).start()
+    conn = None
+    try:
+        conn, _ = server.accept()
+        conn.settimeout(10)
+        buf = bytearray()
+        while not wire.split(buf, wire.MAX_HELLO):
+            buf += conn.recv(4096)
+        conn.sendall(wire.encode({"ok": True}))  # as a collector of protocol 1 answers
+        from nbdist.telemetry.columns import pack
+
+        w = SpoolWriter(str(tmp_path), pid=os.getpid())
+        packed = {"rank": 0, "seq": 1, "events": pack(training_events(3))}  # as a sink sends
+        w.write(wire.encode({"type": "batch", "job": JOB, "batch": packed}))
+        bodies: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while not any(b'"batch"' in b for b in bodies) and time.monotonic() < deadline:
+            buf += conn.recv(1 << 16)
+            bodies += wire.split(buf)
+        sent = [b for b in bodies if b'"batch"' in b]
+        assert sent and all(b[:1] == b"{" and b'"$b"' in b for b in sent)
+        events = wire.decode(sent[0])["batch"]["events"]
+        assert any(isinstance(c, bytes) for e in events if e.get("kind") == "table"
+                   for p in e["parts"] for c in p["columns"])
+    finally:
+        f.close(timeout=1)
+        if conn is not None:
+            conn.close()
+        server.close()

@@ -47,6 +47,23 @@ def test_frames_carry_bytes_and_split_only_when_complete():
     assert wire.framed(bodies[0]) == frame
 
 
+def test_bytes_travel_raw_after_the_json_and_as_base64_to_an_older_collector():
+    msg = {"type": "batch", "batch": {"rank": 1, "events": [
+        {"a": b"\x00" * 300, "b": [b"xy", bytearray(b"z")], "c": "text"}]}}
+    frame = wire.encode(msg)
+    assert frame[4:5] == b"\x00" and b"\x00" * 300 in frame  # raw, not base64
+    want = {"type": "batch", "batch": {"rank": 1, "events": [
+        {"a": b"\x00" * 300, "b": [b"xy", b"z"], "c": "text"}]}}
+    assert wire.decode(frame[4:]) == want
+    old = wire.for_protocol(frame, 1)  # what a collector of protocol 1 reads
+    assert old[4:5] == b"{" and b'"$b"' in old and wire.decode(old[4:]) == want
+    plain = wire.encode({"type": "bye"})
+    assert wire.for_protocol(plain, 1) is plain and wire.for_protocol(frame, 2) is frame
+    # a body that names bytes it does not hold is refused, not read past its end
+    with pytest.raises(ValueError, match="does not hold"):
+        wire.decode(frame[4:-1])
+
+
 def test_a_frame_longer_than_the_limit_is_refused():
     with pytest.raises(ValueError, match="more than 10"):
         wire.split(bytearray(wire.encode({"x": "y" * 20})), limit=10)

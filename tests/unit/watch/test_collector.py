@@ -59,7 +59,7 @@ def test_it_listens_on_loopback_and_a_free_port_by_default(collector):
 
 def test_a_connection_with_the_token_is_answered_and_its_frames_folded(collector):
     sock = _greet(collector.address, collector.token)
-    assert wire.decode(sock.recv(100)[4:]) == {"ok": True}
+    assert wire.decode(sock.recv(100)[4:]) == {"ok": True, "nbdist": wire.PROTOCOL}
     sock.sendall(wire.encode({"type": "rank", "job": "j", "rank": 0, "world_size": 1,
                               "host": "h", "pid": 5}))
     _until(lambda: len(collector.jobs.records()) == 1)
@@ -116,7 +116,7 @@ def test_a_token_file_gives_a_restarted_kernel_the_same_line(fresh, tmp_path):
     again = attach(token_file=path)
     assert again is not first and again.line == line
     sock = _greet(again.address, wire.parse(line).token)
-    assert wire.decode(sock.recv(100)[4:]) == {"ok": True}
+    assert wire.decode(sock.recv(100)[4:]) == {"ok": True, "nbdist": wire.PROTOCOL}
     sock.close()
 
 
@@ -142,7 +142,7 @@ def test_with_a_certificate_connections_are_tls(tmp_path):
         ctx = ssl.create_default_context(cafile=cert)
         ctx.check_hostname = False
         sock = _greet(c.address, c.token, lambda s: ctx.wrap_socket(s))
-        assert wire.decode(sock.recv(100)[4:]) == {"ok": True}
+        assert wire.decode(sock.recv(100)[4:]) == {"ok": True, "nbdist": wire.PROTOCOL}
         sock.close()
         plain = _greet(c.address, c.token)  # a token in clear text is not answered
         assert _unanswered(plain)
