@@ -158,6 +158,13 @@ class RunState:
                     changed = True
         return changed
 
+    def failed_on_exit(self, rank: int, error: str, t: float) -> None:
+        """``rank`` failed with ``error`` at ``t``, whatever its end said (see
+        :meth:`.Run.failed_on_exit`); a rank already failed keeps its own error."""
+        st = self._ranks.get(rank)
+        if st is not None and st.state != RankState.FAILED:
+            self.apply(rank, {"kind": END, "ok": False, "t": t, "error": error})
+
     def apply(self, rank: int, e: Event) -> None:
         """Fold one event (or table of events) from ``rank``."""
         kind = e["kind"]

@@ -85,6 +85,12 @@ class Run:
         if line:
             self.notes.append(news.line())
 
+    def failed_on_exit(self, rank: int, error: str, t: float) -> None:
+        """``rank``'s process ended with an error its own end did not report (a status the
+        script raised itself, which its launcher saw): its row says so from now on."""
+        self._final = None
+        self._state.failed_on_exit(rank, error, t)
+
     def stopped(self, by: str) -> None:
         """The notebook is stopping the run (``--timeout 16 s`` or ``interrupt``): ranks the
         interrupt ends are stopped by that, and say where they were, not ``KeyboardInterrupt``."""

@@ -303,8 +303,14 @@ class Jobs:
                     self._jobs[key].note(f"rank {proc.rank} (pid {proc.pid} on {proc.host}) "
                                          "ended without saying how: killed, or lost")
                 elif proc.ended == FAILED:
-                    self._jobs[key].note(f"rank {proc.rank} (pid {proc.pid} on {proc.host}) "
-                                         f"failed: {proc.error}")
+                    job = self._jobs[key]
+                    job.note(f"rank {proc.rank} (pid {proc.pid} on {proc.host}) failed: "
+                             f"{proc.error}")
+                    if job.run is not None and proc.error is not None:
+                        # its end may have said it ended well: a status the script raised
+                        # itself is known to its launcher only
+                        t = proc.failed_at if proc.failed_at < float("inf") else time.time()
+                        job.run.failed_on_exit(proc.rank, proc.error, t)
         self._settle()
 
     def closed(self, connection: int) -> None:

@@ -60,6 +60,21 @@ def test_a_rank_that_ends_with_an_error_fails_the_job_and_says_it():
     assert "rank 1 (pid 101 on h1) failed: ValueError: bad batch" in jobs.get("1").notes
 
 
+def test_a_status_the_script_raised_fails_the_rank_its_own_end_said_ended_well():
+    jobs = Jobs()
+    for r in (0, 1):
+        jobs.fold(_rank(r, 100 + r), 1)
+        _train(jobs, r, 3)  # both ends say ok: a raise SystemExit(3) is not seen by the rank
+    jobs.fold(_exit(0, 100), 1)
+    jobs.fold(_exit(1, 101, ok=False, error="exited with status 3", failed_at=T0 + 11), 1)
+    jobs.closed(1)
+    rec = jobs.records()[0]
+    assert rec.state == FAILED and rec.error == "exited with status 3"
+    rows = {r.rank: r for r in jobs.get("1").snapshot().ranks}
+    assert str(rows[1].state) == "failed" and rows[1].error == "exited with status 3"
+    assert str(rows[0].state) == "done" and rows[0].steps == rows[1].steps == 3
+
+
 def test_the_error_raised_first_is_the_jobs_error_whichever_rank_reports_first():
     jobs = Jobs()
     for r in (0, 1):
