@@ -258,8 +258,12 @@ class Collector:
             conn.close()
             return
         self.accepted += 1
-        # the loop reads it when it is readable; sends (stacks, detach) may wait this long
-        conn.settimeout(IO_TIMEOUT)
+        try:  # the loop reads it when it is readable; sends (stacks, detach) may wait this long
+            conn.settimeout(IO_TIMEOUT)
+        except OSError:  # the collector closed meanwhile
+            self._conns.discard(conn)
+            conn.close()
+            return
         self._links[ident] = (conn, threading.Lock())
         # what came after the hello, framed again, is read first
         rest = bytearray(b"".join(wire.framed(b) for b in first[1:])) + buf
@@ -309,11 +313,7 @@ class Collector:
     def _take(self, conn: socket.socket, ident: int, buf: bytearray) -> None:
         try:
             for body in wire.split(buf):
-                message = wire.decode(body)
-                if message.get("type") == "stacks":
-                    self._answer(message)
-                else:
-                    self._inbox.append((message, ident))
+                self._inbox.append((body, ident))
         except ValueError:
             self._drop(conn, ident)
 
@@ -337,9 +337,16 @@ class Collector:
     def _fold(self) -> None:
         """Fold what the connections sent since the last fold, in their order."""
         taken: list[tuple[dict, int]] = []
-        for message, ident in self._inbox:
-            if message is not None:
-                taken.append((message, ident))
+        for body, ident in self._inbox:
+            if body is not None:
+                try:
+                    message = wire.decode(body)
+                except ValueError:
+                    continue
+                if message.get("type") == "stacks":
+                    self._answer(message)
+                else:
+                    taken.append((message, ident))
                 continue
             self.jobs.fold_all(taken)
             taken = []
