@@ -207,7 +207,7 @@ class Collector:
                                                     - time.monotonic())
             try:
                 ready = self._selector.select(wait)
-            except OSError:
+            except (OSError, ValueError):
                 return  # closed under it
             for key, _ in ready:
                 if key.data is _ACCEPT:
