@@ -43,11 +43,16 @@ def launcher_settings(launch: LaunchOptions, timeout: float = 300.0,
     # chance to stop it; so do local engines.
     config: dict[str, Any] = {"LocalControllerLauncher": {
         "controller_cmd": lifeline.command("ipyparallel.controller")}}
+    # An engine gives up and exits when the controller has not answered its registration
+    # within IPEngine.timeout (5 s by default): on a busy machine, engines importing torch and
+    # a controller starting can take longer, and one engine of four was lost that way. The
+    # start's own timeout bounds the wait instead.
+    register = f"--IPEngine.timeout={timeout:g}"
     if launch.local:
         # Engines start importing torch while they start and register (runtime.boot.preload),
         # and may start before the controller has written its connection file.
         config["LocalEngineSetLauncher"] = {"engine_cmd": [
-            *lifeline.command(preload.__name__), "ipyparallel.engine",
+            *lifeline.command(preload.__name__), "ipyparallel.engine", register,
             f"--IPEngine.wait_for_url_file={timeout:g}"]}
         return {"config": Config(config)}, {}
     from ipyparallel.cluster.launcher import BatchSystemLauncher, find_launcher_class
@@ -60,7 +65,7 @@ def launcher_settings(launch: LaunchOptions, timeout: float = 300.0,
     traits: dict[str, Any] = {
         # ends once the controller is gone for good, even in the middle of a cell
         "engine_cmd": [*lifeline.remote_command(preload.__name__, python),
-                       "ipyparallel.engine"]}
+                       "ipyparallel.engine", register]}
     engine_kwargs: dict[str, Any] = {}
     if launch.launcher == "ssh":
         traits["engines"] = dict(launch.hosts)

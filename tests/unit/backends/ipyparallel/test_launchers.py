@@ -35,6 +35,8 @@ def test_local_needs_no_launcher_but_runs_under_the_lifeline():
     engine = config["LocalEngineSetLauncher"]["engine_cmd"]
     assert engine[engine.index("ipyparallel.engine") - 1] == "nbdist.runtime.boot.preload"
     assert engine[-1] == "--IPEngine.wait_for_url_file=300"
+    # and wait for the controller's answer to their registration as long as the start may take
+    assert "--IPEngine.timeout=300" in engine
 
 
 def test_slurm_settings_land_in_ipyparallels_batch_script(tmp_path):
@@ -78,6 +80,7 @@ def test_remote_engines_run_the_notebooks_python_unless_told(tmp_path):
     launch = LaunchOptions(launcher="ssh", listen="10.0.0.5", hosts={"node1": 1})
     launcher = engine_launcher(launch, tmp_path)
     assert launcher.remote_python == sys.executable == launcher.engine_cmd[0]
+    assert launcher.engine_cmd[-2:] == ["ipyparallel.engine", "--IPEngine.timeout=300"]
 
 
 def test_the_controller_always_runs_under_the_kernels_lifeline(tmp_path):
