@@ -72,16 +72,6 @@ TRAIN = textwrap.dedent(f"""
 """)
 
 
-@pytest.fixture
-def site_dir(tmp_path):
-    """A site directory holding the hook as installed, and a sitecustomize that adds it."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "nbdist-attach.pth").write_bytes((REPO / "nbdist-attach.pth").read_bytes())
-    (site / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site)!r})\n")
-    return site
-
-
 def _mpirun(tmp_path, site_dir, line, go, **extra):
     """``mpirun -np 2 python train.py`` with ``line`` in the environment, exported to the
     ranks as a user does (``-x``), in a process session of its own."""

@@ -57,17 +57,6 @@ TRAIN = textwrap.dedent(f"""
 
 
 @pytest.fixture
-def site_dir(tmp_path):
-    """A site directory holding the hook as installed, and a sitecustomize that adds it (this
-    checkout is an editable install, which has no hook)."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "nbdist-attach.pth").write_bytes((REPO / "nbdist-attach.pth").read_bytes())
-    (site / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site)!r})\n")
-    return site
-
-
-@pytest.fixture
 def listening(net: Net):
     """The kernel's collector, asked to listen on this host's address on the bridge."""
     collector = attaching.attach(listen=f"{net.gateway}:0")

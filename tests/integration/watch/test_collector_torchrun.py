@@ -78,16 +78,6 @@ BACKWARD_LINE = next(i for i, line in enumerate(TRAIN.splitlines(), 1)
                      if line.strip() == "loss.backward()")
 
 
-@pytest.fixture
-def site_dir(tmp_path):
-    """A site directory holding the hook as installed, and a sitecustomize that adds it."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "nbdist-attach.pth").write_bytes((REPO / "nbdist-attach.pth").read_bytes())
-    (site / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site)!r})\n")
-    return site
-
-
 def _env(site, attach=None, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NBDIST_ATTACH")}
     env.update(extra)

@@ -32,7 +32,6 @@ def _helpers():
 
 
 jobs = _helpers()
-site_dir = jobs.site_dir  # the start-up hook, as installed
 
 pytestmark = pytest.mark.timeout(300)
 
