@@ -1,6 +1,7 @@
 """A command run to its end in a process session of its own (a timeout stops every process it
 started: torchrun's ranks, a compiler's children), and the same script under a real
-``torchrun --standalone --nproc_per_node=2``: the ground truth the library tests compare with."""
+``torchrun --standalone --nproc_per_node=2``: the ground truth the library tests compare with;
+and a launched job (torchrun's, mpirun's) waited for, or killed with all it started."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 
@@ -31,3 +33,31 @@ def under_torchrun(script: Path, out: Path, timeout: float = 300) -> None:
     """``script out`` under torchrun, 2 ranks on this host, in the script's folder."""
     run_to_end([sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc_per_node=2", str(script), str(out)], script.parent, timeout, "torchrun")
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """Kill a job started in a process session of its own, and every process it started
+    wherever it put them (a launcher's ranks may lead sessions of their own)."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in family:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    """``proc``'s exit status and output once it ends; past ``timeout`` seconds it is killed
+    with all it started (nothing a job started may outlive its test)."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+    return proc.returncode, out

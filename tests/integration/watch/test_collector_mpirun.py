@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,9 +21,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from realclusters import free_port, wait_until
+from torchrun_runs import finish, kill_session
 
 from nbdist.watch.collector import Collector
 
@@ -86,31 +85,6 @@ def _mpirun(tmp_path, site_dir, line, go, **extra):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def _kill_all(proc):
-    """Kill mpirun's session, and its ranks wherever Open MPI put them."""
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    for child in family:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
-
-
-def _finish(proc, timeout=240):
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:  # nothing the job started may outlive the test
-            _kill_all(proc)
-    return proc.returncode, out
-
-
 def _ended(collector, timeout=30):
     end = time.monotonic() + timeout
     while not collector.jobs.records() or collector.jobs.records()[0].state == "running":
@@ -136,7 +110,7 @@ def test_an_mpirun_job_reports_both_ranks_live_and_ends_finished_with_every_step
         assert all(1 <= n <= HELD_AT for n in rec.steps.values()), rec
         assert rec.hosts == (socket.gethostname(),)
         go.touch()
-        code, out = _finish(proc)
+        code, out = finish(proc)
         assert code == 0, out
         assert out.count("nbdist.agent.rank") == 2, out  # both measured by the agent
         rec = _ended(collector)
@@ -146,7 +120,7 @@ def test_an_mpirun_job_reports_both_ranks_live_and_ends_finished_with_every_step
         assert collector.accepted == 1  # one connection for the node, the elected rank's
     finally:
         if proc.poll() is None:
-            _kill_all(proc)
+            kill_session(proc)
         collector.close()
 
 
@@ -155,7 +129,7 @@ def test_a_rank_that_raises_under_mpirun_fails_the_job_with_its_error(tmp_path, 
     go = tmp_path / "go"
     go.touch()
     try:
-        code, out = _finish(_mpirun(tmp_path, site_dir, collector.address.line, go,
+        code, out = finish(_mpirun(tmp_path, site_dir, collector.address.line, go,
                                     FAIL_AT="3"))
         assert code != 0 and "ValueError: bad batch at step 3" in out, out
         rec = _ended(collector)

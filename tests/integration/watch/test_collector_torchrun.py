@@ -19,8 +19,8 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from torchrun_runs import finish, kill_session
 
 from nbdist.agent.hook import node_directory
 from nbdist.watch.collector import Collector
@@ -98,31 +98,6 @@ def _torchrun(tmp_path, env, go, agent=False, restarts=0):
         start_new_session=True)
 
 
-def _kill_all(proc):
-    """Kill the job: torchrun and its ranks (each rank leads a session of its own)."""
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    for child in family:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
-
-
-def _finish(proc, timeout=240):
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:  # nothing the job started may outlive the test
-            _kill_all(proc)
-    return proc.returncode, out
-
-
 def _until(cond, timeout, proc):
     end = time.monotonic() + timeout
     while not cond():
@@ -165,7 +140,7 @@ def test_a_torchrun_job_reports_both_ranks_live_and_ends_finished_with_every_ste
         assert "nbdist" not in stacks[0] + stacks[1]  # the script's frames, not the agent's
         assert list(job.stacks(rank=1)) == [1]
         go.touch()
-        code, out = _finish(proc)
+        code, out = finish(proc)
         assert code == 0, out
         _until_ended = time.monotonic() + 30
         while collector.jobs.records()[0].state == "running":
@@ -180,7 +155,7 @@ def test_a_torchrun_job_reports_both_ranks_live_and_ends_finished_with_every_ste
         assert out.count("nbdist.agent.rank") == 2
     finally:
         if proc.poll() is None:
-            _kill_all(proc)
+            kill_session(proc)
         collector.close()
 
 
@@ -202,7 +177,7 @@ def test_without_the_variable_nothing_of_nbdist_is_imported(tmp_path, site_dir):
     assert [m for m in _imported(plain.stderr) if m.split(".")[0] == "nbdist"] == []
     go = tmp_path / "go"
     go.touch()
-    code, out = _finish(_torchrun(tmp_path, _env(site_dir), go))
+    code, out = finish(_torchrun(tmp_path, _env(site_dir), go))
     assert code == 0, out
     assert out.count("NBDIST_MODULES []") == 2, out
 
@@ -213,7 +188,7 @@ def test_a_notebook_that_is_not_there_costs_the_job_nothing(tmp_path, site_dir):
     gone.close()  # its port now refuses: the forwarder retries with back-off, ranks spool
     go = tmp_path / "go"
     go.touch()
-    code, out = _finish(_torchrun(tmp_path, _env(site_dir, line), go))
+    code, out = finish(_torchrun(tmp_path, _env(site_dir, line), go))
     assert code == 0, out
     assert out.count("NBDIST_MODULES") == 2 and "Traceback" not in out, out
 
@@ -227,7 +202,7 @@ def test_a_rank_that_raises_or_exits_nonzero_fails_the_job_with_its_error(
     go = tmp_path / "go"
     go.touch()
     try:
-        code, out = _finish(_torchrun(tmp_path, _env(site_dir, collector.address.line,
+        code, out = finish(_torchrun(tmp_path, _env(site_dir, collector.address.line,
                                                       **{how: "3"}), go))
         assert code != 0
         # torchrun's own account of the failed rank: its exit status
@@ -253,7 +228,7 @@ def test_ranks_started_as_python_m_nbdist_agent_elect_one_forwarder_for_their_no
     env = {k: v for k, v in os.environ.items() if not k.startswith("NBDIST_ATTACH")}
     env.update(PYTHONPATH=str(REPO), NBDIST_ATTACH=collector.address.line)
     try:
-        code, out = _finish(_torchrun(tmp_path, env, go, agent=True))
+        code, out = finish(_torchrun(tmp_path, env, go, agent=True))
         assert code == 0, out
         end = time.monotonic() + 30
         while not collector.jobs.records() or collector.jobs.records()[0].state == "running":
@@ -282,7 +257,7 @@ def test_a_rank_killed_under_max_restarts_shows_its_death_and_the_restart_in_one
     env = _env(site_dir, collector.address.line, DIE_AT="3",
                TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     try:
-        code, out = _finish(_torchrun(tmp_path, env, go, restarts=1))
+        code, out = finish(_torchrun(tmp_path, env, go, restarts=1))
         assert code == 0, out  # the restarted attempt finished
         # and trained as a group of two, as the first one did
         for rank in (0, 1):
@@ -354,15 +329,15 @@ def test_a_kernel_killed_mid_job_leaves_the_job_to_finish_with_the_weights_it_ha
             os.killpg(kernel.pid, signal.SIGKILL)
             kernel.wait(timeout=30)
             go.touch()
-            code, out = _finish(attached)
+            code, out = finish(attached)
         finally:
             if attached.poll() is None:
-                _kill_all(attached)
+                kill_session(attached)
         assert code == 0 and out.count("NBDIST_MODULES") == 2, out
         assert "Traceback" not in out, out
         assert out.count("nbdist.agent.rank") == 2  # it was attached to the end
         # the same job, never attached
-        code, out = _finish(_torchrun(tmp_path, _env(site_dir, WEIGHTS=str(tmp_path / "u.pt")),
+        code, out = finish(_torchrun(tmp_path, _env(site_dir, WEIGHTS=str(tmp_path / "u.pt")),
                                       go))
         assert code == 0 and out.count("NBDIST_MODULES []") == 2, out
     finally:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from torchrun_runs import finish, kill_session
 
 from nbdist.watch.collector import Collector
 from nbdist.watch.watched import WatchedJob
@@ -119,7 +120,7 @@ def test_rank_1_sleeping_in_a_step_is_named_with_the_scripts_line(tmp_path, site
                 in stack), stack
         assert stack.rstrip().endswith("time.sleep(200)"), stack
         os.kill(collector.jobs.get(rec.id).ranks[1].pid, signal.SIGUSR1)  # rank 1 goes on
-        code, out = jobs._finish(proc)
+        code, out = finish(proc)
         assert code == 0, out
         end_by = time.monotonic() + 30  # the job's last frames are on their way
         while collector.jobs.records()[0].state == "running":
@@ -130,5 +131,5 @@ def test_rank_1_sleeping_in_a_step_is_named_with_the_scripts_line(tmp_path, site
         assert rec.stall is None  # it went on: no verdict stands
     finally:
         if proc.poll() is None:
-            jobs._kill_all(proc)
+            kill_session(proc)
         collector.close()
