@@ -160,17 +160,19 @@ def decode(body: bytes) -> dict[str, Any]:
         blobs = memoryview(body)[start + n:]
         body = body[start:start + n]
 
-    def hook(obj: dict[str, Any]) -> Any:
-        if len(obj) == 1:
-            ref = obj.get("$r")
-            if isinstance(ref, list) and len(ref) == 2:
+    size = len(blobs)
+
+    def hook(obj: dict[str, Any]) -> Any:  # called for every object: the common case first
+        if "$r" in obj and len(obj) == 1:
+            ref = obj["$r"]
+            if type(ref) is list and len(ref) == 2:
                 off, length = ref
-                if (not isinstance(off, int) or not isinstance(length, int) or off < 0
-                        or length < 0 or off + length > len(blobs)):
+                if (type(off) is not int or type(length) is not int or off < 0
+                        or length < 0 or off + length > size):
                     raise ValueError("a frame names bytes it does not hold")
                 return bytes(blobs[off:off + length])
-            if "$b" in obj:
-                return base64.b64decode(obj["$b"])
+        elif "$b" in obj and len(obj) == 1:
+            return base64.b64decode(obj["$b"])
         return obj
 
     message = json.loads(body, object_hook=hook)

@@ -100,11 +100,18 @@ class RunState:
     stall_after : float, optional
         The user's stall threshold in seconds (0: no stall verdict); default
         :func:`~nbdist.telemetry.stall.report.stall_threshold`'s.
+    trace : bool
+        Keep the events for a trace file (:meth:`events`); False: count them only (a job
+        watched from outside has no trace to write).
     """
 
     def __init__(self, ranks: Iterable[int] = (), history: int = 300,
-                 started: Optional[float] = None, stall_after: Optional[float] = None):
+                 started: Optional[float] = None, stall_after: Optional[float] = None,
+                 trace: bool = True):
         self._window = history
+        self._trace = trace
+        #: events folded and not kept (``trace=False``)
+        self.untraced = 0
         self._ranks: dict[int, RankFold] = {}
         #: ranks' reports of steps and of collectives outside steps, matched across ranks
         self._matcher = StepMatcher(self._ranks, history)
@@ -261,6 +268,9 @@ class RunState:
         """Keep ``e`` (``n`` events) for the trace, as its pickle: bytes the garbage collector
         never scans. At a thousand ranks, the events kept as dicts (and tables as dicts of
         lists) would make its full collections the notebook's largest cost."""
+        if not self._trace:
+            self.untraced += n
+            return
         rec = self.kept_events.setdefault(rank, deque())
         if e["kind"] == TABLE:  # its rows, not the summaries the fold read
             e = {"kind": TABLE, "order": e["order"],
@@ -284,7 +294,10 @@ class RunState:
         self._record(rank, t, table_rows(t))
         if st.state == RankState.WAITING:
             st.state = RankState.RUNNING
+        folded = self._summed_steps(rank, st, t["parts"])
         for part in sorted(t["parts"], key=lambda p: p["of"] != COMM):
+            if folded and (part is folded[0] or part is folded[1]):
+                continue
             kind = part["of"]
             if kind == COMM and "steps" in part:
                 self._comm_summary(rank, st, part)
@@ -302,18 +315,62 @@ class RunState:
                 for e in _part_rows(kind, cols):
                     self._fold(rank, st, e)
 
+    def _summed_steps(self, rank: int, st: RankFold, parts: Sequence[Event]
+                      ) -> Optional[tuple[Event, Event]]:
+        """A table's steps and its one part of collectives, when that part's summary tells
+        exactly those steps, all timed (a training rank's batch, as a rule), folded together:
+        what :meth:`_comm_summary` then :meth:`_step_columns` would do, with a report made
+        only for each step matched across ranks (:attr:`.StepMatcher.every`). Returns the
+        two parts; None where the table is not of that form (they are folded one by one)."""
+        comms = [p for p in parts if p["of"] == COMM]
+        steps = [p for p in parts if p["of"] == STEP]
+        if (len(comms) != 1 or len(steps) != 1 or "steps" not in comms[0]
+                or self.stall.interrupted(rank)):
+            return None
+        comm, step = comms[0], steps[0]
+        if "comm_timed" in step["fields"] and not all(column(step, "comm_timed")):
+            return None
+        ns = column(step, "step")
+        told_ns = comm["steps"]["step"]  # the same packed bytes, as a rule: no need to decode
+        if ((told_ns != step["columns"][step["fields"].index("step")]
+             and summary_column(comm, "step") != ns)
+                or (st.comm and any(n in st.comm for n in ns))):
+            return None
+        self._span(comm["t0"], comm["t1"])
+        self.stall.progress(comm["t1"], rank)
+        self._bytes += comm["bytes"]
+        self._ncomm += comm["n"]
+        t0s, t1s = column(step, "t0"), column(step, "t1")
+        self._span(min(t0s), max(t1s))
+        self.stall.progress(max(t1s), rank)
+        lengths = [b - a for a, b in zip(t0s, t1s)]
+        self.stall.steps_all(lengths, t1s, rank)
+        job_ns = st.job_steps(ns)
+        every = self._matcher.every
+        keep = (range(len(ns)) if every <= 1
+                else [i for i, n in enumerate(job_ns) if not n % every])
+        told = [summary_column(comm, k) for k in ("bytes", "timed", "untimed", "busy")]
+        reports = st.add_summed_steps(ns, t0s, t1s, lengths, column(step, "samples"),
+                                      column(step, "comm_exposed_s"), told, keep)
+        self._matcher.steps(rank, [job_ns[i] for i in keep], reports)
+        return comm, step
+
     def _memory_columns(self, st: RankFold, part: Event) -> None:
         """What :meth:`_memory` would keep of the part's samples, one at a time: the last one
         that holds anything, else the first when the rank had none."""
         ts = column(part, "t")
         self._span(min(ts), max(ts))
-        held = [any(x) for x in zip(column(part, "params"), column(part, "grads"),
-                                    column(part, "optimizer"))]
-        keep = max((i for i, h in enumerate(held) if h), default=None)
-        if keep is None and st.memory is None:
-            keep = 0
+        last = row(part, len(ts) - 1)
+        if last["params"] or last["grads"] or last["optimizer"]:  # as a rule: no more to read
+            keep: Optional[int] = len(ts) - 1
+        else:
+            held = [any(x) for x in zip(column(part, "params"), column(part, "grads"),
+                                        column(part, "optimizer"))]
+            keep = max((i for i, h in enumerate(held) if h), default=None)
+            if keep is None and st.memory is None:
+                keep = 0
         if keep is not None:
-            st.memory = row(part, keep)
+            st.memory = last if keep == len(ts) - 1 else row(part, keep)
             st.memory_point = None
 
     def _comm_summary(self, rank: int, st: RankFold, part: Event) -> None:

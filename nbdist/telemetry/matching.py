@@ -280,11 +280,18 @@ class StepMatcher:
         #: step -> the point it adds to the run's per-step series, the last ``history``
         self.series: dict[int, StepPoint] = {}
 
+    @property
+    def every(self) -> int:
+        """One step in this many is matched: the steps whose number it divides (0 or 1: every
+        step)."""
+        return len(self._ranks) // MATCHED_RANKS
+
     def steps(self, rank: int, ns: Sequence[int], reports: Sequence[Report]) -> None:
         """``rank``'s reports of steps ``ns`` (:meth:`.RankFold.add_steps`); each step is
-        matched across ranks once its last report arrives."""
+        matched across ranks once its last report arrives (``ns`` may hold only the steps
+        matched: see :attr:`every`)."""
         pending = self._pending
-        every = len(self._ranks) // MATCHED_RANKS
+        every = self.every
         for n, report in zip(ns, reports):
             if every > 1 and n % every:
                 continue  # not one of the steps matched in a run this large

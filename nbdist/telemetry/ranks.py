@@ -187,6 +187,35 @@ class RankFold:
                 reports.append((step_s, ex, busy, acc.timed_bytes, not acc.untimed))
         return reports, untimed_bytes
 
+    def add_summed_steps(self, ns: Sequence[int], t0s: Sequence[float], t1s: Sequence[float],
+                         lengths: Sequence[float], samples: Sequence[int],
+                         exposed: Sequence[float], told: Sequence[Sequence[Any]],
+                         keep: Iterable[int]) -> list[Report]:
+        """:meth:`add_steps` for steps whose collectives, all timed, one worker's summary told
+        (``told``: its ``bytes``, ``timed``, ``untimed`` and ``busy`` columns, a value per
+        step), none of them kept waiting in :attr:`comm`: the window takes only the last
+        :data:`WINDOW` steps, and reports are made only for the steps at indices ``keep``
+        (the ones matched across ranks). Returns those reports.
+
+        The same window and reports as :meth:`add_steps` after
+        :meth:`~.aggregate.RunState._comm_summary`, at a cost per matched step rather than
+        per step (at a thousand ranks, most of a batch's steps are in neither)."""
+        nbytes, timed, untimed, busy = told
+        w = -WINDOW
+        self.steps += len(ns)
+        self.last_step = ns[-1] + self.offset
+        self.t0s.extend(t0s[w:])
+        self.t1 = t1s[-1]
+        self.step_s.extend(lengths[w:])
+        self.samples.extend(samples[w:])
+        self.exposed.extend([e if e < s else s for e, s in zip(exposed[w:], lengths[w:])])
+        self.step_bytes.extend(nbytes[w:])
+        out: list[Report] = []
+        for i in keep:
+            s, e = lengths[i], exposed[i]
+            out.append((s, e if e < s else s, busy[i], timed[i], not untimed[i]))
+        return out
+
     def job_steps(self, ns: Sequence[int]) -> Sequence[int]:
         """Its step numbers ``ns`` as the job's (the ones the ranks' reports match by)."""
         off = self.offset

@@ -41,11 +41,14 @@ class Run:
     stall_after : float, optional
         Seconds without progress before the hang doctor gives its verdict (0: never);
         default five median steps, at least 10 s.
+    trace : bool
+        Keep its events for :meth:`write_trace` (False: a job watched from outside, whose
+        figures are all the notebook shows of it).
     """
 
     def __init__(self, what: str, ranks: Sequence[int], *, world_size: int,
                  generation: int = 0, name: Optional[str] = None,
-                 stall_after: Optional[float] = None) -> None:
+                 stall_after: Optional[float] = None, trace: bool = True) -> None:
         self.what = what
         self.name = name
         #: how error headlines name it: ``In [12]`` for a cell the kernel numbered
@@ -55,7 +58,8 @@ class Run:
         self.generation = generation
         self.started = time.time()
         self.ended: Optional[float] = None
-        self._state = RunState(self.ranks, started=self.started, stall_after=stall_after)
+        self._state = RunState(self.ranks, started=self.started, stall_after=stall_after,
+                               trace=trace)
         self._seq: dict[int, int] = {}  # rank -> highest batch seq received
         #: lines the session added (e.g. what elastic training survived), in order
         self.notes: list[str] = []
@@ -155,7 +159,8 @@ class Run:
         ranks)."""
         interrupted = any(e.get("reason") == "interrupt"
                           for e in self._state.stall.stacks.values())
-        return bool(self._state.kept_events) or self._stalled or interrupted
+        return (bool(self._state.kept_events) or self._state.untraced > 0 or self._stalled
+                or interrupted)
 
     @property
     def dropped(self) -> int:

@@ -208,9 +208,17 @@ class Jobs:
             job = self._jobs[key] = Job(id=str(self._count), key=key, world_size=world_size)
         if world_size and job.run is None:
             job.world_size = world_size
-            job.run = Run(f"job {job.id}", range(world_size), world_size=world_size)
+            # no trace: nothing writes one for a watched job, and a week-long job would
+            # fill the run's trace store for nothing
+            job.run = Run(f"job {job.id}", range(world_size), world_size=world_size,
+                          trace=False)
             job.run.started = job.started
         return job
+
+    def running_ranks(self) -> int:
+        """Ranks of the jobs still running (what a fold of a second's frames holds)."""
+        return sum(j.world_size for j in list(self._jobs.values())
+                   if j.state == RUNNING and j.key not in self._detached)
 
     def fold(self, message: dict[str, Any], connection: int = 0) -> None:
         """Take one frame's message from ``connection``."""

@@ -99,6 +99,69 @@ def test_a_trace_keeps_what_tables_carried():
     assert list(rows(t)) == [e for e in evs if e["kind"] in ev.TABLED]
 
 
+@pytest.mark.parametrize("world", [3, 600])
+def test_steps_folded_with_their_summed_collectives_give_the_part_by_part_fold(
+        world, monkeypatch):
+    """A table of steps and the summary of their collectives is folded in one pass, making
+    reports only for the steps matched (at 600 ranks one in 2): the snapshot and the trace are
+    what folding the two parts one after the other gives, whatever the batches' cuts (a step's
+    collectives in one batch and the step in the next take the part-by-part path)."""
+    compute = {r: 0.010 for r in range(world)}
+    compute[world - 1] = 0.016
+    evs = ddp_job(compute, steps=12, bucket_bytes=(300, 500, 700))
+    for r, es in evs.items():
+        for e in es:  # steps of different sizes
+            if e["kind"] == ev.COMM:
+                e["bytes"] += 10 * e["step"]
+        es.append(ev.scalars({"loss": 0.5 + 0.1 * r}, T0 + 1, 10))
+        es.append(ev.end(True, T0 + 2))
+    calls = in_pieces(evs, random.Random(world), tables=True)
+    taken = []
+    summed = RunState._summed_steps
+
+    def counted(self, *a):
+        out = summed(self, *a)
+        taken.append(out is not None)
+        return out
+
+    def fold_all() -> RunState:  # a snapshot now and then (each one visits every rank)
+        state = RunState(range(world))
+        for i, batches in enumerate(calls):
+            state.feed(batches)
+            if i % 97 == 0:
+                state.snapshot()
+        state.finish()
+        return state
+
+    monkeypatch.setattr(RunState, "_summed_steps", counted)
+    fast = fold_all()
+    assert any(taken) and not all(taken)  # both paths ran
+    monkeypatch.setattr(RunState, "_summed_steps", lambda self, *a: None)
+    slow = fold_all()
+    assert fast.snapshot() == slow.snapshot()
+    assert fast.snapshot().stragglers == (world - 1,)
+    for r in range(world):  # each rank's window, step by step
+        a, b = fast._ranks[r], slow._ranks[r]
+        for name in ("t0s", "step_s", "samples", "exposed", "step_bytes", "m_index",
+                     "m_waiting", "m_transfer", "m_bw"):
+            assert list(getattr(a, name)) == list(getattr(b, name)), (r, name)
+        assert (a.steps, a.last_step, a.t1, a.comm) == (b.steps, b.last_step, b.t1, b.comm)
+    assert fast.events() == slow.events()
+
+
+def test_a_run_without_a_trace_folds_the_same_and_keeps_no_event():
+    evs = job()
+    calls = in_pieces(evs, random.Random(7), tables=True)
+    kept = fold(calls, len(evs))
+    untraced = RunState(range(len(evs)), trace=False)
+    for batches in calls:
+        untraced.feed(batches)
+    untraced.finish()
+    assert untraced.snapshot() == kept.snapshot()
+    assert untraced.kept_events == {} and untraced.events() == {}
+    assert untraced.untraced == sum(len(e) for e in kept.events().values()) > 0
+
+
 # ----------------------------------------------------------------- views of many ranks
 @pytest.fixture(scope="module")
 def thousand():

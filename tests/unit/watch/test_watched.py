@@ -45,6 +45,8 @@ def test_two_ranks_that_end_well_make_a_finished_job_with_their_steps():
     assert rec.state == FINISHED and rec.steps == {0: 6, 1: 6} and rec.error is None
     job = jobs.get("1")
     assert job is jobs.get(KEY) and job.run.ended is not None
+    # its figures, and no trace: nothing writes one for a watched job
+    assert job.run.recorded and job.run.trace_events == 0 and job.run.events() == {}
 
 
 def test_a_rank_that_ends_with_an_error_fails_the_job_and_says_it():
