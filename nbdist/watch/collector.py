@@ -4,7 +4,7 @@ One :class:`Collector` per kernel. It listens on loopback and a free port unless
 ``HOST:PORT``, and answers only connections whose first frame carries its token (compared in
 constant time); others are closed unanswered. Each job's node forwarder
 (:mod:`nbdist.agent.forwarder`) keeps one connection. One thread reads them all, and folds
-what they sent into :class:`~.watched.Jobs` every :func:`fold_interval` seconds, in one go (a
+what they sent into :class:`~.watched.Jobs` every :data:`FOLD_INTERVAL` seconds, in one go (a
 job's run settles what a feed changed once per feed, not once per frame). With a certificate
 and key the connections are TLS.
 
@@ -53,25 +53,8 @@ class _Reading:
 
     def __init__(self, ident: int, buf: bytearray):
         self.ident, self.buf = ident, buf
-#: seconds between two folds of what the connections sent (as a cell's loop polls its job),
-#: at least; a second more per :data:`FOLD_RANKS` ranks watched, up to
-#: :data:`MAX_FOLD_INTERVAL` (see :func:`fold_interval`)
+#: seconds between two folds of what the connections decoded (as a cell's loop polls its job)
 FOLD_INTERVAL = 0.1
-FOLD_RANKS = 1024
-MAX_FOLD_INTERVAL = 1.0
-
-
-def fold_interval(ranks: int) -> float:
-    """Seconds between two folds while ``ranks`` ranks are watched: :data:`FOLD_INTERVAL` for
-    small jobs, longer for large ones, whose panel redraws every few seconds anyway. Folding
-    a second's frames in one go costs the kernel less than in ten pieces: each piece finds
-    the fold's state out of the processor's caches (measured at 1,024 ranks: about 30 % less
-    CPU; ``benchmarks/bench_attach.py``).
-
-    >>> fold_interval(2), fold_interval(512), fold_interval(1024), fold_interval(16384)
-    (0.1, 0.5, 1.0, 1.0)
-    """
-    return min(MAX_FOLD_INTERVAL, max(FOLD_INTERVAL, ranks / FOLD_RANKS))
 
 
 def parse_listen(listen: Optional[str]) -> tuple[Optional[str], Optional[int]]:
@@ -214,14 +197,13 @@ class Collector:
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
-        """Accept and read every connection, and fold what they sent every
-        :func:`fold_interval` seconds: one thread for all of a job's hosts (a thread per
+        """Accept, read and decode every connection, and fold what they sent every
+        :data:`FOLD_INTERVAL` seconds: one thread for all of a job's hosts (a thread per
         connection spent more on handing the interpreter to each other than on reading)."""
         space = memoryview(bytearray(RECV_BYTES))
         folded = time.monotonic()
-        interval = FOLD_INTERVAL
         while not self._closed:
-            wait = None if not self._inbox else max(0.0, folded + interval
+            wait = None if not self._inbox else max(0.0, folded + FOLD_INTERVAL
                                                     - time.monotonic())
             try:
                 ready = self._selector.select(wait)
@@ -234,11 +216,10 @@ class Collector:
                     self._woken()
                 else:
                     self._read(key.fileobj, key.data, space)  # type: ignore[arg-type]
-            if self._inbox and time.monotonic() >= folded + interval:
+            if self._inbox and time.monotonic() >= folded + FOLD_INTERVAL:
                 folded = time.monotonic()
                 t = time.thread_time()
                 self._fold()
-                interval = fold_interval(self.jobs.running_ranks())
                 self.fold_seconds += time.thread_time() - t
 
     def _accept(self) -> None:

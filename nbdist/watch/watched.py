@@ -215,11 +215,6 @@ class Jobs:
             job.run.started = job.started
         return job
 
-    def running_ranks(self) -> int:
-        """Ranks of the jobs still running (what a fold of a second's frames holds)."""
-        return sum(j.world_size for j in list(self._jobs.values())
-                   if j.state == RUNNING and j.key not in self._detached)
-
     def fold(self, message: dict[str, Any], connection: int = 0) -> None:
         """Take one frame's message from ``connection``."""
         with self.lock:

@@ -164,10 +164,3 @@ def test_attach_errors_are_nbdists_errors_that_say_what_to_do(fresh, tmp_path):
     with pytest.raises(AttachError, match="give both, or neither"):
         attach(tls_key="k.pem")
 
-
-def test_the_fold_waits_longer_for_jobs_of_many_ranks():
-    from nbdist.watch.collector import FOLD_INTERVAL, MAX_FOLD_INTERVAL, fold_interval
-
-    assert fold_interval(0) == fold_interval(2) == FOLD_INTERVAL
-    assert fold_interval(512) == 0.5 and fold_interval(1024) == MAX_FOLD_INTERVAL
-    assert fold_interval(16384) == MAX_FOLD_INTERVAL
