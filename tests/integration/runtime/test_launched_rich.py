@@ -105,13 +105,15 @@ def lines_of(text: str, *starts: str) -> Counter:
 
 @pytest.fixture(scope="module")
 def under_torchrun(tmp_path_factory) -> str:
-    """What torchrun's output file gets from the code, started from a terminal's environment
-    (without the kernel's variables)."""
+    """What torchrun's log files get from the code, started from a terminal's environment
+    (without the kernel's variables): each rank's output in a file of its own (``--redirects
+    3``), read one after the other. Two ranks writing one shared file can interleave inside a
+    line (rich writes a line's text and its newline apart)."""
     tmp = tmp_path_factory.mktemp("rich")
     (tmp / "train.py").write_text(CODE + MAIN)
     env = {k: v for k, v in os.environ.items() if k not in kernel_env()}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "train.py"]
+           "--log-dir", str(tmp / "ranks"), "--redirects", "3", "train.py"]
     with open(tmp / "log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -123,7 +125,9 @@ def under_torchrun(tmp_path_factory) -> str:
             pytest.fail("torchrun did not finish within 300 s")
     text = (tmp / "log").read_text()
     assert proc.returncode == 0, text[-3000:]
-    return text
+    logs = sorted((tmp / "ranks").rglob("*.log"))
+    assert len(logs) == 4, (logs, text[-3000:])  # stdout and stderr of each rank
+    return text + "".join(f.read_text() for f in logs)
 
 
 @pytest.fixture(scope="module", params=ENGINES)
