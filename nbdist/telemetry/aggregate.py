@@ -336,15 +336,8 @@ class RunState:
              and summary_column(comm, "step") != ns)
                 or (st.comm and any(n in st.comm for n in ns))):
             return None
-        self._span(comm["t0"], comm["t1"])
-        self.stall.progress(comm["t1"], rank)
-        self._bytes += comm["bytes"]
-        self._ncomm += comm["n"]
-        t0s, t1s = column(step, "t0"), column(step, "t1")
-        self._span(min(t0s), max(t1s))
-        self.stall.progress(max(t1s), rank)
-        lengths = [b - a for a, b in zip(t0s, t1s)]
-        self.stall.steps_all(lengths, t1s, rank)
+        self._comm_totals(rank, comm)
+        t0s, t1s, lengths = self._step_times(rank, step)
         job_ns = st.job_steps(ns)
         every = self._matcher.every
         keep = (range(len(ns)) if every <= 1
@@ -373,8 +366,9 @@ class RunState:
             st.memory = last if keep == len(ts) - 1 else row(part, keep)
             st.memory_point = None
 
-    def _comm_summary(self, rank: int, st: RankFold, part: Event) -> None:
-        """Collectives of steps, from what the worker summed of them (see :mod:`.columns`)."""
+    def _comm_totals(self, rank: int, part: Event) -> None:
+        """What a part of summed collectives adds to the run: its span, bytes and count, and
+        the rank's progress."""
         self._span(part["t0"], part["t1"])
         if self.stall.interrupted(rank):  # only what came before the interrupt is progress
             self.stall.progress_all(column(part, "t1"), rank)
@@ -382,6 +376,10 @@ class RunState:
             self.stall.progress(part["t1"], rank)
         self._bytes += part["bytes"]
         self._ncomm += part["n"]
+
+    def _comm_summary(self, rank: int, st: RankFold, part: Event) -> None:
+        """Collectives of steps, from what the worker summed of them (see :mod:`.columns`)."""
+        self._comm_totals(rank, part)
         comm = st.comm
         steps = summary_column(part, "step")
         if any(s in comm for s in steps):  # a step whose collectives came in two batches
@@ -415,12 +413,19 @@ class RunState:
                 if d is not None:
                     self._dim(d, cols["op"][i], nbytes[i], t1s[i] - t0s[i])
 
-    def _step_columns(self, rank: int, st: RankFold, part: Event) -> None:
+    def _step_times(self, rank: int, part: Event
+                    ) -> tuple[list[float], list[float], list[float]]:
+        """A step part's starts, ends and lengths, into the run's span and the hang doctor's
+        record of progress and step times."""
         t0s, t1s = column(part, "t0"), column(part, "t1")  # the columns the fold reads
         self._span(min(t0s), max(t1s))
         self.stall.progress_all(t1s, rank)
         lengths = [b - a for a, b in zip(t0s, t1s)]
         self.stall.steps_all(lengths, t1s, rank)
+        return t0s, t1s, lengths
+
+    def _step_columns(self, rank: int, st: RankFold, part: Event) -> None:
+        t0s, t1s, lengths = self._step_times(rank, part)
         untimed = None
         if "comm_timed" in part["fields"]:
             flags = column(part, "comm_timed")

@@ -156,12 +156,7 @@ class RankFold:
         timed and its gradient bytes. An untimed step counts its bytes and its length, but
         neither its exposed communication (unknown, not 0) nor a report to match."""
         exposed = [e if e < s else s for e, s in zip(exposed, lengths)]  # min(), inline
-        self.steps += len(ns)
-        self.last_step = ns[-1] + self.offset
-        self.t0s.extend(t0s)
-        self.t1 = t1s[-1]
-        self.step_s.extend(lengths)
-        self.samples.extend(samples)
+        self._window(ns, t0s, t1s, lengths, samples)
         self.exposed.extend(exposed if timing is None else
                             [e for e, (ok, _) in zip(exposed, timing) if ok])
         comm, step_bytes = self.comm, self.step_bytes
@@ -187,6 +182,18 @@ class RankFold:
                 reports.append((step_s, ex, busy, acc.timed_bytes, not acc.untimed))
         return reports, untimed_bytes
 
+    def _window(self, ns: Sequence[int], t0s: Sequence[float], t1s: Sequence[float],
+                lengths: Sequence[float], samples: Sequence[int]) -> None:
+        """Steps ``ns`` counted, their times and samples into the window (its last
+        :data:`WINDOW` steps are all it keeps)."""
+        w = -WINDOW
+        self.steps += len(ns)
+        self.last_step = ns[-1] + self.offset
+        self.t0s.extend(t0s[w:])
+        self.t1 = t1s[-1]
+        self.step_s.extend(lengths[w:])
+        self.samples.extend(samples[w:])
+
     def add_summed_steps(self, ns: Sequence[int], t0s: Sequence[float], t1s: Sequence[float],
                          lengths: Sequence[float], samples: Sequence[int],
                          exposed: Sequence[float], told: Sequence[Sequence[Any]],
@@ -202,12 +209,7 @@ class RankFold:
         per step (at a thousand ranks, most of a batch's steps are in neither)."""
         nbytes, timed, untimed, busy = told
         w = -WINDOW
-        self.steps += len(ns)
-        self.last_step = ns[-1] + self.offset
-        self.t0s.extend(t0s[w:])
-        self.t1 = t1s[-1]
-        self.step_s.extend(lengths[w:])
-        self.samples.extend(samples[w:])
+        self._window(ns, t0s, t1s, lengths, samples)
         self.exposed.extend([e if e < s else s for e, s in zip(exposed[w:], lengths[w:])])
         self.step_bytes.extend(nbytes[w:])
         out: list[Report] = []
