@@ -200,7 +200,10 @@ class CellRun:
                     late = self._late()
                     restarted = self._interrupt()
                     self._finish()
-                    raise RanksFinishedError(stranded, late, run.where(), run.label, run.what,
+                    # where the ranks were when the notebook saw no call could complete, if
+                    # the interrupt's own reports did not arrive (a rank's last batch can)
+                    where = run.where() or stranded.report
+                    raise RanksFinishedError(stranded, late, where, run.label, run.what,
                                              restarted)
                 # time spent at a prompt is the user's, not the cell's
                 paused = sum(c.paused() for c in companions)

@@ -289,7 +289,13 @@ class Collector:
             if self._closed:
                 conn.close()
                 continue
-            self._selector.register(conn, selectors.EVENT_READ, _Reading(ident, buf))
+            try:
+                self._selector.register(conn, selectors.EVENT_READ, _Reading(ident, buf))
+            except (OSError, ValueError, KeyError):
+                # closed meanwhile, by close() on another thread (seen in a test's teardown):
+                # the thread goes on to its end rather than dying on it
+                self._drop(conn, ident)
+                continue
             self._take(conn, ident, buf)
 
     def _read(self, conn: socket.socket, reading: _Reading, space: memoryview) -> None:

@@ -53,6 +53,9 @@ SAMPLE_S = 1.0
 COLLECTIVE_PROBE_S = 1.0
 #: ... or this many median steps, when steps are longer (a long step's own wait is no news)
 COLLECTIVE_PROBE_STEPS = 2.0
+#: seconds the cell's SIGINT handler waits for the report another thread is writing of the
+#: same interrupt (a deadlock guard: that thread may wait for a lock the cell's thread holds)
+REPORT_WAIT_S = 1.0
 #: Flight Recorder entries per process (torch's ring buffer), unless the user set a size
 FLIGHT_RECORDER_ENTRIES = 2000
 #: finished Flight Recorder entries sent with a stack (the unfinished ones always are)
@@ -91,6 +94,8 @@ class Watch:
         self._last_key: Optional[tuple] = None
         self._interrupted = False
         self._lock = threading.Lock()
+        #: set once the interrupt's report is in the sink (see :meth:`capture_interrupt`)
+        self._reported = threading.Event()
         #: where the cell stands while a debugger (or ``input()``) waits for the notebook
         self.held: Optional[FrameType] = None
 
@@ -111,6 +116,7 @@ class Watch:
         self._next = 0.0
         self._last_key = None
         self._interrupted = False
+        self._reported.clear()
         self.held = None
         if sink is not None:
             sink.on_tick = self.tick
@@ -199,10 +205,19 @@ class Watch:
         handler runs in that thread); else it is looked up.
         """
         with self._lock:
-            if self.thread is None or self._interrupted:
-                return
-            self._interrupted = True
-        self._sample("interrupt", frame, time.monotonic() - self.last_progress, force=True)
+            first = self.thread is not None and not self._interrupted
+            self._interrupted = self._interrupted or first
+        if not first:
+            # Another thread (the interrupt's watcher) is writing the report: the cell's own
+            # SIGINT handler waits for it, briefly, so that the report is sent before the
+            # cell's end rather than after its last batch
+            if self.thread is not None:
+                self._reported.wait(REPORT_WAIT_S)
+            return
+        try:
+            self._sample("interrupt", frame, time.monotonic() - self.last_progress, force=True)
+        finally:
+            self._reported.set()
 
     def _sample(self, reason: str, frame: Optional[FrameType], idle: float,
                 force: bool) -> None:

@@ -103,6 +103,35 @@ def test_the_collective_the_cell_is_in_and_its_count_go_with_the_stack():
     assert watch.op is None
 
 
+def test_a_second_caller_returns_only_once_the_first_callers_report_is_in_the_sink(
+        monkeypatch):
+    """The watcher thread and the cell's SIGINT handler both report one interrupt: the
+    handler (second) must not let the interrupt land before the watcher's report is sent,
+    or the report would follow the cell's end and miss its last batch."""
+    sink, watch = Sink(), Watch()
+    entered, release = threading.Event(), threading.Event()
+    sample = watch._sample
+
+    def slow(*args, **kw):  # the first caller reads stacks and the Flight Recorder
+        entered.set()
+        release.wait(5)
+        sample(*args, **kw)
+
+    monkeypatch.setattr(watch, "_sample", slow)
+    with CellThread(watch, sink, enter=True):
+        first = threading.Thread(target=watch.capture_interrupt)
+        first.start()
+        assert entered.wait(5)
+        second = threading.Thread(target=watch.capture_interrupt)
+        second.start()
+        second.join(0.3)
+        assert second.is_alive() and stacks(sink) == []  # waits for the first's report
+        release.set()
+        second.join(5)
+        assert not second.is_alive() and [e["reason"] for e in stacks(sink)] == ["interrupt"]
+        first.join(5)
+
+
 def test_a_wait_in_a_collective_is_sampled_after_a_second_whatever_the_threshold():
     """With the default threshold (10 s: a first sample after 5 s), a cell inside a collective
     says where it is after a second without progress (a peer that finished never joins it);
