@@ -10,9 +10,10 @@
 2. Time to recover: rank 1 SIGKILLs itself mid-training. nbdist: from the kill to the
    survivor's next step (the group re-formed at width 1) and to the first step back at full
    width (a replacement worker started and healed from the survivor). torchrun: the same job
-   under ``torchrun --max-restarts 1``, which restarts every worker and resumes from a
-   checkpoint file of the step the kill came after; from the kill to the first step after the
-   restart. Trials alternate between the two sides.
+   under ``torchrun --max-restarts 1`` (the c10d rendezvous, each attempt's rank 0 hosting
+   its store: static rendezvous restarts failed half the time here), which restarts every
+   worker and resumes from a checkpoint file of the step the kill came after; from the kill
+   to the first step after the restart. Trials alternate between the two sides.
 """
 
 from __future__ import annotations
@@ -187,8 +188,14 @@ def torchrun_recovery(args: argparse.Namespace, tmp: str, trial: int) -> float:
         f.write(TORCHRUN_JOB.format(here=c.HERE, batch=args.batch, kill_at=KILL_AT,
                                     after=args.after))
     ckpt, flag, marks = (os.path.join(d, n) for n in ("ckpt.pt", "killed", "resumed"))
+    # torchrun's static rendezvous keeps one store across attempts, whose keys the restarted
+    # workers read again: they found the killed worker's address and were refused, or hung
+    # until killed (2 of 4 runs here, Nov 30). The c10d rendezvous, with each attempt's rank 0
+    # hosting a store of its own (as torch's maintainers advise), restarted 4 of 4.
     c.run_torchrun(script, [ckpt, flag, marks], 2, timeout=120,
-                   launcher_args=["--max-restarts", "1"])
+                   env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+                   launcher_args=["--max-restarts", "1", "--rdzv-backend", "c10d",
+                                  "--rdzv-endpoint", f"127.0.0.1:{c.free_port()}"])
     with open(flag) as f:
         killed = float(f.read())
     with open(marks) as f:
