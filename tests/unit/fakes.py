@@ -21,7 +21,7 @@ from nbdist.telemetry.events import Batch
 class Scripted:
     """What one rank does with one cell."""
 
-    result: Optional[results.CellResult] = None  # default: ok, nothing sent
+    result: Optional[results.CellResult] = None  # default: ok (hung: interrupted), nothing sent
     engine_error: Optional[str] = None  # the engine failed the call (the worker died)
     batches: list[Batch] = field(default_factory=list)  # drained while the call runs
     late: list[Batch] = field(default_factory=list)  # drained only after the outcome is in
@@ -78,8 +78,9 @@ class ScriptedSubmission(Submission):
                 out.append(Outcome(w, engine_error=f"worker {w}: the worker left the cluster"))
             elif s.engine_error is not None:
                 out.append(Outcome(w, engine_error=s.engine_error))
-            elif s.hang:
-                out.append(Outcome(w, value=failed("KeyboardInterrupt", "", line=None)))
+            elif s.hang:  # what it returns once interrupted (by default, no batch of its own)
+                out.append(Outcome(w, value=s.result or failed("KeyboardInterrupt", "",
+                                                               line=None)))
             else:
                 out.append(Outcome(w, value=value))
         return out

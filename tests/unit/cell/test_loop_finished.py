@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from fakes import Scripted, ok
+from fakes import Scripted, failed, ok
 from synthetic import stack_sleeping, stack_waiting
 
 from nbdist.cell import loop as cell_run
@@ -58,6 +58,25 @@ def test_a_peer_left_in_a_collective_ends_the_cell_within_seconds(session, backe
                              "dist.all_reduce(t): a collective of every rank"), str(e)
     # live: rank 1's row read done while rank 0 still ran
     assert (True, "done") in rows, rows
+
+
+def test_the_error_says_where_the_ranks_were_when_the_interrupts_report_never_came(
+        session, backend):
+    """The interrupted rank's end arrives, its report of the interrupt does not (a batch can
+    be late): its last report is older than its end, so the run no longer knows where it
+    is; the error says where the ranks were when the notebook saw it stranded."""
+    interrupted = failed("KeyboardInterrupt", "", seq=1)
+    interrupted["tail"] = {"rank": 0, "seq": 2, "events": [
+        ev.end(False, time.time(), error="KeyboardInterrupt")]}
+    backend.script(r0=Scripted(interrupted, hang=True, batches=[{"rank": 0, "seq": 1, "events": [
+                       stack_waiting(time.time() - 0.5)]}]),
+                   r1=Scripted(finished(ended_ago=0.1)))
+    with pytest.raises(RanksFinishedError) as info:
+        session.run_cell("train()", timeout=60, execution_count=4)
+    text = str(info.value)
+    assert "Where each rank was when it was interrupted:" in text, text
+    assert "rank 0: waiting in all_reduce (seq 5" in text, text
+    assert "rank 1: finished the cell" in text, text
 
 
 def test_a_peer_that_still_computes_is_left_to_run(session, backend, monkeypatch):
