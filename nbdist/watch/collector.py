@@ -251,7 +251,8 @@ class Collector:
             hello = wire.decode(first[0])
             if not wire.token_matches(hello.get("token"), self.token):
                 raise ConnectionError("no token, or not this collector's")
-            conn.sendall(wire.encode({"ok": True, "nbdist": wire.PROTOCOL}))
+            conn.sendall(wire.encode({"ok": True, "nbdist": wire.PROTOCOL},
+                                     wire.JSON_PROTOCOL))
         except (OSError, ValueError, ssl.SSLError):
             self.refused += 1
             self._conns.discard(conn)
@@ -382,7 +383,8 @@ class Collector:
         ask = next(self._asks)
         with self._answered:
             self._answers[ask] = {}
-        frame = wire.encode({"type": "stacks", "id": ask, "job": job.key, "rank": rank})
+        frame = wire.encode({"type": "stacks", "id": ask, "job": job.key, "rank": rank},
+                            wire.JSON_PROTOCOL)
         for conn, lock in links:
             try:
                 with lock:
@@ -407,7 +409,7 @@ class Collector:
             return False
         with self.jobs.lock:
             links = [self._links[c] for c in job.connections if c in self._links]
-        frame = wire.encode({"type": "detach", "job": job.key})
+        frame = wire.encode({"type": "detach", "job": job.key}, wire.JSON_PROTOCOL)
         for conn, lock in links:
             try:
                 with lock:

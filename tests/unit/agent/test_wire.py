@@ -47,21 +47,40 @@ def test_frames_carry_bytes_and_split_only_when_complete():
     assert wire.framed(bodies[0]) == frame
 
 
-def test_bytes_travel_raw_after_the_json_and_as_base64_to_an_older_collector():
+def test_bytes_travel_as_messagepack_and_as_json_to_older_collectors():
     msg = {"type": "batch", "batch": {"rank": 1, "events": [
-        {"a": b"\x00" * 300, "b": [b"xy", bytearray(b"z")], "c": "text"}]}}
-    frame = wire.encode(msg)
-    assert frame[4:5] == b"\x00" and b"\x00" * 300 in frame  # raw, not base64
+        {"a": b"\x00" * 300, "b": [b"xy", bytearray(b"z")], "c": "text", "t": (1.5, 2)}]}}
     want = {"type": "batch", "batch": {"rank": 1, "events": [
-        {"a": b"\x00" * 300, "b": [b"xy", b"z"], "c": "text"}]}}
+        {"a": b"\x00" * 300, "b": [b"xy", b"z"], "c": "text", "t": [1.5, 2]}]}}
+    frame = wire.encode(msg)  # protocol 3: a MessagePack map, bytes raw
+    assert 0x80 <= frame[4] <= 0x8F and b"\x00" * 300 in frame
     assert wire.decode(frame[4:]) == want
-    old = wire.for_protocol(frame, 1)  # what a collector of protocol 1 reads
-    assert old[4:5] == b"{" and b'"$b"' in old and wire.decode(old[4:]) == want
-    plain = wire.encode({"type": "bye"})
-    assert wire.for_protocol(plain, 1) is plain and wire.for_protocol(frame, 2) is frame
-    # a body that names bytes it does not hold is refused, not read past its end
+    two = wire.for_protocol(frame, 2)  # what a collector of protocol 2 reads
+    assert two[4:5] == b"\x00" and b"\x00" * 300 in two and wire.decode(two[4:]) == want
+    assert two == wire.encode(msg, 2)
+    one = wire.for_protocol(frame, 1)  # ... and one of protocol 1
+    assert one[4:5] == b"{" and b'"$b"' in one and wire.decode(one[4:]) == want
+    assert wire.for_protocol(frame, 3) is frame and wire.for_protocol(two, 2) is two
+    plain = wire.encode({"type": "bye"}, wire.JSON_PROTOCOL)
+    assert wire.for_protocol(plain, 1) is plain
+    # what any collector reads: the hello is JSON whatever the protocol
+    assert wire.hello("tok", "h", 1)[4:5] == b"{"
+    assert wire.decode(wire.hello("tok", "h", 1)[4:])["nbdist"] == wire.PROTOCOL
+    # a body that names bytes it does not hold, or is cut short, is refused, not read past
+    # its end
     with pytest.raises(ValueError, match="does not hold"):
+        wire.decode(two[4:-1])
+    with pytest.raises(ValueError, match="MessagePack"):
         wire.decode(frame[4:-1])
+
+
+def test_integers_beyond_64_bits_go_as_json_and_unknown_values_are_refused():
+    big = {"type": "batch", "n": 1 << 70, "b": b"\x01"}
+    frame = wire.encode(big)
+    assert frame[4:5] == b"\x00" and wire.decode(frame[4:]) == big
+    assert wire.decode(wire.encode({"s": {3}})[4:]) == {"s": [3]}
+    with pytest.raises(TypeError, match="cannot send object"):
+        wire.encode({"x": object()})
 
 
 def test_a_frame_longer_than_the_limit_is_refused():
