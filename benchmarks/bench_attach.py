@@ -22,7 +22,8 @@ rank's sink packs them every ``flush_interval(ranks)`` seconds, and sent in the 
 a child process, each host's frames together every 0.1 s (a forwarder's poll), paced on the
 real clock. Timed after ``--warmup`` seconds: the CPU of the collector's threads (reading and
 decoding every frame, folding them) and of the job's panel (``%nbdist job ID show``'s widget,
-refreshed as its thread does: every second, or less often where a redraw would take more than
+refreshed as its thread does: every second, or every ``flush_interval(ranks)`` seconds
+where the ranks report less often, or less often still where a redraw would take more than
 2 % of the kernel; its messages serialized to JSON), per second of simulated training, as a
 percentage of one core (median of ``--repeats``, with min and max). Target: under 10 % at 1,024
 ranks on 128 hosts. The cell path at 16,384 ranks is ``bench_scale.py --worlds 16384``'s.
@@ -415,7 +416,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 result["overhead"] = res
                 args.warmup = fan_warmup
             if "fanin" in args.parts:
-                from nbdist.runtime.capture import flush_interval
+                from nbdist.telemetry.events import flush_interval
 
                 if args.warmup is None:
                     args.warmup = max(5.0, flush_interval(args.ranks) + 1.0)

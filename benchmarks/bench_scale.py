@@ -141,8 +141,8 @@ def messages(job: Submission, seconds: float, wire: str, tick: float, transport:
     staggered moments, as independent processes do.
     """
     if wire == "tables":
-        from nbdist.runtime.capture import flush_interval
         from nbdist.telemetry.columns import pack
+        from nbdist.telemetry.events import flush_interval
 
         interval = flush_interval(job.world)
     else:

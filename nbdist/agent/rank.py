@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any, Optional
 
-from ..runtime.capture import EventSink, flush_interval
+from ..runtime.capture import EventSink
 from ..telemetry import events
 from . import wire
 from .spool import SpoolWriter, read_commands
@@ -101,7 +101,7 @@ class RankAgent:
         self._send({"type": "rank", "job": self.job, **self.who, "host": socket.gethostname(),
                     "pid": os.getpid(), "t": time.time()}, droppable=False)
         self.sink = EventSink(self.who["rank"], self._transport,
-                              flush_interval(self.who["world_size"]))
+                              events.flush_interval(self.who["world_size"]))
         if measure:
             from ..runtime.measure import ddp_hooks, tqdm_bars
             from ..runtime.measure.model import measurements

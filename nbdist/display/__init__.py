@@ -117,16 +117,16 @@ def end_cluster_views() -> None:
 
 def show_job(header: Callable[[], str], snapshot: Callable[[], Any],
              ended: Callable[[], bool], ranks: Sequence[int], text: Callable[[], str],
-             mode: Optional[str] = None) -> Any:
-    """Show a watched job: a panel that refreshes itself while shown (and draws the job
-    final once it ended), or where no widgets, ``text()`` printed. Returns the panel (None:
-    printed)."""
+             mode: Optional[str] = None, interval: float = 1.0) -> Any:
+    """Show a watched job: a panel that refreshes itself every ``interval`` seconds while
+    shown (and draws the job final once it ended), or where no widgets, ``text()`` printed.
+    Returns the panel (None: printed)."""
     if display_medium(mode) == "widget":
         from IPython.display import display
 
         from .widgets import JobPanel
 
-        panel = JobPanel(header, snapshot, ended, list(ranks))
+        panel = JobPanel(header, snapshot, ended, list(ranks), interval)
         display(panel)
         return panel
     print(text())

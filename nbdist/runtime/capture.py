@@ -6,10 +6,10 @@ second, so training never waits on the notebook, and a cell's end flushes synchr
 notebook can wait for exactly the batches that belong to it.
 
 The notebook receives every rank's batches, so a rank flushes less often the larger the job
-(:func:`flush_interval`), and packs its steps, buckets and memory samples into tables
-(:func:`~nbdist.telemetry.columns.pack`). What cannot wait goes out at the next tick: elastic
-training's news, the hang doctor's report, the debugger's, and the output of the rank whose
-output the notebook shows (:attr:`EventSink.prompt_output`).
+(:func:`~nbdist.telemetry.events.flush_interval`), and packs its steps, buckets and memory
+samples into tables (:func:`~nbdist.telemetry.columns.pack`). What cannot wait goes out at
+the next tick: elastic training's news, the hang doctor's report, the debugger's, and the
+output of the rank whose output the notebook shows (:attr:`EventSink.prompt_output`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ..telemetry.events import (
     DISPLAY,
     ELASTIC,
     INPUT,
+    MIN_INTERVAL,
     STACK,
     STREAM,
     Batch,
@@ -42,33 +43,15 @@ Transport = Callable[[Batch], None]
 
 #: seconds between the sending thread's ticks: urgent events wait at most this long
 TICK = 0.1
-#: seconds between a rank's batches in a small job: the dashboard redraws 4 times a second at
-#: most, and every batch costs the rank, the controller and the notebook a message
-MIN_INTERVAL = 0.25
-#: batches per second the notebook should receive from all ranks together ...
-NOTEBOOK_BATCHES_PER_S = 256
-#: ... unless that would hold a rank's events back longer than this (seconds)
-MAX_INTERVAL = 4.0
 #: kinds sent at the next tick, whatever the interval
 URGENT = frozenset({ELASTIC, STACK, DEBUGGER, INPUT})
 #: kinds of the output the notebook shows, urgent from the shown rank
 SHOWN = frozenset({STREAM, DISPLAY})
 
 
-def flush_interval(world: int) -> float:
-    """Seconds between one rank's batches in a job of ``world`` ranks: :data:`MIN_INTERVAL`
-    up to 64 ranks, then growing so the notebook gets about :data:`NOTEBOOK_BATCHES_PER_S`
-    batches a second, at most :data:`MAX_INTERVAL`.
-
-    >>> flush_interval(2), flush_interval(64), flush_interval(256), flush_interval(4096)
-    (0.25, 0.25, 1.0, 4.0)
-    """
-    return min(MAX_INTERVAL, max(MIN_INTERVAL, world / NOTEBOOK_BATCHES_PER_S))
-
-
 class EventSink:
     """Collects events from any thread and sends them in batches, every ``interval``
-    seconds (see :func:`flush_interval`)."""
+    seconds (see :func:`~nbdist.telemetry.events.flush_interval`)."""
 
     def __init__(self, rank: int, transport: Optional[Transport],
                  interval: float = MIN_INTERVAL):

@@ -17,9 +17,10 @@ import time
 import types
 from typing import Any, Callable, Optional
 
+from ..telemetry.events import flush_interval
 from . import debugger, fd_output, packing, pulling, results, shared_copy
 from .boot import preload
-from .capture import EventSink, Transport, captured_output, flush_interval
+from .capture import EventSink, Transport, captured_output
 from .end_marks import end_key
 from .env import RankPlan, apply_env, restore_env
 from .execute import mimebundle, run_code

@@ -50,6 +50,25 @@ PROGRESS_KINDS = frozenset({STEP, COMM, PROGRESS, STAGE, PIPELINE})
 Event = dict[str, Any]
 Batch = dict[str, Any]
 
+#: seconds between a rank's batches in a small job: the dashboard redraws 4 times a second at
+#: most, and every batch costs the rank, the controller and the notebook a message
+MIN_INTERVAL = 0.25
+#: batches per second the notebook should receive from all ranks together ...
+NOTEBOOK_BATCHES_PER_S = 256
+#: ... unless that would hold a rank's events back longer than this (seconds)
+MAX_INTERVAL = 4.0
+
+
+def flush_interval(world: int) -> float:
+    """Seconds between one rank's batches in a job of ``world`` ranks: :data:`MIN_INTERVAL`
+    up to 64 ranks, then growing so the notebook gets about :data:`NOTEBOOK_BATCHES_PER_S`
+    batches a second, at most :data:`MAX_INTERVAL`.
+
+    >>> flush_interval(2), flush_interval(64), flush_interval(256), flush_interval(4096)
+    (0.25, 0.25, 1.0, 4.0)
+    """
+    return min(MAX_INTERVAL, max(MIN_INTERVAL, world / NOTEBOOK_BATCHES_PER_S))
+
 
 def stream(name: str, text: str) -> Event:
     return {"kind": STREAM, "name": name, "text": text}

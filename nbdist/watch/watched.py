@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from ..telemetry.events import flush_interval
 from ..telemetry.recovery import Lost, Recovery, RecoveryKind
 from ..telemetry.run import Run
 from ..telemetry.snapshot import RunSnapshot
@@ -419,7 +420,11 @@ class WatchedJob:
                 detached = self._job.key in self._jobs._detached
             return f"{line}; detached: no longer watched" if detached else line
 
-        return show_job(header, snapshot, ended, range(self._job.world_size), self.summary)
+        # No more often than a rank's news comes (every 4 s at a thousand ranks: see
+        # flush_interval), and at least every second.
+        every = max(1.0, flush_interval(self._job.world_size))
+        return show_job(header, snapshot, ended, range(self._job.world_size), self.summary,
+                        interval=every)
 
     def stacks(self, rank: Optional[int] = None, timeout: float = 10.0) -> dict[int, str]:
         """Each running rank's Python stack, taken now (``%nbdist job ID stacks``), also

@@ -11,18 +11,10 @@ import pytest
 from synthetic import T0, ddp_job, stack_waiting
 
 from nbdist.backends.base import poll_until
-from nbdist.runtime.capture import (
-    MAX_INTERVAL,
-    MIN_INTERVAL,
-    TICK,
-    EventSink,
-    _coalesce,
-    captured_output,
-    flush_interval,
-)
+from nbdist.runtime.capture import TICK, EventSink, _coalesce, captured_output
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.columns import rows
-from nbdist.telemetry.events import stream
+from nbdist.telemetry.events import MAX_INTERVAL, MIN_INTERVAL, flush_interval, stream
 
 
 def test_a_rank_sends_less_often_the_larger_the_job():

@@ -224,3 +224,28 @@ def test_a_forwarder_that_takes_over_and_says_it_all_again_changes_nothing():
     assert jobs.get("1").notes == [
         "rank 1 (pid 101 on h1) ended without saying how: killed, or lost"]
     assert [m.kind for m in jobs.get("1").snapshot().marks] == ["died"]
+
+
+def test_a_shown_job_refreshes_no_more_often_than_its_ranks_report(monkeypatch):
+    """A job of a thousand ranks sends each rank's news every 4 s: its panel redraws every
+    4 s, a small job's every second."""
+    import pytest
+
+    pytest.importorskip("ipywidgets")
+    import IPython.display
+
+    import nbdist.display as display
+    from nbdist.telemetry.events import flush_interval
+    from nbdist.watch.watched import WatchedJob
+
+    monkeypatch.setattr(display, "display_medium", lambda mode=None: "widget")
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: None)
+    jobs = Jobs()
+    for key, world in (("small", 2), ("large", 1024)):
+        jobs.fold({**_rank(0, 10), "job": key, "world_size": world}, 1)
+    panels = [WatchedJob(jobs, jobs.get(key)).show() for key in ("small", "large")]
+    try:
+        assert [p.interval for p in panels] == [1.0, flush_interval(1024)] == [1.0, 4.0]
+    finally:
+        for p in panels:
+            p.close()
