@@ -179,6 +179,10 @@ class RunState:
             self._table(rank, e)
             return
         st = self._rank(rank)
+        if kind == SCALARS:  # straight there: at a thousand ranks, one a second per rank
+            self._record(rank, e, 1)
+            self._scalars(rank, st, e)
+            return
         if kind == STACK:  # where the rank is: not a timed event, kept apart from the trace
             self.stall.stack(rank, e)
             if st.state == RankState.WAITING:
@@ -230,8 +234,7 @@ class RunState:
         elif kind == PROGRESS:
             st.progress(e)
         elif kind == SCALARS:
-            for name, x, v in st.log(e["values"], e.get("step")):
-                self._spread.add(rank, name, x, v)
+            self._scalars(rank, st, e)
         elif kind == MEMORY:
             self._memory(st, e)
         elif kind == END:
@@ -245,6 +248,16 @@ class RunState:
             self.stall.end(rank, e["t"], e["ok"], st.error)
             self._matcher.settle_all()  # steps this rank will never report no longer wait for it
 
+    def _scalars(self, rank: int, st: RankFold, e: Event) -> None:
+        """Logged values: what :meth:`_fold` does of them (they are not progress)."""
+        if (t := e.get("t")) is not None:
+            self._span(t, t)
+        if st.state == RankState.WAITING:
+            st.state = RankState.RUNNING
+        add = self._spread.add
+        for name, x, v in st.log(e["values"], e.get("step")):
+            add(rank, name, x, v)
+
     @staticmethod
     def _memory(st: RankFold, e: Event) -> None:
         if st.memory is None or e["params"] or e["grads"] or e["optimizer"]:
@@ -254,8 +267,11 @@ class RunState:
             st.memory_point = None
 
     def _span(self, t0: float, t1: float) -> None:
-        self._t0 = t0 if self._t0 is None else min(self._t0, t0)
-        self._t1 = t1 if self._t1 is None else max(self._t1, t1)
+        # min() and max(), inline: called several times a batch
+        if self._t0 is None or t0 < self._t0:
+            self._t0 = t0
+        if self._t1 is None or t1 > self._t1:
+            self._t1 = t1
 
     def _dim(self, dim: str, op: str, nbytes: int, seconds: float) -> None:
         d = self._dims.setdefault(dim, [set(), 0, 0, 0])
