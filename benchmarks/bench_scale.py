@@ -267,7 +267,7 @@ def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, ra
     output = OutputView("rank0", shown_rank=0, ranks=ranks, per_rank=view == "widget",
                         stdout=out, stderr=out)
     output._throttle.clock = clock
-    rv = RunView(output, dashboard)
+    rv = RunView(output, dashboard, world)
     rv._throttle.clock = clock  # the dashboard's rate limit, on simulated time
     run = Run("cell", ranks, world_size=world)
     feed = _Feed()

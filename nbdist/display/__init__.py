@@ -84,7 +84,7 @@ def make_run_view(output: str, shown_rank: int, world_size: int, *,
         else:
             dashboard = TextDashboard(show=show_summary)
     stream = OutputView(output, shown_rank=shown_rank, ranks=ranks, per_rank=widget)
-    return RunView(stream, dashboard)
+    return RunView(stream, dashboard, world_size)
 
 
 def make_start_view(mode: Optional[str] = None) -> Optional[Callable[[int, int], None]]:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
-from ..telemetry.events import Batch
+from ..telemetry.events import Batch, flush_interval
 from .refresh import Throttle
 from .text import NoteLines, StreamView
 
@@ -38,17 +38,22 @@ class RunView:
     pass (from the kernel's main thread, about ten times a second: the clocks it draws tick
     whether events arrive or not), and :meth:`close` once.
 
-    A redraw may take at most :attr:`MAX_BUSY_SHARE` of the kernel's time: when one costs
-    more (a run of a thousand ranks on a slow machine), the next waits longer than the
-    dashboard's interval.
+    The dashboard redraws no more often than a rank of a run of ``world_size`` ranks sends
+    its news (:func:`~nbdist.telemetry.events.flush_interval`: every 4 s at a thousand
+    ranks), and a redraw may take at most :attr:`MAX_BUSY_SHARE` of the kernel's time: when
+    one costs more (a run of a thousand ranks on a slow machine), the next waits longer.
     """
 
     MAX_BUSY_SHARE = 0.03
 
-    def __init__(self, stream: StreamView, dashboard: Optional[Dashboard] = None):
+    def __init__(self, stream: StreamView, dashboard: Optional[Dashboard] = None,
+                 world_size: int = 0):
         self.stream = stream
         self.dashboard = dashboard
-        self._throttle = Throttle(dashboard.interval if dashboard is not None else 1.0)
+        #: seconds between redraws at least: its own interval, or the ranks' if longer
+        self.interval = max(dashboard.interval if dashboard is not None else 1.0,
+                            flush_interval(world_size) if world_size else 0.0)
+        self._throttle = Throttle(self.interval)
         #: CPU seconds the last redraw took (snapshot and drawing)
         self.last_cost = 0.0
         self._notes = NoteLines()  # with no dashboard, what happened is still said
@@ -68,8 +73,7 @@ class RunView:
             t0 = time.thread_time()
             self.dashboard.update(snapshot())
             self.last_cost = time.thread_time() - t0
-            self._throttle.interval = max(self.dashboard.interval,
-                                          self.last_cost / self.MAX_BUSY_SHARE)
+            self._throttle.interval = max(self.interval, self.last_cost / self.MAX_BUSY_SHARE)
 
     def close(self, snap: RunSnapshot) -> None:
         """End unfinished output lines and draw the final dashboard."""

@@ -38,6 +38,22 @@ def test_a_costly_redraw_makes_the_next_one_wait_longer(monkeypatch):
     assert view._throttle.interval == pytest.approx(0.06 / RunView.MAX_BUSY_SHARE)
 
 
+def test_a_large_runs_dashboard_redraws_no_more_often_than_its_ranks_report(monkeypatch):
+    """A rank of 1,024 sends its news every 4 s: redrawing more often shows nothing new of
+    most ranks, at a snapshot of every rank each time."""
+    from nbdist.telemetry.events import flush_interval
+
+    dash = _Dashboard()
+    dash.interval = 0.5
+    assert RunView(StreamView("quiet"), dash, world_size=2).interval == 0.5
+    big = RunView(StreamView("quiet"), dash, world_size=1024)
+    assert big.interval == flush_interval(1024) == 4.0
+    cpu = iter([0.0, 0.001])  # a cheap redraw: the ranks' interval still holds
+    monkeypatch.setattr("nbdist.display.run_view.time.thread_time", lambda: next(cpu))
+    big.refresh(lambda: None)
+    assert big._throttle.interval == 4.0
+
+
 def test_a_snapshot_is_taken_only_when_a_redraw_is_due_or_forced():
     dash = _Dashboard()
     dash.interval = 3600.0  # the next redraw is due in an hour: only a forced one comes
