@@ -16,12 +16,11 @@ folding a stream in pieces gives what folding it at once gives.
 
 from __future__ import annotations
 
-import pickle
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Union
 
-from .columns import column, columns, row, rows, summary, summary_column, table_rows
+from .columns import column, columns, row, summary, summary_column, table_rows
 from .events import (
     COMM,
     DDP,
@@ -58,6 +57,7 @@ from .ranks import (
     rank_snapshot,
     to_ns,
 )
+from .recorded import Recorded
 from .recovery import Incarnations, Lost, Recovery, RecoveryKind
 from .snapshot import (
     WINDOW,
@@ -76,12 +76,9 @@ from .spread import ScalarSpread
 from .stall.report import StallReport, StallWatch, Stranded
 from .states import RankState
 
-__all__ = ["MAX_RECORDED", "STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
+__all__ = ["STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
            "BarState", "Diagnosis", "DimPoint", "MemoryPoint", "PipelinePoint", "RankSnapshot",
            "RunState", "StepPoint", "aggregate"]
-
-#: events kept per run for ``%nbdist timeline`` (older ones are dropped first)
-MAX_RECORDED = 200_000
 
 
 # ----------------------------------------------------------------- the fold
@@ -109,18 +106,13 @@ class RunState:
                  started: Optional[float] = None, stall_after: Optional[float] = None,
                  trace: bool = True):
         self._window = history
-        self._trace = trace
-        #: events folded and not kept (``trace=False``)
-        self.untraced = 0
         self._ranks: dict[int, RankFold] = {}
         #: ranks' reports of steps and of collectives outside steps, matched across ranks
         self._matcher = StepMatcher(self._ranks, history)
         for r in ranks:
             self._rank(r)
-        #: rank -> what it sent, as ``(events, pickle)`` of each event or table (see events())
-        self.kept_events: dict[int, deque[Any]] = {}
-        self.dropped = 0
-        self._nrecorded = 0
+        #: what the ranks sent, kept for a trace file (or counted only: ``trace=False``)
+        self.recorded = Recorded(trace)
         self._t0: Optional[float] = None
         self._t1: Optional[float] = None
         self._bytes = 0
@@ -180,7 +172,7 @@ class RunState:
             return
         st = self._rank(rank)
         if kind == SCALARS:  # straight there: at a thousand ranks, one a second per rank
-            self._record(rank, e, 1)
+            self.recorded.add(rank, e, 1)
             self._scalars(rank, st, e)
             return
         if kind == STACK:  # where the rank is: not a timed event, kept apart from the trace
@@ -199,7 +191,7 @@ class RunState:
             self._setup = None
             return
         if kind != END:
-            self._record(rank, e, 1)
+            self.recorded.add(rank, e, 1)
         self._fold(rank, st, e)
 
     def _fold(self, rank: int, st: RankFold, e: Event) -> None:
@@ -280,25 +272,6 @@ class RunState:
         d[2] += nbytes
         d[3] += to_ns(seconds)
 
-    def _record(self, rank: int, e: Event, n: int) -> None:
-        """Keep ``e`` (``n`` events) for the trace, as its pickle: bytes the garbage collector
-        never scans. At a thousand ranks, the events kept as dicts (and tables as dicts of
-        lists) would make its full collections the notebook's largest cost."""
-        if not self._trace:
-            self.untraced += n
-            return
-        rec = self.kept_events.setdefault(rank, deque())
-        if e["kind"] == TABLE:  # its rows, not the summaries the fold read
-            e = {"kind": TABLE, "order": e["order"],
-                 "parts": [{"of": p["of"], "fields": p["fields"], "columns": p["columns"]}
-                           for p in e["parts"]]}
-        rec.append((n, pickle.dumps(e, pickle.HIGHEST_PROTOCOL)))
-        self._nrecorded += n
-        while self._nrecorded > MAX_RECORDED and rec:
-            k = rec.popleft()[0]
-            self._nrecorded -= k
-            self.dropped += k
-
     # ------------------------------------------------------------- tables, column by column
     def _table(self, rank: int, t: Event) -> None:
         """Fold a table: what one event at a time would do, with the hot loops on columns.
@@ -307,7 +280,7 @@ class RunState:
         when it lands, and a worker sends a step's collectives before the step).
         """
         st = self._rank(rank)
-        self._record(rank, t, table_rows(t))
+        self.recorded.add(rank, t, table_rows(t))
         if st.state == RankState.WAITING:
             st.state = RankState.RUNNING
         folded = self._summed_steps(rank, st, t["parts"])
@@ -577,11 +550,7 @@ class RunState:
 
     def events(self) -> dict[int, list[Event]]:
         """The recorded telemetry events per rank (for a trace file), tables expanded."""
-        out = {}
-        for r, kept in self.kept_events.items():
-            evs = [pickle.loads(blob) for _, blob in kept]
-            out[r] = [x for e in evs for x in (rows(e) if e["kind"] == TABLE else (e,))]
-        return out
+        return self.recorded.events()
 
 
 def _part_rows(kind: str, cols: dict[str, list[Any]]) -> Iterable[Event]:

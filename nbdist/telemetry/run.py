@@ -159,26 +159,26 @@ class Run:
         ranks)."""
         interrupted = any(e.get("reason") == "interrupt"
                           for e in self._state.stall.stacks.values())
-        return (bool(self._state.kept_events) or self._state.untraced > 0 or self._stalled
-                or interrupted)
+        return (bool(self._state.recorded.kept) or self._state.recorded.untraced > 0
+                or self._stalled or interrupted)
 
     @property
     def dropped(self) -> int:
         """Telemetry events dropped because the run recorded more than the cap."""
-        return self._state.dropped
+        return self._state.recorded.dropped
 
     @property
     def trace_events(self) -> int:
         """Telemetry events the run holds for its trace (0 once let go)."""
-        return sum(n for kept in self._state.kept_events.values() for n, _ in kept)
+        return self._state.recorded.held
 
     def let_go_trace(self) -> None:
         """Drop the events kept for the trace; the figures (snapshot, compare) stay."""
-        self._state.kept_events.clear()
+        self._state.recorded.clear()
 
     def events(self) -> dict[int, list[Event]]:
         """The recorded telemetry events per rank."""
-        return self._state.events()
+        return self._state.recorded.events()
 
     def write_trace(self, path: Union[str, os.PathLike]) -> int:
         """Write the run as a Chrome trace (one track per rank); return its event count."""

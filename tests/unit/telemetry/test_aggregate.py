@@ -269,7 +269,7 @@ def test_streams_are_ignored_and_end_alone_is_not_telemetry():
     assert changed  # the end event moves the rank to done
     snap = state.snapshot()
     assert not snap.has_telemetry and snap.ranks[0].state == "done"
-    assert state.kept_events == {}
+    assert state.recorded.kept == {}
 
 
 def test_batches_out_of_order_are_folded_in_sequence():

@@ -158,8 +158,8 @@ def test_a_run_without_a_trace_folds_the_same_and_keeps_no_event():
         untraced.feed(batches)
     untraced.finish()
     assert untraced.snapshot() == kept.snapshot()
-    assert untraced.kept_events == {} and untraced.events() == {}
-    assert untraced.untraced == sum(len(e) for e in kept.events().values()) > 0
+    assert untraced.recorded.kept == {} and untraced.events() == {}
+    assert untraced.recorded.untraced == sum(len(e) for e in kept.events().values()) > 0
 
 
 # ----------------------------------------------------------------- views of many ranks
