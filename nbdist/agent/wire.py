@@ -185,7 +185,8 @@ def decode(body: bytes) -> dict[str, Any]:
     Raises
     ------
     ValueError
-        The body is not a JSON object, or names bytes it does not hold.
+        The body is neither a whole MessagePack map nor a JSON object, or names bytes it
+        does not hold.
     """
     if _is_msgpack(body):
         try:

@@ -76,7 +76,8 @@ FORBIDDEN = {
                      "nbdist.cell", "nbdist.runtime", "nbdist.agent.rank",
                      "nbdist.agent.forwarder", "nbdist.agent.hook", *UI, "torch"),
 }
-# Leaves: stdlib only, so any layer may use them.
+# Leaves: no nbdist module (the standard library; the wire also MessagePack), so any layer
+# may use them.
 LEAVES = ("nbdist.table_layout", "nbdist.telemetry.units", "nbdist.telemetry.intervals",
           "nbdist.telemetry.states", "nbdist.telemetry.events",
           "nbdist.telemetry.stall.thresholds", "nbdist.runtime.results", "nbdist.runtime.env",
