@@ -304,15 +304,16 @@ def run_cells(page, first: int, last: int) -> None:
     """
     for i in range(first, last + 1):
         deadline = time.monotonic() + 60
-        while prompt(page, i) == "[]:":
+        while not started(page, i):
             if time.monotonic() > deadline:
-                raise AssertionError(f"cell {i} never started running")
+                raise AssertionError(f"cell {i} never started running (its prompt reads "
+                                     f"{prompt(page, i)!r})")
             accept_dialog(page)
             cell(page, i).locator(".jp-InputPrompt").click()
             page.keyboard.press("Escape")  # command mode: Ctrl+Enter runs the selected cell
             page.keyboard.press("Control+Enter")
             try:
-                wait_for(lambda i=i: prompt(page, i) != "[]:", 10, f"cell {i} to be queued")
+                wait_for(lambda i=i: started(page, i), 10, f"cell {i} to be queued")
             except AssertionError:
                 pass
 
@@ -322,9 +323,17 @@ def out(page, i: int):
     return cell(page, i).locator(".jp-OutputArea")
 
 
+def started(page, i: int) -> bool:
+    """Cell ``i`` is queued, running or has run: its prompt reads ``[*]:`` or a number. An
+    empty prompt is not that: JupyterLab empties one while it lays the cell out again (a cell
+    above grew), and reading it as started left the breakpoint cell unrun in CI."""
+    return re.fullmatch(r"\[(\*|\d+)\]:", prompt(page, i)) is not None
+
+
 def finished(page, i: int) -> bool:
-    p = prompt(page, i)
-    return p != "[]:" and "[*]" not in p
+    """Cell ``i`` has run: its prompt reads a number (not ``[*]:``, nor empty while it is
+    laid out again)."""
+    return re.fullmatch(r"\[\d+\]:", prompt(page, i)) is not None
 
 
 def text(locator) -> str:
