@@ -325,8 +325,8 @@ def out(page, i: int):
 
 def started(page, i: int) -> bool:
     """Cell ``i`` is queued, running or has run: its prompt reads ``[*]:`` or a number. An
-    empty prompt is not that: JupyterLab empties one while it lays the cell out again (a cell
-    above grew), and reading it as started left the breakpoint cell unrun in CI."""
+    empty prompt is not that (a cell JupyterLab has not laid out has no prompt text yet):
+    read as started, it would leave the cell unrun, as the breakpoint cell once was in CI."""
     return re.fullmatch(r"\[(\*|\d+)\]:", prompt(page, i)) is not None
 
 
