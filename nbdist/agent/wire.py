@@ -231,10 +231,9 @@ def decode(body: bytes) -> dict[str, Any]:
 def for_protocol(frame: bytes, protocol: int) -> bytes:
     """``frame`` as a collector of ``protocol`` reads it (the same frame where it can)."""
     body = frame[_LEN.size:]
-    if protocol >= 3 or (not _is_msgpack(body)
-                         and (protocol >= 2 or body[:1] != _BINARY)):
-        return frame
-    return encode(decode(body), protocol)
+    if protocol < 3 and (_is_msgpack(body) or (protocol < 2 and body[:1] == _BINARY)):
+        return encode(decode(body), protocol)
+    return frame
 
 
 def split(buffer: bytearray, limit: int = MAX_FRAME) -> list[bytes]:
