@@ -518,6 +518,9 @@ def test_dashboard_reads_at_a_glance_and_tracebacks_use_editor_lines(nb):
         check_layout(view)
         doc_shot(view, "dashboard-running.png")
         wait_for(lambda: "finished in" in header.inner_text(), 120, "training to finish")
+        # the live widget says "finished" a moment before the run's end puts the static
+        # summary in its place (charts as images, their words as labels): read that one
+        view.locator(".nbdist-step-chart img").wait_for(timeout=60_000)
         assert bar_fill(view, 0) == 100 and bar_fill(view, 1) == 100
         # the straggler's colour survives the end of the run
         assert view.locator(".nbdist-rank-1.nbdist-straggler").count() == 1
@@ -648,6 +651,7 @@ def test_a_rank_killed_and_replaced_keeps_its_history(nb, flag):
         assert "a replacement worker joined" in header, header
         # history as it happened: every step on the chart, rules where it changed
         chart = view.locator(".nbdist-step-chart")
+        chart.locator("img").wait_for(timeout=60_000)  # the static summary, labels and all
         labels = chart.locator(".nbdist-chart-label").all_text_contents()
         assert "step 0" in labels and "step 49" in labels, labels
         assert "rank 1 died" in labels and "replacement joined" in labels, labels
