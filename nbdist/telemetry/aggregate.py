@@ -78,8 +78,10 @@ from .states import RankState
 
 __all__ = ["STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
            "BarState", "Diagnosis", "DimPoint", "MemoryPoint", "PipelinePoint", "RankSnapshot",
-           "RunState", "StepPoint", "aggregate"]
+           "RunState", "StepPoint", "UNREPORTED", "aggregate"]
 
+#: what a rank's row says when its run ended before the rank reported its end (a cell's)
+UNREPORTED = "no end-of-cell report (interrupted, or the worker died)"
 
 # ----------------------------------------------------------------- the fold
 class RunState:
@@ -474,14 +476,22 @@ class RunState:
             joined_at = max(self.incarnations.offset.values(), default=None)
         self.incarnations.record(news, died_at, joined_at)
 
-    def finish(self) -> None:
-        """The run is over: ranks that never said they finished are marked stopped."""
+    def finish(self, unreported: str = UNREPORTED) -> None:
+        """The run is over: ranks that never said they finished are marked stopped, with
+        ``unreported`` as what their rows say of it (a cell's words by default)."""
         for st in self._ranks.values():
             if st.state.active:
                 self._stop(st, RankState.STOPPED)
                 if not self.stopped_by:
-                    st.error = st.error or "no end-of-cell report (interrupted, or the worker died)"
+                    st.error = st.error or unreported
         self._matcher.settle_all()
+
+    def missed_start(self, rank: int) -> None:
+        """``rank``'s first reports went elsewhere (to the notebook a watched job reported
+        to before this one): its step count starts from the first step it reports here."""
+        st = self._rank(rank)
+        if st.steps == 0:
+            st.counts_from_index = True
 
     # ------------------------------------------------------------- snapshot
     def snapshot(self, now: Optional[float] = None, at: Optional[float] = None) -> RunSnapshot:

@@ -118,6 +118,9 @@ class RankFold:
         #: the job's step its step 0 is (a replacement worker counts from 0 in its process)
         self.offset = 0
         self.last_step: Optional[int] = None  # the job's index of its latest step
+        #: its first reports went elsewhere (a job watched by a notebook that restarted):
+        #: the first step it reports here says how many it took before
+        self.counts_from_index = False
         self.joined_at: Optional[int] = None  # a replacement: the job's step it joined at
         self.replaced = False  # a worker a replacement took the place of
         self.models: dict[int, Event] = {}  # DDP model number -> what it runs with, latest
@@ -187,6 +190,9 @@ class RankFold:
         """Steps ``ns`` counted, their times and samples into the window (its last
         :data:`WINDOW` steps are all it keeps)."""
         w = -WINDOW
+        if self.counts_from_index:  # step n is its (n+1)-th: n came before, unseen here
+            self.counts_from_index = False
+            self.steps += max(0, ns[0] - self.steps)
         self.steps += len(ns)
         self.last_step = ns[-1] + self.offset
         self.t0s.extend(t0s[w:])
@@ -308,7 +314,7 @@ def rank_snapshot(r: int, st: RankFold, numbers: tuple, now: Optional[float], st
         b = st.bar
         rt = rate(list(st.bar_points))
         eta = None
-        if rt and b["total"] is not None and not b["done"]:
+        if rt and b["total"] is not None and not b["done"] and st.state.active:
             eta = (b["total"] - b["n"]) / rt
             if now is not None:  # count down between progress reports
                 eta = max(0.0, eta - max(0.0, now - b["t"]))

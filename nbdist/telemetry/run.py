@@ -104,10 +104,19 @@ class Run:
         """True once every rank's batches up to ``wanted[rank]`` (its last seq) arrived."""
         return all(self._seq.get(r, 0) >= s for r, s in wanted.items())
 
-    def finish(self) -> None:
-        """The run is over: ranks that never reported their end are marked stopped."""
-        self._state.finish()
+    def finish(self, unreported: Optional[str] = None) -> None:
+        """The run is over: ranks that never reported their end are marked stopped (their
+        rows say ``unreported``; default: a cell's words)."""
+        if unreported is None:
+            self._state.finish()
+        else:
+            self._state.finish(unreported)
         self.ended = time.time()
+
+    def missed_start(self, rank: int) -> None:
+        """``rank``'s first reports went to another notebook: its step count starts from
+        the first step it reports here (see :meth:`.RunState.missed_start`)."""
+        self._state.missed_start(rank)
 
     def snapshot(self, now: Optional[float] = None) -> RunSnapshot:
         """The run's numbers now, with its wall-clock time so far, and once it is over what
