@@ -468,15 +468,21 @@ def attach(listen: Optional[str] = None, token_file: Optional[str] = None,
         collector listens on the same address with the same token and the running jobs
         report again. Written if missing.
     tls_cert : str, optional
-        A certificate file (PEM): connections are TLS and the line says ``tls://``.
+        A certificate file (PEM): connections are TLS and the line says ``tls://``. Both
+        files are checked before anything listens. With a collector already running,
+        naming no files keeps it as it is (TLS or not); files other than its own, or TLS
+        asked of a plain one, are refused, never ignored.
     tls_key : str, optional
-        Its key file (PEM); given with ``tls_cert`` only.
+        Its key file (PEM, unencrypted); given with ``tls_cert`` only.
 
     Raises
     ------
     ValueError
-        A bad ``listen``, half a TLS pair, a token file others may read, or a collector that
-        already listens elsewhere (``nbdist.attach().close()`` first).
+        An :class:`~nbdist.errors.AttachError`: a bad ``listen``, half a TLS pair, a TLS
+        file that is missing, unreadable or not PEM (or a key not the certificate's), a
+        token file that is a directory or others may read, or a collector that already
+        listens elsewhere or with other TLS settings (close it first:
+        ``nbdist.attach().close()``, with its TLS files if it has them).
     OSError
         The address cannot be listened on.
     """
@@ -506,14 +512,14 @@ def job(ident: Any) -> Any:
     Raises
     ------
     LookupError
-        No job has that id; the message lists the ones there are.
+        No job has that id; the message lists the ones there are, says whether it was
+        detached, and with none watched gives the line a job needs.
     """
-    from .watch.collector import current
+    from .watch.collector import current, missing_job
     from .watch.watched import WatchedJob
 
     collector = current()
     found = collector.jobs.get(str(ident)) if collector is not None else None
     if found is None:
-        known = ", ".join(r.id for r in jobs()) or "none (nbdist.attach() first)"
-        raise LookupError(f"no watched job {ident!r}; jobs: {known}")
+        raise LookupError(missing_job(ident, "nbdist.attach()"))
     return WatchedJob(collector.jobs, found, collector.stacks, collector.detach)

@@ -102,8 +102,10 @@ class ExportError(NbdistError):
 
 class AttachError(NbdistError, ValueError):
     """``%nbdist attach`` (``nbdist.attach``) cannot do what it was asked: a ``--listen``
-    that is not ``[HOST:]PORT``, a token file others may read or that holds no attach line,
-    half of TLS, or a collector that already listens elsewhere. Nothing was started."""
+    that is not ``[HOST:]PORT``, a token file that is a directory, that others may read or
+    that holds no attach line, half of TLS, a certificate or key that is missing or not PEM,
+    or a collector that already listens elsewhere or with other TLS settings. Nothing was
+    started."""
 
     @classmethod
     def listen(cls, text: str) -> AttachError:
@@ -125,9 +127,26 @@ class AttachError(NbdistError, ValueError):
                    "plain tcp:// line")
 
     @classmethod
-    def listening_elsewhere(cls, host: str, port: int) -> AttachError:
+    def token_file_dir(cls, path: str) -> AttachError:
+        return cls(f"token file {path} is a directory: give the path of a file in it (e.g. "
+                   f"{path.rstrip('/')}/nbdist-token), which attach writes if missing")
+
+    @classmethod
+    def listening_elsewhere(cls, host: str, port: int,
+                            close: str = "nbdist.attach().close()") -> AttachError:
         return cls(f"the collector already listens at {host}:{port}; close it first "
-                   "(nbdist.attach().close()), or attach without --listen to keep it")
+                   f"({close}), or attach without --listen to keep it")
+
+    @classmethod
+    def tls_differs(cls, runs: str, asked: str, keep: str, close: str) -> AttachError:
+        return cls(f"the collector already runs with {runs}, and this attach asks for "
+                   f"{asked}; attach {keep} to keep it, or close it first ({close}) and "
+                   "attach again")
+
+    @classmethod
+    def tls_file(cls, what: str, path: str, wrong: str) -> AttachError:
+        return cls(f"TLS {what} {path} {wrong}: give --tls-cert a PEM certificate and "
+                   "--tls-key its unencrypted PEM key (tls_cert=, tls_key= in Python)")
 
 
 class ClusterError(NbdistError):

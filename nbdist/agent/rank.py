@@ -27,7 +27,23 @@ from .spool import SpoolWriter, read_commands
 #: seconds between a rank's looks for the notebook's commands
 COMMAND_POLL = 0.2
 #: files whose frames are the agent's, not the script's (left out of a stack)
-_OURS = ("runpy.py", os.path.join("nbdist", "agent", ""))
+_OURS = os.path.join("nbdist", "agent", "")
+
+
+def _runpy(filename: str) -> bool:
+    # Python 3.11 on names the frozen module "<frozen runpy>", earlier ones its file
+    return filename == "<frozen runpy>" or os.path.basename(filename) == "runpy.py"
+
+
+def script_frames(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """The script's part of a rank's stack: the agent's frames left out, and the frames of
+    :mod:`runpy` that run the agent and the script (``-m nbdist.agent``) before the script's
+    first frame (a script's own later use of runpy is kept)."""
+    kept = [f for f in frames if _OURS not in f.filename]
+    first = 0
+    while first < len(kept) and _runpy(kept[first].filename):
+        first += 1
+    return kept[first:]
 
 
 def main_stack() -> str:
@@ -36,9 +52,7 @@ def main_stack() -> str:
     frame = sys._current_frames().get(threading.main_thread().ident)
     if frame is None:
         return "(the main thread has no Python frame)"
-    frames = [f for f in traceback.extract_stack(frame)
-              if not any(part in f.filename for part in _OURS)]
-    return "".join(traceback.format_list(frames))
+    return "".join(traceback.format_list(script_frames(traceback.extract_stack(frame))))
 
 
 def script_path(argv: list[str]) -> str:
@@ -168,6 +182,9 @@ class RankAgent:
                     continue
                 if msg.get("rank") not in (None, self.who["rank"]):
                     continue
+                asked = msg.get("ranks")
+                if isinstance(asked, list) and self.who["rank"] not in asked:
+                    continue  # the notebook asks the ranks it knows to run only
                 if msg.get("type") == "stacks" and not self._ended:
                     self._send({"type": "stacks", "job": self.job, "rank": self.who["rank"],
                                 "id": msg.get("id"), "pid": os.getpid(),

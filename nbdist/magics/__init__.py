@@ -175,20 +175,25 @@ class NbdistMagics(Magics):
 
     def _jobs(self, session: Session, args: argparse.Namespace) -> None:
         from .. import jobs
+        from ..watch.collector import no_jobs
 
-        print("\n".join(r.line() for r in jobs()) or "no jobs watched (%nbdist attach first)")
+        print("\n".join(r.line() for r in jobs()) or no_jobs("%nbdist attach"))
 
     def _job(self, session: Session, args: argparse.Namespace) -> None:
         from .. import job
+        from ..watch.collector import missing_job
 
         try:
             handle = job(args.id)
-        except LookupError as exc:
-            raise UsageError(f"%nbdist job: {exc.args[0]}") from None
+        except LookupError:  # the function's message names nbdist.attach(); this, the magic
+            raise UsageError(f"%nbdist job: {missing_job(args.id, '%nbdist attach')}") from None
         if args.action == "show":
             handle.show()
         elif args.action == "stacks":
-            stacks = handle.stacks(args.rank)
+            try:
+                stacks = handle.stacks(args.rank)
+            except LookupError as exc:  # a rank not in the job
+                raise UsageError(f"%nbdist job {args.id} stacks: {exc.args[0]}") from None
             print("\n".join(f"rank {r}:\n{text}" for r, text in stacks.items())
                   or f"job {handle.id}: no running rank to ask")
         else:

@@ -29,10 +29,11 @@ from typing import Optional
 
 from ..agent import wire
 from ..errors import AttachError
-from .watched import Jobs
+from .tls import server_context
+from .watched import RUNNING, Jobs
 
-__all__ = ["AttachError", "Collector", "attach", "current", "parse_listen", "read_token_file",
-           "write_token_file"]
+__all__ = ["AttachError", "Collector", "attach", "current", "missing_job", "no_jobs",
+           "parse_listen", "read_token_file", "write_token_file"]
 
 #: seconds a new connection has to present its token
 HELLO_TIMEOUT = 10.0
@@ -81,12 +82,15 @@ def read_token_file(path: str) -> Optional[wire.Address]:
     Raises
     ------
     AttachError
-        Others than its owner may read the file, or it holds no attach line.
+        The path is a directory, others than its owner may read the file, or it holds no
+        attach line.
     """
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
+    if stat.S_ISDIR(st.st_mode):  # its mode (1777 for /tmp) would be blamed otherwise
+        raise AttachError.token_file_dir(path)
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise AttachError.token_file_open(path, stat.S_IMODE(st.st_mode))
     with open(path, encoding="utf-8") as f:
@@ -98,8 +102,19 @@ def read_token_file(path: str) -> Optional[wire.Address]:
 
 
 def write_token_file(path: str, address: wire.Address) -> None:
-    """Keep ``address``'s line in ``path``, readable by its owner only."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Keep ``address``'s line in ``path``, readable by its owner only.
+
+    Raises
+    ------
+    AttachError
+        The path is a directory.
+    OSError
+        The file cannot be written.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except IsADirectoryError:
+        raise AttachError.token_file_dir(path) from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         os.fchmod(fd, 0o600)
         f.write(f"{wire.ENV}={address.line}\n")
@@ -121,6 +136,8 @@ class Collector:
 
     Raises
     ------
+    AttachError
+        A TLS file is missing, unreadable or not PEM, or the key is not the certificate's.
     OSError
         The address cannot be listened on (in use, not this machine's).
     """
@@ -129,10 +146,13 @@ class Collector:
                  tls: Optional[tuple[str, str]] = None):
         self.token = token or wire.new_token()
         self.jobs = Jobs()
+        #: the certificate and key files it was started with (None: plain tcp)
+        self.tls = tls
+        #: detached jobs, id -> key: a later look for one says it was detached
+        self.detached: dict[str, str] = {}
         self._ssl: Optional[ssl.SSLContext] = None
         if tls is not None:
-            self._ssl = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            self._ssl.load_cert_chain(tls[0], tls[1])
+            self._ssl = server_context(tls[0], tls[1])
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._server = socket.create_server((host, port), family=family, backlog=128)
         self.host, self.port = host, self._server.getsockname()[1]
@@ -377,14 +397,21 @@ class Collector:
         if job is None:
             return {}
         with self.jobs.lock:
+            # a job that is not running has no rank to answer (one that never said its end
+            # is gone all the same): asking would only wait out the timeout
             wanted = {r for r, p in job.ranks.items()
-                      if p.ended is None and (rank is None or r == rank)}
+                      if p.ended is None and (rank is None or r == rank)
+                      } if job.state == RUNNING else set()
             links = [self._links[c] for c in job.connections if c in self._links]
+        if not wanted:
+            return {}
         ask = next(self._asks)
         with self._answered:
             self._answers[ask] = {}
-        frame = wire.encode({"type": "stacks", "id": ask, "job": job.key, "rank": rank},
-                            wire.JSON_PROTOCOL)
+        # "ranks": the running ones only; a rank that ended and left its process behind
+        # (or an agent of before this field) would answer to "rank" alone
+        frame = wire.encode({"type": "stacks", "id": ask, "job": job.key, "rank": rank,
+                             "ranks": sorted(wanted)}, wire.JSON_PROTOCOL)
         for conn, lock in links:
             try:
                 with lock:
@@ -407,6 +434,7 @@ class Collector:
         job = self.jobs.get(key)
         if job is None:
             return False
+        self.detached[job.id] = job.key
         with self.jobs.lock:
             links = [self._links[c] for c in job.connections if c in self._links]
         frame = wire.encode({"type": "detach", "job": job.key}, wire.JSON_PROTOCOL)
@@ -445,6 +473,24 @@ def current() -> Optional[Collector]:
     return _current if _current is not None and _current.alive else None
 
 
+def _tls_text(tls: Optional[tuple[str, str]]) -> str:
+    return (f"TLS (certificate {tls[0]}, key {tls[1]})" if tls is not None
+            else "plain tcp:// (no certificate)")
+
+
+def _same_tls(running: Optional[tuple[str, str]], asked: Optional[tuple[str, str]]) -> bool:
+    if running is None or asked is None:
+        return running is asked
+    return all(os.path.realpath(a) == os.path.realpath(b) for a, b in zip(running, asked))
+
+
+def _close_call(running: Collector) -> str:
+    """The call that reaches ``running`` to close it (attach with its own TLS files)."""
+    if running.tls is None:
+        return "nbdist.attach().close()"
+    return f"nbdist.attach(tls_cert={running.tls[0]!r}, tls_key={running.tls[1]!r}).close()"
+
+
 def attach(listen: Optional[str] = None, token_file: Optional[str] = None,
            tls_cert: Optional[str] = None, tls_key: Optional[str] = None) -> Collector:
     """The kernel's collector, started on first use (see :func:`nbdist.attach`).
@@ -452,8 +498,10 @@ def attach(listen: Optional[str] = None, token_file: Optional[str] = None,
     Raises
     ------
     AttachError
-        Bad options, a token file others may read, or a running collector that listens
-        elsewhere than asked.
+        Bad options (a token file that is a directory or others may read, a TLS file
+        missing or not PEM), or a running collector that listens elsewhere than asked, or
+        with other TLS settings (TLS asked of a plain one, or other files; a call that
+        names no TLS files keeps the running collector, TLS or not).
     OSError
         The address cannot be listened on.
     """
@@ -461,11 +509,23 @@ def attach(listen: Optional[str] = None, token_file: Optional[str] = None,
     if (tls_cert is None) != (tls_key is None):
         raise AttachError.half_tls()
     host, port = parse_listen(listen)
+    if token_file is not None and os.path.isdir(token_file):
+        raise AttachError.token_file_dir(token_file)
+    tls = (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
     with _lock:
         running = current()
         if running is not None:
             if (host is not None and host != running.host) or (port and port != running.port):
-                raise AttachError.listening_elsewhere(running.host, running.port)
+                raise AttachError.listening_elsewhere(running.host, running.port,
+                                                      _close_call(running))
+            # the line printed must be what was asked for: a plain line where TLS was
+            # asked would send the token in clear text (asking nothing keeps what runs, as
+            # leaving out --listen does)
+            if tls is not None and not _same_tls(running.tls, tls):
+                keep = ("without --tls-cert/--tls-key" if running.tls is None else
+                        f"with --tls-cert {running.tls[0]} --tls-key {running.tls[1]}")
+                raise AttachError.tls_differs(_tls_text(running.tls), _tls_text(tls), keep,
+                                              _close_call(running))
             if token_file is not None and not os.path.exists(token_file):
                 write_token_file(token_file, running.address)
             return running
@@ -473,9 +533,37 @@ def attach(listen: Optional[str] = None, token_file: Optional[str] = None,
         if kept is not None and host is None and port is None:
             host, port = (kept.host, kept.port)
         collector = Collector(host or LOOPBACK, port or 0,
-                              token=kept.token if kept is not None else None,
-                              tls=(tls_cert, tls_key) if tls_cert and tls_key else None)
+                              token=kept.token if kept is not None else None, tls=tls)
         if token_file is not None:
             write_token_file(token_file, collector.address)
         _current = collector
         return collector
+
+
+def no_jobs(how: str) -> str:
+    """What to say when no job is watched; ``how``: the way to attach, as the caller's
+    user types it (``%nbdist attach`` or ``nbdist.attach()``)."""
+    running = current()
+    if running is None:
+        return f"no jobs watched ({how} first)"
+    gone = ", ".join(f"job {i} ({k})" for i, k in running.detached.items())
+    why = (f"{gone} detached, and no other job has reported" if gone
+           else "no job has reported yet")
+    return (f"no jobs watched: the collector listens, but {why}. Start a job with this line "
+            f"in its environment ({how} shows how):\n  {running.line}")
+
+
+def missing_job(ident: object, how: str) -> str:
+    """Why no watched job is ``ident`` (its number or key), and what to do; ``how`` as in
+    :func:`no_jobs`."""
+    running = current()
+    if running is None:
+        return f"no watched job {str(ident)!r}; jobs: none ({how} first)"
+    known = ", ".join(r.id for r in running.jobs.records())
+    said = next((f"job {i} ({k}) was detached" for i, k in running.detached.items()
+                 if str(ident) in (i, k)), None)
+    if known:
+        return f"no watched job {str(ident)!r}{': ' + said if said else ''}; jobs: {known}"
+    why = f"{said}, and no other job is watched" if said else "no job has reported yet"
+    return (f"no watched job {str(ident)!r}: {why}; start a job with this line in its "
+            f"environment ({how} shows how):\n  {running.line}")

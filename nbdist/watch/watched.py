@@ -23,6 +23,9 @@ from .stalls import in_script, verdict
 
 RUNNING, FINISHED, FAILED, LOST = "running", "finished", "failed", "lost"
 STATES = (RUNNING, FINISHED, FAILED, LOST)
+#: what a rank's row says when its job ended before the rank reported its end
+UNREPORTED = ("ended without reporting its end (its launcher stopped it, or it was killed "
+              "before it could say)")
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,14 @@ class Job:
         self.attempt = attempt
         self.ranks = {}
 
+    def began(self, t: float) -> None:
+        """A rank of the job began at ``t``: the job began no later (a notebook that learns
+        of a running job, restarted or attached late, counts its time from its ranks')."""
+        if t < self.started:
+            self.started = t
+            if self.run is not None:
+                self.run.started = t
+
     def rejoined(self, rank: int, t: float) -> None:
         """``rank``'s process of the launcher's latest attempt began: its steps go on in the
         run's row of its rank (the attempt's first step is the job's :attr:`restart_step`),
@@ -261,6 +272,13 @@ class Jobs:
         if proc is not None and seq:
             if seq <= proc.seq:  # sent again by a forwarder that took over the node
                 return None
+            if proc.seq == 0 and seq > 1 and job.run is not None:
+                # its first batches went to the notebook this one replaced (a restarted
+                # kernel listening again with the token file): its steps count from its
+                # own step numbers, not from what arrived here
+                job.run.missed_start(proc.rank)
+                job.note(f"rank {proc.rank}: its first {seq - 1} batches went to a notebook "
+                         "before this one; its step count goes on from its own numbers")
             proc.seq = seq
         return job
 
@@ -285,7 +303,9 @@ class Jobs:
             if known is not None and known.pid == pid:
                 return  # said again: a forwarder that reconnected, or took over the node
             job.ranks[rank] = RankProcess(rank, str(m.get("host", "")), pid, restart)
-            job.rejoined(rank, float(m.get("t") or time.time()))
+            t = float(m.get("t") or time.time())
+            job.began(t)
+            job.rejoined(rank, t)
         elif kind == "batch":
             batched = self._batched(m, connection)
             if batched is not None:
@@ -335,7 +355,7 @@ class Jobs:
         for job in self._jobs.values():
             if not job.ended and job.run is not None and job.state != RUNNING:
                 job.ended = True
-                job.run.finish()
+                job.run.finish(UNREPORTED)
 
     def records(self) -> list[JobRecord]:
         with self.lock:
@@ -430,8 +450,23 @@ class WatchedJob:
         """Each running rank's Python stack, taken now (``%nbdist job ID stacks``), also
         where a rank waits in a collective or a sleep: {rank: the stack as a traceback prints
         it, outermost first}. ``rank``: that rank only. A rank that does not answer within
-        ``timeout`` seconds has a line that says so; a job that ended has no stacks ({})."""
-        if self._ask_stacks is None:
+        ``timeout`` seconds has a line that says so. Only running ranks are asked: a job that
+        is not running (finished, failed, lost) or whose ranks all ended has no stacks ({}),
+        at once.
+
+        Raises
+        ------
+        LookupError
+            ``rank`` is not one of the job's ranks (0 to its world size - 1).
+        """
+        with self._jobs.lock:
+            world = self._job.world_size
+            running = self._job.state == RUNNING and any(
+                p.ended is None and rank in (None, r) for r, p in self._job.ranks.items())
+        if rank is not None and world and not 0 <= rank < world:
+            raise LookupError(f"rank {rank} is not in job {self._job.id} ({self._job.key}): "
+                              f"its ranks are 0..{world - 1} (world size {world})")
+        if self._ask_stacks is None or not running:
             return {}
         return self._ask_stacks(self._job.key, rank, timeout)
 

@@ -68,3 +68,28 @@ def test_a_script_that_returns_reports_success_and_leaves_nothing_aside(tmp_path
     code, end = _rank_exit(tmp_path, site_dir, "x = 1\n")
     assert code == 0 and end["ok"] is True and end["error"] is None
     assert sorted(p.suffix for p in (tmp_path / "spool").iterdir()) == [".0"]
+
+
+def test_a_stack_leaves_out_runpy_and_the_agent_before_the_script():
+    """``torchrun -m nbdist.agent train.py``: runpy runs the agent, which runs the script with
+    runpy again; what is left starts at the script's first frame."""
+    import traceback
+
+    from nbdist.agent.rank import script_frames
+
+    agent = os.path.join("site-packages", "nbdist", "agent", "__main__.py")
+    frames = [traceback.FrameSummary(f, n, name, line=src) for f, n, name, src in [
+        ("<frozen runpy>", 198, "_run_module_as_main", ""),
+        ("<frozen runpy>", 88, "_run_code", ""),
+        (agent, 61, "<module>", "main()"),
+        ("/usr/lib/python3.10/runpy.py", 289, "run_path", ""),
+        ("<frozen runpy>", 98, "_run_module_code", ""),
+        ("<frozen runpy>", 88, "_run_code", ""),
+        ("train.py", 22, "<module>", "main()"),
+        ("train.py", 15, "main", "dist.barrier()"),
+        ("/opt/tool/runpy.py", 3, "later", "the script's own: kept"),
+    ]]
+    kept = script_frames(frames)
+    assert [(f.filename, f.lineno) for f in kept] == [
+        ("train.py", 22), ("train.py", 15), ("/opt/tool/runpy.py", 3)]
+    assert "".join(traceback.format_list(kept)).startswith('  File "train.py", line 22')

@@ -8,6 +8,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import threading
 import time
 
 import pytest
@@ -164,3 +165,110 @@ def test_attach_errors_are_nbdists_errors_that_say_what_to_do(fresh, tmp_path):
     with pytest.raises(AttachError, match="give both, or neither"):
         attach(tls_key="k.pem")
 
+
+
+def _pair(tmp_path, name="c"):
+    """A self-signed certificate and its key, made by the openssl command."""
+    cert, key = str(tmp_path / f"{name}.pem"), str(tmp_path / f"{name}.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=localhost"], check=True,
+                   capture_output=True, timeout=60)
+    return cert, key
+
+
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None,
+                                   reason="needs the openssl command")
+
+
+@needs_openssl
+def test_other_tls_settings_than_the_running_collectors_are_refused_not_ignored(fresh,
+                                                                               tmp_path):
+    cert, key = _pair(tmp_path)
+    plain = attach()
+    with pytest.raises(AttachError, match=r"already runs with plain tcp:// .*asks for TLS "
+                       r"\(certificate .*c\.pem.*close it first \(nbdist\.attach\(\)\.close\(\)\)"):
+        attach(tls_cert=cert, tls_key=key)
+    assert attach() is plain  # refused: the plain one runs on, unchanged
+    plain.close()
+    secure = attach(tls_cert=cert, tls_key=key)
+    assert secure.line.startswith("NBDIST_ATTACH=tls://")
+    assert attach(tls_cert=cert, tls_key=key) is secure  # the same files keep it
+    assert attach() is secure  # naming no files keeps what runs, as leaving out listen does
+    other_cert, other_key = _pair(tmp_path, "other")
+    with pytest.raises(AttachError, match="other.pem"):
+        attach(tls_cert=other_cert, tls_key=other_key)
+    with pytest.raises(AttachError, match=r"listens at .*nbdist\.attach\(tls_cert="):
+        attach(listen="127.0.0.1:1", tls_cert=cert, tls_key=key)
+
+
+def test_a_token_file_that_is_a_directory_is_named_so(fresh, tmp_path):
+    with pytest.raises(AttachError, match=f"token file {tmp_path} is a directory: give the "
+                       "path of a file") as bad:
+        attach(token_file=str(tmp_path))
+    assert "chmod" not in str(bad.value) and col.current() is None
+    with pytest.raises(AttachError, match="is a directory"):
+        col.read_token_file(str(tmp_path))
+    with pytest.raises(AttachError, match="is a directory"):
+        col.write_token_file(str(tmp_path), wire.parse("tcp://127.0.0.1:9/t"))
+    attach()  # and with a collector running, the same
+    with pytest.raises(AttachError, match="is a directory"):
+        attach(token_file=str(tmp_path))
+
+
+@needs_openssl
+def test_missing_or_bad_tls_files_are_named_before_anything_listens(fresh, tmp_path):
+    cert, key = _pair(tmp_path)
+    other_cert, other_key = _pair(tmp_path, "other")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    broken = tmp_path / "broken.pem"
+    broken.write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    cases = [
+        (str(tmp_path / "none.pem"), key, r"certificate .*none\.pem does not exist"),
+        (cert, str(tmp_path / "none.key"), r"key .*none\.key does not exist"),
+        (str(junk), key, r"certificate .*junk\.pem holds no PEM certificate"),
+        (str(broken), key, r"certificate .*broken\.pem is not a valid PEM certificate"),
+        (cert, cert, r"key .*c\.pem holds no PEM private key"),
+        (cert, other_key, r"key .*other\.key is not the key of certificate .*c\.pem"),
+        (str(tmp_path), key, r"certificate .* is a directory"),
+    ]
+    for c, k, want in cases:
+        with pytest.raises(AttachError, match=want):
+            attach(tls_cert=c, tls_key=k)
+        assert col.current() is None
+    if os.geteuid() != 0:  # root reads any file
+        os.chmod(key, 0)
+        with pytest.raises(AttachError, match=r"key .*c\.key cannot be read"):
+            attach(tls_cert=cert, tls_key=key)
+
+
+def _frames(sock):
+    buf = bytearray()
+    while not (got := wire.split(buf)):
+        buf += sock.recv(65536)
+    return [wire.decode(b) for b in got]
+
+
+def test_stacks_ask_only_running_ranks_and_a_lost_job_answers_at_once(collector, monkeypatch):
+    monkeypatch.setattr(col, "TAKE_OVER", 0.05)
+    sock = _greet(collector.address, collector.token)
+    assert wire.decode(sock.recv(100)[4:])["ok"] is True
+    for rank in (0, 1):
+        sock.sendall(wire.encode({"type": "rank", "job": "j", "rank": rank, "world_size": 2,
+                                  "host": "h", "pid": 5 + rank}))
+    sock.sendall(wire.encode({"type": "exit", "job": "j", "rank": 0, "pid": 5, "ok": True}))
+    _until(lambda: collector.jobs.get("j") is not None
+           and collector.jobs.get("j").ranks[0].ended is not None)
+    out = {}
+    asking = threading.Thread(target=lambda: out.update(collector.stacks("j", timeout=5)))
+    asking.start()
+    (ask,) = _frames(sock)
+    assert (ask["type"], ask["rank"], ask["ranks"]) == ("stacks", None, [1])
+    sock.sendall(wire.encode({"type": "stacks", "id": ask["id"], "rank": 1, "text": "here"}))
+    asking.join(5)
+    assert out == {1: "here"}
+    sock.close()  # rank 1 never says its end: the job is lost, not running
+    _until(lambda: collector.jobs.records()[0].state == "lost")
+    t = time.monotonic()
+    assert collector.stacks("j", timeout=5) == {} and collector.stacks("j", 1, 5) == {}
+    assert time.monotonic() - t < 1.0  # not the 5 s a rank would be waited for

@@ -81,5 +81,60 @@ def test_jobs_and_job_show_the_records_and_detach_forgets(shell, capsys, fresh):
     shell.run_line_magic("nbdist", "job 1 detach")
     assert "job 1 (torchrun-abc) detached" in capsys.readouterr().out
     assert nbdist.jobs() == []
-    with pytest.raises(LookupError, match="jobs: none"):
+    with pytest.raises(LookupError, match="job 1 .* was detached"):
         nbdist.job("1")
+
+
+def test_with_the_collector_listening_no_job_says_why_and_the_line_not_attach_first(
+        shell, capsys, fresh):
+    shell.run_line_magic("nbdist", "jobs")  # nothing listens: attach, named as typed here
+    assert capsys.readouterr().out.strip() == "no jobs watched (%nbdist attach first)"
+    with pytest.raises(UsageError, match=r"jobs: none \(%nbdist attach first\)"):
+        shell.run_line_magic("nbdist", "job 1 show")
+    with pytest.raises(LookupError, match=r"jobs: none \(nbdist\.attach\(\) first\)"):
+        nbdist.job(1)
+    collector = nbdist.attach()
+    shell.run_line_magic("nbdist", "jobs")
+    out = capsys.readouterr().out
+    assert "no job has reported yet" in out and collector.line in out
+    assert "attach first" not in out
+    _job_of_two(collector.jobs)
+    shell.run_line_magic("nbdist", "job 1 detach")
+    capsys.readouterr()
+    shell.run_line_magic("nbdist", "jobs")
+    out = capsys.readouterr().out
+    assert "job 1 (torchrun-abc) detached, and no other job has reported" in out
+    assert collector.line in out and "(%nbdist attach shows how)" in out
+    assert "attach first" not in out and "nbdist.attach()" not in out
+    with pytest.raises(UsageError) as magic:
+        shell.run_line_magic("nbdist", "job 1 show")
+    said = str(magic.value)
+    assert "job 1 (torchrun-abc) was detached" in said and collector.line in said
+    assert "%nbdist attach shows how" in said and "nbdist.attach()" not in said
+    with pytest.raises(LookupError) as python:
+        nbdist.job("1")
+    said = str(python.value)
+    assert "was detached" in said and "(nbdist.attach() shows how)" in said
+    assert "%nbdist" not in said and "attach first" not in said
+
+
+def test_stacks_of_a_rank_not_in_the_job_say_its_ranks(shell, capsys, fresh):
+    _job_of_two(nbdist.attach().jobs)
+    with pytest.raises(UsageError, match=r"%nbdist job 1 stacks: rank 5 is not in job 1 "
+                       r"\(torchrun-abc\): its ranks are 0\.\.1 \(world size 2\)"):
+        shell.run_line_magic("nbdist", "job 1 stacks --rank 5")
+    with pytest.raises(LookupError, match=r"rank 5 is not in job 1 .*0\.\.1"):
+        nbdist.job("1").stacks(rank=5)
+    with pytest.raises(LookupError, match="rank -1 is not in job 1"):
+        nbdist.job("1").stacks(rank=-1)
+    shell.run_line_magic("nbdist", "job 1 stacks --rank 1")  # in the job, but it ended
+    assert capsys.readouterr().out.strip() == "job 1: no running rank to ask"
+
+
+def test_tls_and_token_file_mistakes_are_usage_errors_that_name_the_file(shell, fresh,
+                                                                         tmp_path):
+    with pytest.raises(UsageError, match=r"%nbdist attach: TLS certificate /nonexist\.pem "
+                       "does not exist"):
+        shell.run_line_magic("nbdist", "attach --tls-cert /nonexist.pem --tls-key /nonexist.key")
+    with pytest.raises(UsageError, match=f"token file {tmp_path} is a directory"):
+        shell.run_line_magic("nbdist", f"attach --token-file {tmp_path}")

@@ -249,3 +249,82 @@ def test_a_shown_job_refreshes_no_more_often_than_its_ranks_report(monkeypatch):
     finally:
         for p in panels:
             p.close()
+
+
+def test_a_notebook_that_learns_a_running_job_counts_its_steps_and_time_from_the_ranks():
+    """A restarted kernel listening again with the token file: the forwarder's batches to
+    the notebook before it are gone with that notebook, so the first batch seen here is not
+    the rank's first; the job's steps and its start are the ranks' own."""
+    jobs = Jobs()
+    jobs.fold(_rank(0, 100, world=1), 1)  # the rank began at T0, long before this notebook
+    evs = training_events(10) + [ev.end(True, T0 + 10, None)]
+    late = [b for b in batches(0, evs, per_batch=4) if b["seq"] >= 3]  # from step 4 on
+    assert late[0]["events"][0]["step"] == 4
+    for b in late:
+        jobs.fold({"type": "batch", "job": KEY, "batch": b}, 1)
+    job = jobs.get("1")
+    assert jobs.records()[0].steps == {0: 10}  # not the 6 that arrived here
+    assert jobs.records()[0].started == T0
+    assert job.run.started == T0
+    assert any("rank 0: its first 2 batches went to a notebook before this one" in n
+               for n in job.notes), job.notes
+
+
+def test_a_notebook_that_saw_a_rank_from_its_start_counts_the_steps_it_folded():
+    jobs = Jobs()
+    jobs.fold(_rank(0, 100, world=1), 1)
+    _train(jobs, 0, 6)
+    assert jobs.records()[0].steps == {0: 6}
+    assert not jobs.get("1").notes
+
+
+def test_a_rank_the_job_ended_without_its_end_says_so_in_a_jobs_words_without_an_eta():
+    jobs = Jobs()
+    jobs.fold(_rank(0, 100, world=1), 1)
+    evs = [ev.progress(1, "train", n, 100, T0 + n) for n in range(5)]
+    for b in batches(0, evs):
+        jobs.fold({"type": "batch", "job": KEY, "batch": b}, 1)
+    (row,) = jobs.get("1").snapshot().ranks
+    assert row.bar.eta_s is not None  # while it runs, its bar says when it ends
+    jobs.closed(1)  # its launcher's connection ended: no word from the rank
+    (row,) = jobs.get("1").snapshot().ranks
+    assert str(row.state) == "stopped" and "end-of-cell" not in row.error
+    assert row.error.startswith("ended without reporting its end"), row.error
+    assert row.bar.eta_s is None
+
+
+def test_stacks_ask_no_rank_of_a_job_that_is_not_running_and_answer_at_once():
+    import time
+
+    import pytest
+
+    from nbdist.watch.watched import WatchedJob
+
+    asked = []
+
+    def ask(key, rank, timeout):  # a rank that never answers would cost the whole timeout
+        asked.append((key, rank))
+        return {r: "(did not answer)" for r in (0, 1) if rank in (None, r)}
+
+    jobs = Jobs()
+    for rank in (0, 1):
+        jobs.fold(_rank(rank, 10 + rank), 1)
+    handle = WatchedJob(jobs, jobs.get(KEY), ask)
+    jobs.fold(_exit(0, 10), 1)  # running, rank 0 ended: rank 1 is asked, rank 0 is not
+    assert handle.stacks() != {} and asked == [(KEY, None)]
+    assert handle.stacks(rank=0) == {} and len(asked) == 1
+    jobs.fold(_exit(1, 11, lost=True), 1)  # SIGKILLed: its forwarder says it is lost
+    jobs.closed(1)
+    assert jobs.records()[0].state == LOST
+    t = time.monotonic()
+    assert handle.stacks(timeout=10) == {} and handle.stacks(rank=1, timeout=10) == {}
+    assert time.monotonic() - t < 1.0 and len(asked) == 1
+    with pytest.raises(LookupError, match=r"rank 2 is not in job 1 \(torchrun-x\): its ranks "
+                       r"are 0\.\.1 \(world size 2\)"):
+        handle.stacks(rank=2)
+
+    jobs = Jobs()  # a connection that ends while its ranks never said their end: lost too
+    for rank in (0, 1):
+        jobs.fold(_rank(rank, 10 + rank), 1)
+    jobs.closed(1)
+    assert WatchedJob(jobs, jobs.get(KEY), ask).stacks() == {} and len(asked) == 1
