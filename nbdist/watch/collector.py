@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import os
 import selectors
+import site
 import socket
 import ssl
 import stat
@@ -200,14 +201,24 @@ class Collector:
         return not self._closed
 
     def instructions(self) -> str:
-        """The line to add to a job's environment, and how to launch with it."""
+        """The line to add to a job's environment, and how to launch with it: as it is where
+        this environment has nbdist's start-up hook, else through ``-m nbdist.agent`` (a
+        plain launch would report nothing)."""
         line = self.line
-        return (f"{line}\n\n"
-                "Start a job with it in its environment; every rank then reports here:\n"
-                f"  {line} torchrun --nproc_per_node=2 train.py\n"
-                f"  sbatch --export=ALL,{line} job.sh   # srun in job.sh; or torchrun\n"
-                "Without nbdist's start-up hook (an editable install), run the script as\n"
-                f"  {line} torchrun --nproc_per_node=2 -m nbdist.agent train.py\n"
+        if hook_installed():
+            how = ("Start a job with it in its environment; every rank then reports here:\n"
+                   f"  {line} torchrun --nproc_per_node=2 train.py\n"
+                   f"  sbatch --export=ALL,{line} job.sh   # srun in job.sh; or torchrun\n"
+                   "Without nbdist's start-up hook (an editable install), run the script as\n"
+                   f"  {line} torchrun --nproc_per_node=2 -m nbdist.agent train.py\n")
+        else:
+            how = (f"This environment has no start-up hook ({HOOK} is not in site-packages: "
+                   "an editable install), so\na job reports only with its script run "
+                   "through nbdist's agent:\n"
+                   f"  {line} torchrun --nproc_per_node=2 -m nbdist.agent train.py\n"
+                   f"  sbatch --export=ALL,{line} job.sh   # in job.sh: srun python -m "
+                   "nbdist.agent train.py\n")
+        return (f"{line}\n\n{how}"
                 + ("" if self.host != LOOPBACK else
                    "Listening on loopback: jobs on this machine only (--listen HOST:PORT for "
                    "others).\n"))
@@ -466,6 +477,18 @@ class Collector:
 
 _current: Optional[Collector] = None
 _lock = threading.Lock()
+
+
+#: the start-up hook's file, which installing nbdist puts in site-packages (setup.py)
+HOOK = "nbdist-attach.pth"
+
+
+def hook_installed() -> bool:
+    """Whether this environment has nbdist's start-up hook (:data:`HOOK` in a site-packages
+    directory Python reads ``.pth`` files from): where it has not (an editable install), a
+    plain ``torchrun train.py`` reports nothing."""
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return any(os.path.isfile(os.path.join(d, HOOK)) for d in dirs)
 
 
 def current() -> Optional[Collector]:

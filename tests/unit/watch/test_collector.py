@@ -272,3 +272,22 @@ def test_stacks_ask_only_running_ranks_and_a_lost_job_answers_at_once(collector,
     t = time.monotonic()
     assert collector.stacks("j", timeout=5) == {} and collector.stacks("j", 1, 5) == {}
     assert time.monotonic() - t < 1.0  # not the 5 s a rank would be waited for
+
+
+def test_the_printed_launch_reports_in_this_environment_with_or_without_the_hook(
+        collector, tmp_path, monkeypatch):
+    """A plain ``torchrun train.py`` reports only where the start-up hook is installed: in
+    an environment without it (an editable install) the instructions lead with the agent."""
+    monkeypatch.setattr(col.site, "getsitepackages", lambda: [str(tmp_path)])
+    monkeypatch.setattr(col.site, "getusersitepackages", lambda: str(tmp_path / "user"))
+    assert not col.hook_installed()
+    without = collector.instructions()
+    launches = [ln for ln in without.splitlines() if "torchrun" in ln]
+    assert launches and all("-m nbdist.agent train.py" in ln for ln in launches), without
+    assert "no start-up hook (nbdist-attach.pth is not in site-packages" in without
+    assert "srun python -m nbdist.agent train.py" in without
+    (tmp_path / col.HOOK).write_text("import nbdist.agent.hook\n")
+    assert col.hook_installed()
+    with_hook = collector.instructions()
+    assert f"{collector.line} torchrun --nproc_per_node=2 train.py" in with_hook
+    assert "no start-up hook" not in with_hook
