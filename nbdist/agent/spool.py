@@ -87,10 +87,17 @@ def claim(directory: str) -> None:
     os.replace(path + ".tmp", path)
 
 
+#: seconds after which a spool directory that names no forwarder (its launcher was killed
+#: between making it and claiming it, or an older nbdist made it) is another's no longer
+UNCLAIMED_AFTER = 3600.0
+
+
 def sweep(parent: str) -> list[str]:
     """Remove the spool directories in ``parent`` that this user's killed forwarders left:
-    those whose forwarder process is gone and none of whose rank processes still writes.
-    Returns the directories removed; one that cannot be read is left alone."""
+    those whose forwarder process is gone and none of whose rank processes still writes, and
+    those that name no forwarder, untouched for :data:`UNCLAIMED_AFTER` seconds, with no
+    rank process writing. Returns the directories removed; one that cannot be read is left
+    alone."""
     import shutil
 
     removed = []
@@ -104,10 +111,15 @@ def sweep(parent: str) -> list[str]:
             st = os.lstat(path)
             if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
                 continue
-            with open(os.path.join(path, OWNER), encoding="ascii") as f:
-                pid, _, started = f.read().strip().partition(" ")
-            if running(int(pid), started or None):
-                continue
+            try:
+                with open(os.path.join(path, OWNER), encoding="ascii") as f:
+                    pid, _, started = f.read().strip().partition(" ")
+            except FileNotFoundError:  # unclaimed: a launcher may be about to claim it
+                if time.time() - st.st_mtime < UNCLAIMED_AFTER:
+                    continue
+            else:
+                if running(int(pid), started or None):
+                    continue
             writers = {int(n.partition(".")[0]) for n in os.listdir(path)
                        if n.partition(".")[0].isdigit()}
             if any(running(w) for w in writers):

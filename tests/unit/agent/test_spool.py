@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from nbdist.agent import wire
 from nbdist.agent.spool import SpoolReader, SpoolWriter
@@ -176,3 +177,23 @@ def test_an_end_written_aside_is_read_when_the_process_ended_with_its_exit_statu
         if rank.poll() is None:
             rank.kill()
             rank.wait()
+
+
+def test_a_directory_that_names_no_forwarder_is_removed_once_it_is_old_and_nobody_writes(
+        tmp_path):
+    """A launcher killed between making its directory and claiming it (or an nbdist from
+    before owners) leaves a directory with rank files only: swept after
+    ``UNCLAIMED_AFTER`` seconds untouched, once none of its ranks runs; a new one may be
+    about to be claimed and stays."""
+    from nbdist.agent.spool import UNCLAIMED_AFTER, sweep
+
+    old, new, busy = (tmp_path / f"nbdist-attach-{n}" for n in ("old", "new", "busy"))
+    for d in (old, new, busy):
+        d.mkdir()
+    (old / f"{_dead_pid()}.0").write_bytes(b"x")
+    (busy / f"{os.getpid()}.0").write_bytes(b"x")  # a rank that still runs writes here
+    past = time.time() - UNCLAIMED_AFTER - 60
+    for d in (old, busy):
+        os.utime(d, (past, past))
+    assert sweep(str(tmp_path)) == [str(old)]
+    assert not old.exists() and new.is_dir() and busy.is_dir()
