@@ -38,6 +38,12 @@ __all__ = [
 ]
 
 
+def __dir__() -> list[str]:
+    """The public names, those loaded on first use included (what tab completion offers),
+    not the typing names this module imports for itself."""
+    return sorted(__all__)
+
+
 def __getattr__(name: str) -> Any:
     # progress/log live in the worker runtime; loaded on first use to keep `import nbdist` cheap.
     if name in ("progress", "log"):

@@ -26,3 +26,12 @@ def test_every_public_name_survives_importing_every_module():
         now = getattr(nbdist, name)
         assert now is value, f"nbdist.{name} became {now!r} once nbdist's modules were imported"
         assert not inspect.ismodule(now), f"nbdist.{name} is a module"
+
+
+def test_dir_offers_the_public_names_not_the_typing_ones():
+    """Tab completion (``dir``) lists every public name, those loaded on first use too, and
+    none of the typing names the package imports for itself."""
+    names = dir(nbdist)
+    assert names == sorted(nbdist.__all__)
+    assert {"progress", "log", "mesh", "ParameterServer", "attach", "jobs"} <= set(names)
+    assert not {"Any", "Optional", "Sequence", "TYPE_CHECKING", "sys", "annotations"} & set(names)
