@@ -399,13 +399,15 @@ class Session(Cluster):
 
         m = self.membership
         m.require()
-        from .watch.collector import current
+        from .watch.collector import current, hook_installed
 
         options = replace(self.options, dist_backend=m.dist_backend)  # gloo on shared GPUs
         out = write(path, self.history.entries, self.plans, options, self.profile_path,
                     version=__version__, force=force, forgotten=self.history.forgotten)
         collector = current()  # the script, launched with its line, reports to this notebook
-        return replace(out, attach=collector.line) if collector is not None else out
+        if collector is None:
+            return out
+        return replace(out, attach=collector.line, agent=not hook_installed())
 
     def save_profile(self, path: str) -> str:
         """Write this session's options as a profile that ``start(profile=path)`` reads;

@@ -66,6 +66,9 @@ class Export:
     data_path: Optional[str] = None
     #: ``NBDIST_ATTACH=...`` of the notebook's collector where ``%nbdist attach`` runs one
     attach: Optional[str] = None
+    #: launch it watched through ``-m nbdist.agent``: this environment has no start-up hook
+    #: (an editable install), so a plain launch would report nothing
+    agent: bool = False
 
     def summary(self) -> str:
         """One paragraph for the notebook: what was written, how to launch it, and how to
@@ -75,7 +78,11 @@ class Export:
                 f"push(es){data}. Launch: {self.command}")
         for line in self.left_out:
             text += f"\nnot carried over: {line}"
-        if self.attach:
+        if self.attach and self.agent:
+            launcher, _, script = self.command.rpartition(" ")
+            text += (f"\nWatched from this notebook (%nbdist jobs; no start-up hook here, so "
+                     f"through the agent): {self.attach} {launcher} -m nbdist.agent {script}")
+        elif self.attach:
             text += f"\nWatched from this notebook (%nbdist jobs): {self.attach} {self.command}"
         else:
             text += ("\nTo watch it from this notebook: run %nbdist attach here, then launch "

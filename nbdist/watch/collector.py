@@ -22,7 +22,6 @@ import selectors
 import site
 import socket
 import ssl
-import stat
 import threading
 import time
 from collections import deque
@@ -30,11 +29,11 @@ from typing import Optional
 
 from ..agent import wire
 from ..errors import AttachError
-from .tls import server_context
+from .settings import parse_listen, read_token_file, server_context, write_token_file
 from .watched import RUNNING, Jobs
 
-__all__ = ["AttachError", "Collector", "attach", "current", "missing_job", "no_jobs",
-           "parse_listen", "read_token_file", "write_token_file"]
+__all__ = ["AttachError", "Collector", "attach", "current", "hook_installed", "missing_job",
+           "no_jobs"]
 
 #: seconds a new connection has to present its token
 HELLO_TIMEOUT = 10.0
@@ -57,68 +56,6 @@ class _Reading:
         self.ident, self.buf = ident, buf
 #: seconds between two folds of what the connections decoded (as a cell's loop polls its job)
 FOLD_INTERVAL = 0.1
-
-
-def parse_listen(listen: Optional[str]) -> tuple[Optional[str], Optional[int]]:
-    """``[HOST:]PORT`` as (host or None, port or None); None: neither.
-
-    Raises
-    ------
-    AttachError
-        Not of that form.
-    """
-    if listen is None or str(listen).strip() == "":
-        return None, None
-    text = str(listen).strip()
-    host, _, port = text.rpartition(":")
-    host = host.strip("[]") or None
-    if not port.isdigit() or not 0 <= int(port) < 65536:
-        raise AttachError.listen(text)
-    return host, int(port)
-
-
-def read_token_file(path: str) -> Optional[wire.Address]:
-    """The attach line kept in ``path`` (None: no such file).
-
-    Raises
-    ------
-    AttachError
-        The path is a directory, others than its owner may read the file, or it holds no
-        attach line.
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISDIR(st.st_mode):  # its mode (1777 for /tmp) would be blamed otherwise
-        raise AttachError.token_file_dir(path)
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise AttachError.token_file_open(path, stat.S_IMODE(st.st_mode))
-    with open(path, encoding="utf-8") as f:
-        text = f.read().strip()
-    try:
-        return wire.parse(text)
-    except ValueError as exc:
-        raise AttachError.token_file_empty(path, exc) from None
-
-
-def write_token_file(path: str, address: wire.Address) -> None:
-    """Keep ``address``'s line in ``path``, readable by its owner only.
-
-    Raises
-    ------
-    AttachError
-        The path is a directory.
-    OSError
-        The file cannot be written.
-    """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    except IsADirectoryError:
-        raise AttachError.token_file_dir(path) from None
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        os.fchmod(fd, 0o600)
-        f.write(f"{wire.ENV}={address.line}\n")
 
 
 class Collector:

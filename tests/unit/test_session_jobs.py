@@ -174,7 +174,15 @@ def test_an_export_says_how_to_launch_it_watched_from_this_notebook(tmp_path, mo
     try:
         out = session.export(str(tmp_path / "train.py"))
         assert out.attach == listening.line and listening.line.startswith("NBDIST_ATTACH=tcp://")
-        assert f"{listening.line} {out.command}" in out.summary()
+        # a launch that reports in this environment: plain where the start-up hook is
+        # installed, through the agent where it is not (an editable install)
+        for hooked in (True, False):
+            monkeypatch.setattr(col, "hook_installed", lambda h=hooked: h)
+            out = session.export(str(tmp_path / "train.py"), force=True)
+            assert out.agent is not hooked
+            launch = (out.command if hooked else
+                      out.command.replace(" train.py", " -m nbdist.agent train.py"))
+            assert f"{listening.line} {launch}" in out.summary(), out.summary()
     finally:
         listening.close()
         col._current = None

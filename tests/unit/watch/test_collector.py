@@ -15,7 +15,8 @@ import pytest
 
 from nbdist.agent import wire
 from nbdist.watch import collector as col
-from nbdist.watch.collector import AttachError, Collector, attach, parse_listen
+from nbdist.watch.collector import AttachError, Collector, attach
+from nbdist.watch.settings import parse_listen, read_token_file, write_token_file
 
 
 def _until(cond, timeout=5.0):
@@ -207,9 +208,9 @@ def test_a_token_file_that_is_a_directory_is_named_so(fresh, tmp_path):
         attach(token_file=str(tmp_path))
     assert "chmod" not in str(bad.value) and col.current() is None
     with pytest.raises(AttachError, match="is a directory"):
-        col.read_token_file(str(tmp_path))
+        read_token_file(str(tmp_path))
     with pytest.raises(AttachError, match="is a directory"):
-        col.write_token_file(str(tmp_path), wire.parse("tcp://127.0.0.1:9/t"))
+        write_token_file(str(tmp_path), wire.parse("tcp://127.0.0.1:9/t"))
     attach()  # and with a collector running, the same
     with pytest.raises(AttachError, match="is a directory"):
         attach(token_file=str(tmp_path))
