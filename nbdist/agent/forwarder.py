@@ -7,7 +7,10 @@ it read in a bounded queue, and sends it to the notebook's collector when connec
 never waits for the notebook: an unreachable notebook means reconnection with back-off
 (:data:`BACKOFF`), and a full queue drops batches and counts them (the notebook is told the
 count); the frames that say who each rank is and how it ended are kept and sent again on every
-new connection, so a restarted notebook learns the job again.
+new connection, so a restarted notebook learns the job again. A collector that acknowledges
+what it took (its answer says ``acks``) has each frame sent to it kept until it says so:
+what a notebook that went away never took (in flight, or unread in its socket) goes to the
+next one, and counts toward the queue's bound meanwhile.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ class Forwarder:
         self.dropped: dict[tuple[str, int], int] = {}  # (job, rank) -> batches dropped here
         self._dropped_sent: dict[tuple[str, int], int] = {}
         self._sock: Optional[socket.socket] = None
+        #: frames sent down this connection and not yet acknowledged, oldest first, and how
+        #: many the collector acknowledged so far (None: it does not acknowledge)
+        self._unacked: deque[bytes] = deque()
+        self._acked: Optional[int] = None
         self._protocol = wire.PROTOCOL  # the connected collector's (see wire.PROTOCOL)
         self._retry_at = 0.0
         self._backoff = BACKOFF[0]
@@ -146,6 +153,7 @@ class Forwarder:
             # an older notebook reads bytes as base64 in the JSON only
             protocol = said.get("nbdist")
             self._protocol = protocol if isinstance(protocol, int) else 1
+            self._acked = 0 if said.get("acks") else None
         except (OSError, ValueError, ConnectionError):
             if sock is not None:
                 sock.close()
@@ -166,6 +174,14 @@ class Forwarder:
             except OSError:
                 pass
         self._sock = None
+        # What the collector never said it took goes first to the next one (after who the
+        # ranks are, which every connection begins with: not twice)
+        kept = {id(f) for frames in self._kept.values() for f in frames}
+        again = [f for f in self._unacked if id(f) not in kept]
+        self._queued -= sum(len(f) for f in self._unacked if id(f) in kept)
+        self._queue.extendleft(reversed(again))
+        self._unacked.clear()
+        self._acked = None
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF[1])
 
@@ -193,10 +209,20 @@ class Forwarder:
         return True
 
     def _command(self, msg: dict[str, Any]) -> None:
-        if msg.get("type") == "stacks" and isinstance(msg.get("id"), int):
+        if msg.get("type") == "ack" and isinstance(msg.get("frames"), int):
+            self._took(msg["frames"])
+        elif msg.get("type") == "stacks" and isinstance(msg.get("id"), int):
             write_command(self.directory, msg)
         elif msg.get("type") == "detach" and isinstance(msg.get("job"), str):
             self._detach(msg["job"])
+
+    def _took(self, frames: int) -> None:
+        """The collector took the first ``frames`` frames of this connection: they go."""
+        if self._acked is None:
+            return
+        while self._acked < frames and self._unacked:
+            self._queued -= len(self._unacked.popleft())
+            self._acked += 1
 
     def _detach(self, job: str) -> None:
         """Send nothing more of ``job`` (the notebook stopped watching it): what is queued
@@ -252,7 +278,10 @@ class Forwarder:
                 frame = self._queue[0]
                 self._sock.sendall(wire.for_protocol(frame, self._protocol))
                 self._queue.popleft()
-                self._queued -= len(frame)
+                if self._acked is None:
+                    self._queued -= len(frame)
+                else:  # kept until the collector says it took it
+                    self._unacked.append(frame)
         except OSError:
             self._disconnect()
             return False

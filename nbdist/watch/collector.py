@@ -35,6 +35,9 @@ from .watched import RUNNING, Jobs
 __all__ = ["AttachError", "Collector", "attach", "current", "hook_installed", "missing_job",
            "no_jobs"]
 
+#: seconds between two acknowledgements down one connection: what a forwarder sent and this
+#: collector took, which it need not send again (it keeps the rest for the next connection)
+ACK_INTERVAL = 1.0
 #: seconds a new connection has to present its token
 HELLO_TIMEOUT = 10.0
 #: seconds a job whose connection ended without a bye waits for another to carry it
@@ -99,6 +102,11 @@ class Collector:
         self._conns: set[socket.socket] = set()
         #: greeted connections by id, and a lock each: commands go down them
         self._links: dict[int, tuple[socket.socket, threading.Lock]] = {}
+        #: frames taken from each connection, and as many as it was told it had
+        self._taken: dict[int, int] = {}
+        self._acked: dict[int, int] = {}
+        self._ack_at = 0.0  # when acknowledgements are next due
+        self._owed = False  # frames folded and not yet acknowledged
         self._asks = itertools.count(1)
         self._answers: dict[int, dict[int, str]] = {}  # request id -> rank -> stack
         self._answered = threading.Condition()
@@ -173,6 +181,8 @@ class Collector:
         while not self._closed:
             wait = None if not self._inbox else max(0.0, folded + FOLD_INTERVAL
                                                     - time.monotonic())
+            if self._owed and not self._inbox:  # what was folded is acknowledged in time
+                wait = max(0.0, self._ack_at - time.monotonic())
             try:
                 ready = self._selector.select(wait)
             except (OSError, ValueError):
@@ -189,6 +199,9 @@ class Collector:
                 t = time.thread_time()
                 self._fold()
                 self.fold_seconds += time.thread_time() - t
+                self._acknowledge(folded)
+            elif self._owed and not self._inbox and time.monotonic() >= self._ack_at:
+                self._acknowledge(time.monotonic())
 
     def _accept(self) -> None:
         try:
@@ -219,7 +232,9 @@ class Collector:
             hello = wire.decode(first[0])
             if not wire.token_matches(hello.get("token"), self.token):
                 raise ConnectionError("no token, or not this collector's")
-            conn.sendall(wire.encode({"ok": True, "nbdist": wire.PROTOCOL},
+            # "acks": this collector says what it took (a forwarder keeps what it sent until
+            # then, and sends it again to the next notebook if this one goes away)
+            conn.sendall(wire.encode({"ok": True, "nbdist": wire.PROTOCOL, "acks": True},
                                      wire.JSON_PROTOCOL))
         except (OSError, ValueError, ssl.SSLError):
             self.refused += 1
@@ -287,16 +302,41 @@ class Collector:
 
     def _take(self, conn: socket.socket, ident: int, buf: bytearray) -> None:
         try:
-            for body in wire.split(buf):
-                self._inbox.append((body, ident))
+            bodies = wire.split(buf)
         except ValueError:
             self._drop(conn, ident)
+            return
+        if bodies:
+            self._inbox += [(body, ident) for body in bodies]
+            self._taken[ident] = self._taken.get(ident, 0) + len(bodies)
+            self._owed = True
+
+    def _acknowledge(self, now: float) -> None:
+        """Tell each connection how many of its frames were folded (every
+        :data:`ACK_INTERVAL` seconds at most); called right after a fold."""
+        if now < self._ack_at:
+            return
+        self._ack_at = now + ACK_INTERVAL
+        self._owed = False
+        for ident, n in self._taken.items():
+            link = self._links.get(ident)
+            if link is None or self._acked.get(ident) == n:
+                continue
+            self._acked[ident] = n
+            try:
+                with link[1]:
+                    link[0].sendall(wire.encode({"type": "ack", "frames": n},
+                                                wire.JSON_PROTOCOL))
+            except OSError:
+                pass  # a connection gone: its forwarder sends it all again to the next
 
     def _drop(self, conn: socket.socket, ident: int) -> None:
         """A connection ended (or sent what is no frame)."""
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn)
         self._links.pop(ident, None)
+        self._taken.pop(ident, None)
+        self._acked.pop(ident, None)
         self._conns.discard(conn)
         conn.close()
         # a forwarder gone without its bye may be taken over by another rank of its node in

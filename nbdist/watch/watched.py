@@ -277,8 +277,9 @@ class Jobs:
                 # kernel listening again with the token file): its steps count from its
                 # own step numbers, not from what arrived here
                 job.run.missed_start(proc.rank)
-                job.note(f"rank {proc.rank}: its first {seq - 1} batches went to a notebook "
-                         "before this one; its step count goes on from its own numbers")
+                job.note(f"rank {proc.rank}: its first {seq - 1} batches did not reach this "
+                         "notebook (they went to one before it, or were dropped on the way); "
+                         "its step count goes on from its own numbers")
             proc.seq = seq
         return job
 

@@ -238,3 +238,108 @@ def test_a_collector_of_the_first_protocol_gets_bytes_as_base64_in_the_json(tmp_
         if conn is not None:
             conn.close()
         server.close()
+
+
+
+class _Notebook:
+    """A collector's end played by hand on a real socket: it answers the hello (saying it
+    acknowledges, or not: a notebook of before acknowledgements), reads frames, and
+    acknowledges as many as the test says."""
+
+    def __init__(self, server, acks=True):
+        self.conn, _ = server.accept()
+        self.conn.settimeout(10)
+        self.buf = bytearray()
+        self.frames: list[dict] = []
+        hello = self._next()
+        assert hello["token"] == "t"
+        answer = {"ok": True, "nbdist": wire.PROTOCOL, **({"acks": True} if acks else {})}
+        self.conn.sendall(wire.encode(answer, wire.JSON_PROTOCOL))
+
+    def _next(self) -> dict:
+        while not self.frames:
+            chunk = self.conn.recv(65536)
+            assert chunk, "the forwarder closed the connection"
+            self.buf += chunk
+            self.frames += [wire.decode(b) for b in wire.split(self.buf)]
+        return self.frames.pop(0)
+
+    def take(self, batches: int) -> list[dict]:
+        """Frames up to the ``batches``-th batch."""
+        out = []
+        while sum(m["type"] == "batch" for m in out) < batches:
+            out.append(self._next())
+        return out
+
+    def ack(self, frames: int) -> None:
+        self.conn.sendall(wire.encode({"type": "ack", "frames": frames}, wire.JSON_PROTOCOL))
+
+
+def _line_and_server():
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    return wire.parse(f"tcp://127.0.0.1:{server.getsockname()[1]}/t"), server
+
+
+def test_frames_a_notebook_never_acknowledged_go_to_the_next_one(tmp_path):
+    """A kernel that dies holds frames it read (or never read) and never folded: the next
+    notebook on the line gets them, after who the ranks are, and nothing it was told it
+    took is sent again."""
+    import os
+
+    address, server = _line_and_server()
+    _rank_writes(tmp_path, 0, os.getpid(), 20, world=1)  # a rank frame, then 6 batches
+    f = fwd.Forwarder(address, str(tmp_path), owns_directory=False).start()
+    try:
+        first = _Notebook(server)
+        got = first.take(6)
+        # who the rank is comes first on every connection (here twice: read before the
+        # first connection, and said again as every connection begins)
+        ranks = next(i for i, m in enumerate(got) if m["type"] == "batch")
+        assert ranks in (1, 2) and {m["type"] for m in got[:ranks]} == {"rank"}
+        seqs = [m["batch"]["seq"] for m in got[ranks:]]
+        assert seqs == sorted(seqs) and len(seqs) == 6
+        first.ack(ranks + 2)  # the rank and two batches folded; four read, never folded
+        _until(lambda: len(f._unacked) == 4)
+        first.conn.close()  # the kernel dies
+        second = _Notebook(server)  # restarted, on the same line
+        again = second.take(4)
+        assert [m["type"] for m in again] == ["rank"] + ["batch"] * 4
+        assert [m["batch"]["seq"] for m in again[1:]] == seqs[2:]  # what was not taken
+        second.ack(5)
+        _until(lambda: not f._unacked and f._queued == 0)  # what was taken is let go
+    finally:
+        f.close(timeout=0.5)
+        server.close()
+
+
+def test_a_notebook_that_does_not_acknowledge_gets_each_frame_once(tmp_path):
+    """A notebook of before acknowledgements: nothing is kept once sent, as before."""
+    import os
+
+    address, server = _line_and_server()
+    _rank_writes(tmp_path, 0, os.getpid(), 20, world=1)
+    f = fwd.Forwarder(address, str(tmp_path), owns_directory=False).start()
+    try:
+        old = _Notebook(server, acks=False)
+        old.take(6)
+        _until(lambda: f._queued == 0)
+        assert not f._unacked
+    finally:
+        f.close(timeout=0.5)
+        server.close()
+
+
+def test_a_real_collector_acknowledges_what_it_folded(tmp_path):
+    import os
+
+    c = Collector()
+    f = fwd.Forwarder(c.address, str(tmp_path), owns_directory=False).start()
+    try:
+        _rank_writes(tmp_path, 0, os.getpid(), 5, world=1)
+        _until(lambda: c.jobs.records() and c.jobs.records()[0].steps == {0: 5})
+        _until(lambda: not f._unacked and f._queued == 0)
+    finally:
+        f.close(timeout=1)
+        c.close()

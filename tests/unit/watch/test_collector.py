@@ -18,6 +18,9 @@ from nbdist.watch import collector as col
 from nbdist.watch.collector import AttachError, Collector, attach
 from nbdist.watch.settings import parse_listen, read_token_file, write_token_file
 
+#: the collector's answer to a hello that carries its token
+ANSWER = {"ok": True, "nbdist": wire.PROTOCOL, "acks": True}
+
 
 def _until(cond, timeout=5.0):
     end = time.monotonic() + timeout
@@ -61,7 +64,7 @@ def test_it_listens_on_loopback_and_a_free_port_by_default(collector):
 
 def test_a_connection_with_the_token_is_answered_and_its_frames_folded(collector):
     sock = _greet(collector.address, collector.token)
-    assert wire.decode(sock.recv(100)[4:]) == {"ok": True, "nbdist": wire.PROTOCOL}
+    assert wire.decode(sock.recv(100)[4:]) == ANSWER
     sock.sendall(wire.encode({"type": "rank", "job": "j", "rank": 0, "world_size": 1,
                               "host": "h", "pid": 5}))
     _until(lambda: len(collector.jobs.records()) == 1)
@@ -118,7 +121,7 @@ def test_a_token_file_gives_a_restarted_kernel_the_same_line(fresh, tmp_path):
     again = attach(token_file=path)
     assert again is not first and again.line == line
     sock = _greet(again.address, wire.parse(line).token)
-    assert wire.decode(sock.recv(100)[4:]) == {"ok": True, "nbdist": wire.PROTOCOL}
+    assert wire.decode(sock.recv(100)[4:]) == ANSWER
     sock.close()
 
 
@@ -144,7 +147,7 @@ def test_with_a_certificate_connections_are_tls(tmp_path):
         ctx = ssl.create_default_context(cafile=cert)
         ctx.check_hostname = False
         sock = _greet(c.address, c.token, lambda s: ctx.wrap_socket(s))
-        assert wire.decode(sock.recv(100)[4:]) == {"ok": True, "nbdist": wire.PROTOCOL}
+        assert wire.decode(sock.recv(100)[4:]) == ANSWER
         sock.close()
         plain = _greet(c.address, c.token)  # a token in clear text is not answered
         assert _unanswered(plain)
@@ -244,10 +247,13 @@ def test_missing_or_bad_tls_files_are_named_before_anything_listens(fresh, tmp_p
 
 
 def _frames(sock):
+    """The collector's next commands down ``sock``, its acknowledgements left out."""
     buf = bytearray()
-    while not (got := wire.split(buf)):
+    while True:
         buf += sock.recv(65536)
-    return [wire.decode(b) for b in got]
+        got = [m for m in map(wire.decode, wire.split(buf)) if m.get("type") != "ack"]
+        if got:
+            return got
 
 
 def test_stacks_ask_only_running_ranks_and_a_lost_job_answers_at_once(collector, monkeypatch):

@@ -266,7 +266,7 @@ def test_a_notebook_that_learns_a_running_job_counts_its_steps_and_time_from_the
     assert jobs.records()[0].steps == {0: 10}  # not the 6 that arrived here
     assert jobs.records()[0].started == T0
     assert job.run.started == T0
-    assert any("rank 0: its first 2 batches went to a notebook before this one" in n
+    assert any("rank 0: its first 2 batches did not reach this notebook" in n
                for n in job.notes), job.notes
 
 
