@@ -6,7 +6,9 @@ is imported. ``python -m nbdist.agent`` calls it too. A process is then one of:
 
 * **the launcher** (``torchrun`` or ``python -m torch.distributed.run``): the node's forwarder
   (:mod:`.forwarder`), alive across its ranks' restarts. It makes the spool directory and
-  puts it in its environment (:data:`~.wire.SPOOL_ENV`), which every rank it starts inherits;
+  puts it in its environment (:data:`~.wire.SPOOL_ENV`), which every rank it starts inherits,
+  and holds the directory's lock while it lives: should it be killed (its ranks run on), the
+  first of its ranks to take the lock forwards from then on;
 * **a rank** (torchrun's ``RANK``, Slurm's ``SLURM_PROCID`` in a job step, Open MPI's or
   PMI's rank): it reports (:mod:`.rank`) through its launcher's forwarder, or, without one
   (``srun``, ``mpirun``), through the node's: the first rank of the job on the host to lock
@@ -31,6 +33,9 @@ _LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 _started: Optional[Any] = None  # the forwarder or the rank agent of this process
+_held: Optional[int] = None  # the launcher's lock on its node's directory (an open fd)
+#: the lock file in a node's spool directory: held by whoever forwards from it
+LOCK = "forwarder.lock"
 
 
 def role(env: Any = os.environ, argv: Optional[list[str]] = None) -> Optional[str]:
@@ -73,7 +78,7 @@ def _elect(address: wire.Address) -> str:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     if os.stat(directory).st_uid != os.getuid():
         raise PermissionError(f"{directory} belongs to another user")
-    fd = os.open(os.path.join(directory, "forwarder.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # another rank of this node forwards; this one stands by to take over
@@ -94,6 +99,13 @@ def _forward(address: wire.Address, directory: str) -> None:
 
     forwarder = Forwarder(address, directory).start()
     atexit.register(forwarder.close, 10.0)
+    agent = rank_agent()
+    if agent is not None:
+        # A rank that took over later: its own end must be written before its forwarder
+        # closes (atexit runs last-registered first), or the close waits for it in vain
+        # and the notebook never hears how this rank ended
+        atexit.unregister(agent.end)
+        atexit.register(agent.end)
 
 
 def _stand_by(address: wire.Address, directory: str, fd: int) -> None:
@@ -130,19 +142,48 @@ def activate(measure: bool = True) -> Optional[str]:
 
             directory = tempfile.mkdtemp(prefix="nbdist-attach-")
             os.environ[wire.SPOOL_ENV] = directory
+            _hold(directory)
             _started = Forwarder(address, directory).start()
             atexit.register(_started.close, 10.0)
         else:
             from .rank import RankAgent
 
-            directory = (os.environ.get(wire.RUN_SPOOL_ENV) or os.environ.get(wire.SPOOL_ENV)
+            launcher = (None if os.environ.get(wire.RUN_SPOOL_ENV)
+                        else os.environ.get(wire.SPOOL_ENV))
+            directory = (os.environ.get(wire.RUN_SPOOL_ENV) or launcher
                          or _elect(wire.parse(os.environ[wire.ENV])))
             os.environ[wire.RANK_ENV] = str(os.getpid())  # its own children stay quiet
             _started = RankAgent(directory).start(measure)
+            if launcher:
+                _outlive(wire.parse(os.environ[wire.ENV]), launcher)
     except Exception as exc:
         sys.stderr.write(f"nbdist: not reporting to the notebook: {exc}\n")
         return None
     return which
+
+
+def _hold(directory: str) -> None:
+    """The launcher takes its directory's lock for as long as it lives (the fd is not
+    inherited: a rank it starts does not hold it)."""
+    import fcntl
+
+    global _held
+    _held = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(_held, fcntl.LOCK_EX)
+
+
+def _outlive(address: wire.Address, directory: str) -> None:
+    """A launcher's rank stands by to forward for its node should the launcher be killed
+    (its lock goes with it, its directory stays: the ranks run on). A launcher that ends as
+    planned removes the directory first, and the rank then does nothing."""
+    import threading
+
+    try:
+        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR)
+    except OSError:  # a launcher of before the lock: nobody to outlive
+        return
+    threading.Thread(target=_stand_by, args=(address, directory, fd),
+                     name="nbdist-standby", daemon=True).start()
 
 
 def rank_agent() -> Optional[Any]:

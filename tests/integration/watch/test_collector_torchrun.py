@@ -361,3 +361,45 @@ def test_a_kernel_killed_mid_job_leaves_the_job_to_finish_with_the_weights_it_ha
     mine, alone = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "u.pt")
     assert sorted(mine) == sorted(alone) == ["bias", "weight"]
     assert all(torch.equal(mine[k], alone[k]) for k in mine)  # bit for bit
+
+
+def test_a_killed_torchrun_leaves_its_ranks_reporting_through_one_of_them(tmp_path, site_dir):
+    """``kill -9`` of torchrun, its node's forwarder: its ranks run on (torch starts each in
+    a session of its own), the first to take the node's lock forwards from then on, and the
+    job ends finished with every step and both ends, not lost."""
+    import psutil
+
+    collector = Collector()
+    go = tmp_path / "go"
+    proc = _torchrun(tmp_path, _env(site_dir, collector.address.line), go)
+    ranks: list = []
+    try:
+        def live():
+            recs = collector.jobs.records()
+            return recs and len(recs[0].steps) == 2 and min(recs[0].steps.values()) >= 1
+        _until(live, 180, proc)
+        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if "train.py" in " ".join(p.cmdline())]
+        assert len(ranks) == 2, ranks
+        os.kill(proc.pid, signal.SIGKILL)  # the launcher only: no exit of its runs
+        proc.wait(timeout=30)
+        go.touch()
+        gone, alive = psutil.wait_procs(ranks, timeout=180)
+        assert not alive, "the ranks did not finish"
+        end = time.monotonic() + 60
+        while collector.jobs.records()[0].state == "running":
+            assert time.monotonic() < end, collector.jobs.records()
+            time.sleep(0.05)
+        (rec,) = collector.jobs.records()
+        assert rec.state == "finished", (rec, collector.jobs.get(rec.id).notes)
+        assert rec.steps == {0: STEPS, 1: STEPS} and rec.error is None
+        assert collector.accepted == 2  # torchrun's connection, then a rank's
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+        for p in ranks:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        collector.close()

@@ -89,3 +89,43 @@ def test_a_node_directory_is_one_per_job_and_token():
     env1, env2 = {"SLURM_JOB_ID": "1"}, {"SLURM_JOB_ID": "2"}
     assert node_directory(a, env1) == node_directory(a, dict(env1))
     assert len({node_directory(a, env1), node_directory(a, env2), node_directory(b, env1)}) == 3
+
+
+def test_a_rank_that_takes_over_forwarding_writes_its_own_end_before_its_forwarder_closes(
+        monkeypatch, tmp_path):
+    """atexit runs the last-registered first: a rank that became its node's forwarder after
+    its agent started must have its end run before the forwarder's close, which waits for
+    every rank's end (its own included) and then says bye."""
+    import atexit
+
+    from nbdist.agent import forwarder, hook
+
+    order: list = []
+
+    class Agent:
+        def end(self):
+            order.append("end")
+
+    class Forwarder:
+        def __init__(self, address, directory):
+            pass
+
+        def start(self):
+            return self
+
+        def close(self, wait_for_ranks=0.0):
+            order.append("close")
+
+    agent = Agent()
+    registered: list = []
+    monkeypatch.setattr(atexit, "register", lambda f, *a: registered.append((f, a)))
+    monkeypatch.setattr(atexit, "unregister",
+                        lambda f: registered[:] and registered.remove(
+                            next(r for r in registered if r[0] == f)))
+    monkeypatch.setattr(forwarder, "Forwarder", Forwarder)
+    monkeypatch.setattr(hook, "rank_agent", lambda: agent)
+    registered.append((agent.end, ()))  # the agent started first, as a rank's does
+    hook._forward(wire.parse(LINE), str(tmp_path))
+    for f, a in reversed(registered):  # as Python runs them at exit
+        f(*a)
+    assert order == ["end", "close"]
