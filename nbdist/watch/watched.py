@@ -285,8 +285,12 @@ class Jobs:
 
     def _fold(self, m: dict[str, Any], connection: int) -> None:
         kind = m.get("type")
-        if kind == "bye":  # the node's launcher ended: what it did not report is lost
-            self._closed(connection)
+        if kind == "bye":  # the node's forwarder ended: what it did not report is lost ...
+            if not self._awaited(connection):
+                self._closed(connection)
+            # ... unless a rank it carried has not said its end: a rank that forwarded for
+            # its node ended first, and another takes over; the connection's close, which
+            # follows, gives that one the collector's TAKE_OVER seconds
             return
         key = m.get("job")
         if not isinstance(key, str) or key in self._detached:
@@ -337,6 +341,13 @@ class Jobs:
                         t = proc.failed_at if proc.failed_at < float("inf") else time.time()
                         job.run.failed_on_exit(proc.rank, proc.error, t)
         self._settle()
+
+    def _awaited(self, connection: int) -> bool:
+        """A job ``connection`` carries has a rank whose end is not known yet."""
+        return any(connection in job.connections
+                   and (len(job.ranks) < job.world_size
+                        or any(p.ended is None for p in job.ranks.values()))
+                   for job in self._jobs.values())
 
     def closed(self, connection: int) -> None:
         """``connection`` ended: once no connection carries a job, its ranks that did not

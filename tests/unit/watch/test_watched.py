@@ -328,3 +328,36 @@ def test_stacks_ask_no_rank_of_a_job_that_is_not_running_and_answer_at_once():
         jobs.fold(_rank(rank, 10 + rank), 1)
     jobs.closed(1)
     assert WatchedJob(jobs, jobs.get(KEY), ask).stacks() == {} and len(asked) == 1
+
+
+def test_a_forwarding_rank_that_ends_first_leaves_the_job_running_for_the_one_taking_over():
+    """Under srun or mpirun the node's forwarder is a rank: ended before its peer (which
+    takes over forwarding), its bye does not end the job, whose last rank then reports on a
+    connection of its own; a bye once every rank said its end ends it at once."""
+    jobs = Jobs()
+    for r in (0, 1):
+        jobs.fold(_rank(r, 100 + r), 1)
+    _train(jobs, 0, 4, conn=1)
+    jobs.fold(_exit(0, 100), 1)
+    jobs.fold({"type": "bye", "code": 0}, 1)  # rank 0 forwarded, and ended first
+    assert jobs.records()[0].state == RUNNING  # not lost: rank 1 has not said its end
+    jobs.fold(_rank(1, 101), 2)  # rank 1 forwards now: every connection begins so
+    _train(jobs, 1, 4, conn=2)
+    jobs.closed(1)  # rank 0's connection, closed after its bye
+    assert jobs.records()[0].state == RUNNING
+    jobs.fold(_exit(1, 101), 2)
+    jobs.fold({"type": "bye", "code": 0}, 2)
+    rec = jobs.records()[0]
+    assert rec.state == FINISHED and rec.steps == {0: 4, 1: 4}
+    rows = {r.rank: str(r.state) for r in jobs.get("1").snapshot().ranks}
+    assert rows == {0: "done", 1: "done"}
+
+
+def test_a_bye_with_a_rank_never_heard_of_ends_the_job_once_its_connection_closes():
+    jobs = Jobs()
+    jobs.fold(_rank(0, 100), 1)  # of 2 ranks; the other never reported
+    jobs.fold(_exit(0, 100), 1)
+    jobs.fold({"type": "bye", "code": 0}, 1)
+    assert jobs.records()[0].state == RUNNING  # another forwarder may yet carry rank 1
+    jobs.closed(1)  # its connection's close, TAKE_OVER seconds on
+    assert jobs.records()[0].state == LOST
