@@ -60,8 +60,10 @@ CUT_ABOVE = 4.0
 #: the run table's column widths (px): numbers whole, the bar named; the state takes what is
 #: left (150 px at least) and wraps: the table fits JupyterLab's cell at 1400 px with the file
 #: browser open, and in a narrower output it scrolls with the state column kept in view. The
-#: three time columns hold "<0.01 ms" in the straggler's bold (62 px cut it)
-RUN_WIDTHS = (44, 150, 80, 90, 54, 72, 72, 72, 80, 96, None)
+#: three time columns hold "<0.01 ms" in the straggler's bold (71.5 px in JupyterLab's font,
+#: padding included; 62 cut it), the rate "999 steps/s" (85.5); the bar's name and the last
+#: values give the width back (cut, they are read whole on hover)
+RUN_WIDTHS = (44, 140, 80, 86, 54, 72, 72, 72, 80, 90, None)
 
 
 def bold(text: str) -> str:
