@@ -112,7 +112,11 @@ def test_rank_1_sleeping_in_a_step_is_named_with_the_scripts_line(tmp_path, site
         job = WatchedJob(collector.jobs, collector.jobs.get(rec.id), collector.stacks)
         # the text view says the same, and the rank's row says who held the others
         text = job.summary()
-        assert f"hang doctor: {head}" in text and where[1] in text, text
+        # the same verdict, its seconds counted again when the summary was made
+        since, _, verdict = head.partition(" (stall threshold")
+        assert since.startswith("no step or collective completed for "), head
+        assert "hang doctor: no step or collective completed for " in text, text
+        assert f"(stall threshold{verdict}" in text and where[1] in text, text
         assert f"held the others: in time.sleep(200) at train.py:{SLEEP_LINE}" in text, text
         # its stack, taken now, agrees: time.sleep at that line of the script
         stack = job.stacks(rank=1)[1]
