@@ -16,8 +16,9 @@ percentage of one core (median of ``--repeats``, with min and max), messages per
 the cost of one redraw (snapshot + drawing, median ms) and of the final summary.
 
 With ``--before REF`` the same streams also go through the code at git ``REF`` (extracted
-with ``git archive`` into a temporary folder), in the wire format it speaks (one message per
-rank every 0.1 s, one dict per event), and the two are printed side by side.
+with ``git archive`` into a temporary folder), in the wire format it speaks (sealed batches,
+tables, or before them one message per rank every 0.1 s, one dict per event), and the two are
+printed side by side.
 
     python benchmarks/bench_scale.py [--worlds 64 256 1024] [--seconds 6] [--repeats 3]
                                      [--views widget text] [--before REF]
@@ -137,10 +138,21 @@ def messages(job: Submission, seconds: float, wire: str, tick: float, transport:
 
     ``wire="events"``: each rank sends what it has every 0.1 s, one dict per event (the
     format before tables). ``wire="tables"``: each rank sends every ``flush_interval(world)``
-    seconds, its high-rate events packed as the worker's sink packs them. Ranks flush at
-    staggered moments, as independent processes do.
+    seconds, its high-rate events packed as the worker's sink packed them before sealing;
+    ``wire="sealed"``: the same, packed and sealed as a cell's rank sends them now
+    (``EventSink(sealed=True)``). Ranks flush at staggered moments, as independent processes
+    do.
     """
-    if wire == "tables":
+    if wire == "sealed":
+        from nbdist.telemetry.columns import pack as table_pack
+        from nbdist.telemetry.columns import seal
+        from nbdist.telemetry.events import flush_interval
+
+        interval = flush_interval(job.world)
+
+        def pack(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return seal(table_pack(events))
+    elif wire == "tables":
         from nbdist.telemetry.columns import pack
         from nbdist.telemetry.events import flush_interval
 
@@ -361,6 +373,13 @@ def extract(ref: str) -> str:
     return folder
 
 
+def _wire_of(code: str) -> str:
+    """The newest wire format the ``nbdist`` in folder ``code`` speaks."""
+    with open(os.path.join(code, "nbdist", "telemetry", "columns.py"), encoding="utf-8") as f:
+        source = f.read()
+    return "sealed" if "def seal(" in source else "tables" if "def pack(" in source else "events"
+
+
 def measure(code: str, world: int, view: str, wire: str, args: argparse.Namespace,
             timeout: float) -> list[dict[str, Any]]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--world", str(world),
@@ -409,16 +428,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, default=64, help=argparse.SUPPRESS)
     ap.add_argument("--view", default="text", help=argparse.SUPPRESS)
-    ap.add_argument("--wire", default="tables", help=argparse.SUPPRESS)
+    ap.add_argument("--wire", default="sealed", help=argparse.SUPPRESS)
     args = c.parse_args(ap, argv)
     if args.child:
         return child(args)
 
-    codes = [("after", c.REPO, "tables")]
+    codes = [("after", c.REPO, "sealed")]
     before_dir = None
     if args.before:
         before_dir = extract(args.before)
-        codes.insert(0, ("before", before_dir, "events"))
+        codes.insert(0, ("before", before_dir, _wire_of(before_dir)))
     results: dict[str, Any] = {}
     start = time.monotonic()
     try:

@@ -7,7 +7,9 @@ notebook can wait for exactly the batches that belong to it.
 
 The notebook receives every rank's batches, so a rank flushes less often the larger the job
 (:func:`~nbdist.telemetry.events.flush_interval`), and packs its steps, buckets and memory
-samples into tables (:func:`~nbdist.telemetry.columns.pack`). What cannot wait goes out at
+samples into tables (:func:`~nbdist.telemetry.columns.pack`); a cell's rank seals what only
+the notebook's fold reads into one pickle (:func:`~nbdist.telemetry.columns.seal`). What
+cannot wait goes out at
 the next tick: elastic training's news, the hang doctor's report, the debugger's, and the
 output of the rank whose output the notebook shows (:attr:`EventSink.prompt_output`).
 """
@@ -23,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Optional, TextIO
 
-from ..telemetry.columns import pack
+from ..telemetry.columns import pack, seal
 from ..telemetry.events import (
     DEBUGGER,
     DISPLAY,
@@ -51,13 +53,16 @@ SHOWN = frozenset({STREAM, DISPLAY})
 
 class EventSink:
     """Collects events from any thread and sends them in batches, every ``interval``
-    seconds (see :func:`~nbdist.telemetry.events.flush_interval`)."""
+    seconds (see :func:`~nbdist.telemetry.events.flush_interval`); ``sealed``: what only the
+    notebook's fold reads travels as one pickle (a cell's rank: its notebook unpickles what
+    it sends anyway)."""
 
     def __init__(self, rank: int, transport: Optional[Transport],
-                 interval: float = MIN_INTERVAL):
+                 interval: float = MIN_INTERVAL, sealed: bool = False):
         self.rank = rank
         self.transport = transport
         self.interval = interval
+        self.sealed = sealed
         self.seq = 0  # batches sent so far
         self._pending: list[Any] = []  # events, and (build, args) from defer()
         self._urgent = False  # an event that cannot wait for the interval is pending
@@ -105,9 +110,13 @@ class EventSink:
             events = self._take_pending()
             if events and self.transport is not None:
                 self.seq += 1
-                self.transport({"rank": self.rank, "seq": self.seq,
-                                "events": pack(_coalesce(events))})
+                self.transport(self._batch(events))
             return self.seq
+
+    def _batch(self, events: list[Event]) -> Batch:
+        packed = pack(_coalesce(events))
+        return {"rank": self.rank, "seq": self.seq,
+                "events": seal(packed) if self.sealed else packed}
 
     def take(self) -> Optional[Batch]:
         """What is pending, as the next batch, for the caller to carry instead of sending it
@@ -118,7 +127,7 @@ class EventSink:
             if not events:
                 return None
             self.seq += 1
-            return {"rank": self.rank, "seq": self.seq, "events": pack(_coalesce(events))}
+            return self._batch(events)
 
     def end_call(self, seq0: int) -> tuple[int, Optional[Batch]]:
         """A call that began when ``seq0`` batches had been sent ends: its last batch, for

@@ -175,7 +175,7 @@ def join(plan: RankPlan, port: int, device: str, dist_backend: str, timeout: flo
         _state.device = torch.device("cpu")
     _state.backend = group.resolved_backend(dist_backend, _state.device)
     if _state.sink is None:
-        _state.sink = EventSink(plan.rank, _state.transport)
+        _state.sink = EventSink(plan.rank, _state.transport, sealed=True)
     _state.sink.rank = plan.rank
     _state.sink.interval = flush_interval(plan.world_size)  # fewer batches from big jobs
     group.install_guard()

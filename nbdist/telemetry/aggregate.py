@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Union
 
-from .columns import column, columns, row, summary, summary_column, table_rows
+from .columns import column, columns, row, summary, summary_column, table_rows, unseal
 from .events import (
     COMM,
     DDP,
@@ -31,6 +31,7 @@ from .events import (
     PROGRESS,
     PROGRESS_KINDS,
     SCALARS,
+    SEALED,
     STACK,
     STAGE,
     STEP,
@@ -166,15 +167,22 @@ class RunState:
         if st is not None and st.state != RankState.FAILED:
             self.apply(rank, {"kind": END, "ok": False, "t": t, "error": error})
 
-    def apply(self, rank: int, e: Event) -> None:
-        """Fold one event (or table of events) from ``rank``."""
+    def apply(self, rank: int, e: Event, record: bool = True) -> None:
+        """Fold one event (or table of events, or sealed list of them) from ``rank``; kept
+        for the trace unless ``record`` is False (one a sealed event held: kept with it)."""
         kind = e["kind"]
+        if kind == SEALED:  # unpickled here, one batch at a time: they die young
+            self.recorded.add_sealed(rank, e)
+            for inner in unseal(e):
+                self.apply(rank, inner, record=False)
+            return
         if kind == TABLE:
-            self._table(rank, e)
+            self._table(rank, e, record)
             return
         st = self._rank(rank)
         if kind == SCALARS:  # straight there: at a thousand ranks, one a second per rank
-            self.recorded.add(rank, e, 1)
+            if record:
+                self.recorded.add(rank, e, 1)
             self._scalars(rank, st, e)
             return
         if kind == STACK:  # where the rank is: not a timed event, kept apart from the trace
@@ -192,7 +200,7 @@ class RunState:
             st.trial = e
             self._setup = None
             return
-        if kind != END:
+        if kind != END and record:
             self.recorded.add(rank, e, 1)
         self._fold(rank, st, e)
 
@@ -275,14 +283,15 @@ class RunState:
         d[3] += to_ns(seconds)
 
     # ------------------------------------------------------------- tables, column by column
-    def _table(self, rank: int, t: Event) -> None:
+    def _table(self, rank: int, t: Event, record: bool = True) -> None:
         """Fold a table: what one event at a time would do, with the hot loops on columns.
 
         A table's collectives are folded before its steps (a step looks up its collectives
         when it lands, and a worker sends a step's collectives before the step).
         """
         st = self._rank(rank)
-        self.recorded.add(rank, t, table_rows(t))
+        if record:
+            self.recorded.add(rank, t, table_rows(t))
         if st.state == RankState.WAITING:
             st.state = RankState.RUNNING
         folded = self._summed_steps(rank, st, t["parts"])

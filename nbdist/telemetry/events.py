@@ -6,7 +6,11 @@ Workers batch events; a batch is ``{"rank": int, "seq": int, "events": [event, .
 In a batch, each run of consecutive high-rate events (:data:`TABLED`: steps, buckets and
 collectives, memory samples, pipeline stages) travels as one ``table`` event: columns of
 fields instead of one dict per event (:mod:`.columns` packs and unpacks them); every other
-kind travels as it is.
+kind travels as it is. From a cell's rank (not a job watched from outside, whose wire is not
+Python's) the events only the run's fold reads (:data:`SEALABLE`: the table, logged values,
+bars) travel further as one ``sealed`` event, their list pickled once: the notebook's client
+then rebuilds one bytes object instead of every dict and list of them, and the fold unpickles
+them one batch at a time, just before it reads them (:func:`~.columns.seal`).
 """
 
 from __future__ import annotations
@@ -38,12 +42,18 @@ INPUT = "input"  # a rank waits for a line typed in the notebook; see input_requ
 TABLE = "table"  # consecutive high-rate events of one rank, as columns; see columns.table()
 DDP = "ddp"  # a DDP model the cell built, and the communication setting it runs with
 TRIAL = "trial"  # a tuning trial ended on this rank: its optimizer steps; see trial()
+# Events only the run's fold reads, as one pickle: {"events": bytes, "n": events}; see
+# columns.seal()
+SEALED = "sealed"
 TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, STAGE, PIPELINE, END, STACK,
-                       TABLE, DEBUGGER, DDP, TRIAL})
+                       TABLE, DEBUGGER, DDP, TRIAL, SEALED})
 #: what a run's record keeps apart from its trace: where ranks were, and what they ran with
 UNTIMED = frozenset({STACK, DDP, TRIAL})
 #: the high-rate kinds a worker packs into tables; every other kind is sent as it is
 TABLED = frozenset({STEP, COMM, MEMORY, STAGE})
+#: the kinds a cell's rank seals (:func:`~.columns.seal`): high-rate, and read by nothing in
+#: the notebook but the run's fold (not output, input, the debugger's or elastic news)
+SEALABLE = frozenset({*TABLED, TABLE, SCALARS, PROGRESS, PIPELINE})
 #: what counts as progress for the hang doctor: a step, a collective or a bar moved
 PROGRESS_KINDS = frozenset({STEP, COMM, PROGRESS, STAGE, PIPELINE})
 

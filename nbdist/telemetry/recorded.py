@@ -32,7 +32,8 @@ class Recorded:
         self.trace = trace
         #: events folded and not kept (``trace=False``)
         self.untraced = 0
-        #: rank -> what it sent, as ``(events, pickle)`` of each event or table
+        #: rank -> what it sent, as ``(events, pickle)`` of each event, table or list of
+        #: them (a sealed event's)
         self.kept: dict[int, deque[tuple[int, bytes]]] = {}
         #: events dropped because the run recorded more than :data:`MAX_RECORDED`
         self.dropped = 0
@@ -51,7 +52,18 @@ class Recorded:
             e = {"kind": TABLE, "order": e["order"],
                  "parts": [{"of": p["of"], "fields": p["fields"], "columns": p["columns"]}
                            for p in e["parts"]]}
-        rec.append((n, pickle.dumps(e, pickle.HIGHEST_PROTOCOL)))
+        self._keep(rec, n, pickle.dumps(e, pickle.HIGHEST_PROTOCOL))
+
+    def add_sealed(self, rank: int, e: Event) -> None:
+        """Keep a ``sealed`` event's events (:func:`~.columns.seal`) as they came: already a
+        pickle (of their list; a table's summaries with its rows)."""
+        if not self.trace:
+            self.untraced += e["n"]
+            return
+        self._keep(self.kept.setdefault(rank, deque()), e["n"], e["events"])
+
+    def _keep(self, rec: deque[tuple[int, bytes]], n: int, blob: bytes) -> None:
+        rec.append((n, blob))
         self._held += n
         while self._held > MAX_RECORDED and rec:
             k = rec.popleft()[0]
@@ -72,6 +84,10 @@ class Recorded:
         """The kept events per rank, tables expanded, in the order they came."""
         out: dict[int, list[Any]] = {}
         for r, kept in self.kept.items():
-            evs = [pickle.loads(blob) for _, blob in kept]
+            evs = [x for _, blob in kept for x in _listed(pickle.loads(blob))]
             out[r] = [x for e in evs for x in (rows(e) if e["kind"] == TABLE else (e,))]
         return out
+
+
+def _listed(kept: Any) -> list[Event]:
+    return kept if isinstance(kept, list) else [kept]

@@ -50,6 +50,45 @@ def test_the_sink_packs_tables_and_sends_what_cannot_wait_at_the_next_tick():
         sink.close()
 
 
+def test_a_cells_sink_seals_what_only_the_fold_reads_and_the_fold_reads_it_back():
+    """A cell's rank (``sealed=True``): the table with the logged value and the bar, one
+    pickle; output and the hang doctor's report travel as they are. Its last batch, carried
+    by the call's result (``take``), is sealed too. The fold gives what the unsealed batch
+    gives."""
+    from nbdist.telemetry.aggregate import RunState
+    from nbdist.telemetry.columns import unpack
+
+    steps = ddp_job({0: 0.01}, steps=3)[0]
+    evs = [*steps, ev.scalars({"loss": 1.0}, T0 + 1, 2), ev.progress(1, "train", 3, 3, T0 + 1),
+           ev.stream("stdout", "done\n"), stack_waiting(T0 + 5)]
+    sent: list[dict] = []
+    sealed, plain = EventSink(0, sent.append, interval=3600, sealed=True), \
+        EventSink(0, sent.append, interval=3600)
+    try:
+        for sink in (sealed, plain):
+            for e in evs:
+                sink.emit(e)
+            sink.flush()
+            for e in evs:
+                sink.emit(e)
+            sent.append(sink.take())
+    finally:
+        sealed.close()
+        plain.close()
+    a, tail, b, _ = sent
+    assert [e["kind"] for e in a["events"]] == ["sealed", "stream", "stack"] == \
+        [e["kind"] for e in tail["events"]]
+    assert a["events"][0]["n"] == len(evs) - 2
+    assert [e["kind"] for e in b["events"]] == ["table", "scalars", "progress", "stream", "stack"]
+    assert sorted(map(repr, unpack(a["events"]))) == sorted(map(repr, unpack(b["events"]))) \
+        == sorted(map(repr, evs))
+    folded = [RunState([0]), RunState([0])]
+    folded[0].feed([a])
+    folded[1].feed([b])
+    assert folded[0].snapshot() == folded[1].snapshot()
+    assert folded[0].recorded.held == folded[1].recorded.held == len(evs) - 2
+
+
 def test_coalesce_merges_consecutive_chunks_of_one_stream():
     evs = [stream("stdout", "a"), stream("stdout", "b"), stream("stderr", "c"),
            stream("stdout", "d")]

@@ -14,7 +14,7 @@ from nbdist.display.tables import MAX_OUTLIERS, failure_lines, memory_table, run
 from nbdist.display.text import format_line, format_summary
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
-from nbdist.telemetry.columns import pack, rows
+from nbdist.telemetry.columns import pack, rows, seal
 from nbdist.telemetry.stall.words import where_lines
 
 
@@ -47,9 +47,11 @@ def fold(calls: list[list[dict]], world: int) -> RunState:
     return state
 
 
-def in_pieces(evs: dict[int, list[dict]], rng: random.Random, tables: bool) -> list[list[dict]]:
+def in_pieces(evs: dict[int, list[dict]], rng: random.Random, tables: bool,
+              sealed: bool = False) -> list[list[dict]]:
     """Each rank's events cut into batches of random sizes, fed a few at a time in an order
-    that mixes the ranks (each rank's own batches in order)."""
+    that mixes the ranks (each rank's own batches in order); ``sealed``: packed and sealed as
+    a cell's rank sends them."""
     queues = {}
     for r, es in evs.items():
         cuts, i = [], 0
@@ -57,7 +59,8 @@ def in_pieces(evs: dict[int, list[dict]], rng: random.Random, tables: bool) -> l
             n = rng.randint(1, 9)
             part = es[i:i + n]
             cuts.append({"rank": r, "seq": len(cuts) + 1,
-                         "events": pack(part) if tables else part})
+                         "events": (seal(pack(part)) if sealed else pack(part) if tables
+                                    else part)})
             i += n
         queues[r] = cuts
     calls = []
@@ -82,12 +85,21 @@ def test_folding_in_pieces_gives_what_folding_at_once_gives():
         rng = random.Random(seed)
         plain = fold(in_pieces(evs, rng, tables=False), len(evs))
         packed = fold(in_pieces(evs, rng, tables=True), len(evs))
+        pieces = in_pieces(evs, random.Random(seed), tables=True, sealed=True)
+        sealed = fold(pieces, len(evs))
+        assert any(e["kind"] == ev.SEALED for call in pieces for b in call for e in b["events"])
         assert plain.snapshot() == snap
         assert packed.snapshot() == snap
+        assert sealed.snapshot() == snap
         assert plain.events() == once.events()
         # a table keeps its events' order; other events of its batch come before it
         assert {r: sorted(map(repr, e)) for r, e in packed.events().items()} == \
             {r: sorted(map(repr, e)) for r, e in once.events().items()}
+        # sealed, the trace holds the same events (logged values and bars next to the
+        # table they were sealed with), counted the same
+        assert {r: sorted(map(repr, e)) for r, e in sealed.events().items()} == \
+            {r: sorted(map(repr, e)) for r, e in once.events().items()}
+        assert sealed.recorded.held == packed.recorded.held == once.recorded.held
 
 
 def test_a_trace_keeps_what_tables_carried():
