@@ -462,16 +462,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         label, view, world = key.split()
         rows.append([f"{label} {view}", world, r["cpu_percent"],
                      f"{r['cpu_min']:.1f}-{r['cpu_max']:.1f}", r["decode_percent"],
-                     r["fold_percent"], r["redraw_percent"], round(r["messages_per_s"]),
+                     r["fold_percent"], r["redraw_percent"], r["gc_percent"],
+                     round(r["messages_per_s"]),
                      r["redraws"] / args.seconds, r["snapshot_ms"] or 0.0, r["draw_ms"] or 0.0,
                      r["close_ms"], r["summary_kib"]])
     print(c.table(["code, view", "ranks", "CPU % of a core", "min-max", "decode %", "fold %",
-                   "redraw %", "messages/s", "redraws/s", "snapshot ms", "draw ms",
+                   "redraw %", "gc %", "messages/s", "redraws/s", "snapshot ms", "draw ms",
                    "final ms", "summary KiB"], rows))
     print("CPU % of a core: the notebook process's CPU seconds per second of training, median "
           "of the repeats; decode: the client unpacking messages; fold: the cell loop's pump "
           "without the redraws (output, the run's fold, the hang doctor); redraw: snapshots "
-          "and drawing; final: the last snapshot and summary when the run ends")
+          "and drawing; gc: the garbage collector's share of those, wherever it ran; final: "
+          "the last snapshot and summary when the run ends")
     for view in args.views:
         for world in args.worlds:
             after = results[f"after {view} {world}"]
