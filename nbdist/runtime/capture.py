@@ -9,9 +9,9 @@ The notebook receives every rank's batches, so a rank flushes less often the lar
 (:func:`~nbdist.telemetry.events.flush_interval`), and packs its steps, buckets and memory
 samples into tables (:func:`~nbdist.telemetry.columns.pack`); a cell's rank seals what only
 the notebook's fold reads into one pickle (:func:`~nbdist.telemetry.columns.seal`). What
-cannot wait goes out at
-the next tick: elastic training's news, the hang doctor's report, the debugger's, and the
-output of the rank whose output the notebook shows (:attr:`EventSink.prompt_output`).
+cannot wait goes out at the next tick: elastic training's news, the hang doctor's report, the
+debugger's, and the output of the rank whose output the notebook shows
+(:attr:`EventSink.prompt_output`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ From a cell's rank, :func:`seal` then pickles the table with the batch's other e
 the run's fold reads (logged values, bars) into one bytes object. A thousand ranks' batches
 wait in the notebook's client for up to a tenth of a second before the cell loop folds them:
 as dicts and lists, long enough for the garbage collector to move them to its oldest
-generation, whose full collections then scanned them and the whole fold (a fifth of the
+generation, whose full collections then scanned them and the whole fold (a quarter of the
 notebook's time at 16,384 simulated ranks); as bytes, they are nothing it tracks, and the
 fold unpickles each batch's just before reading it (:func:`unseal`), so they die young.
 
@@ -269,8 +269,9 @@ def unpack(events: Iterable[Event]) -> Iterator[Event]:
 def seal(events: Sequence[Event]) -> list[Event]:
     """A packed batch's events (:func:`pack`) with those of :data:`~.events.SEALABLE` kinds
     pickled together into one ``sealed`` event, where the last of them was (as :func:`pack`
-    places its table; a lone one stays as it is). ``n`` counts the events it holds, a table's
-    rows each.
+    places its table; a lone one stays as it is, unless it is a table, whose parts and columns
+    are the lists and dicts sealing is for). ``n`` counts the events it holds, a table's rows
+    each.
 
     For the notebook's own workers only: the notebook unpickles what they send anyway (their
     channel is authenticated), which a job watched from outside is not trusted with.
@@ -280,9 +281,13 @@ def seal(events: Sequence[Event]) -> list[Event]:
     ...                ev.scalars({"loss": 1.0}, 1.5, 1), ev.stream("stdout", "hi")]))
     >>> [e["kind"] for e in s], s[0]["n"], [e["kind"] for e in unseal(s[0])]
     (['sealed', 'stream'], 3, ['table', 'scalars'])
+    >>> [e["kind"] for e in seal(pack([ev.step(0, 0.5, 1.0), ev.step(1, 1.0, 1.5)]))]
+    ['sealed']
+    >>> [e["kind"] for e in seal([ev.scalars({"loss": 1.0}, 1.5, 1)])]
+    ['scalars']
     """
     low = [i for i, e in enumerate(events) if e.get("kind") in SEALABLE]
-    if len(low) < 2:
+    if not low or (len(low) == 1 and events[low[0]]["kind"] != TABLE):
         return list(events)
     keep = set(low)
     inner = [events[i] for i in low]
