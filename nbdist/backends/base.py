@@ -9,7 +9,7 @@ import signal
 import time
 from collections.abc import Hashable, Iterable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, NamedTuple, Optional, Protocol, TypeVar
+from typing import Any, Callable, Generic, NamedTuple, Optional, Protocol, TypeVar, Union
 
 from ..errors import (
     ClusterError,
@@ -197,8 +197,9 @@ class Backend(abc.ABC, Generic[ClientT]):
         """Raise KeyboardInterrupt in the code running on ``workers``."""
 
     @abc.abstractmethod
-    def transport(self) -> Callable[[Batch], None]:
-        """A picklable function that, on a worker, sends one event batch to the notebook."""
+    def transport(self) -> Callable[[Union[Batch, list[Batch]]], None]:
+        """A picklable function that, on a worker, sends one event batch to the notebook, or a
+        list of them as one message (a node relay's, :mod:`nbdist.runtime.node_relay`)."""
 
     @classmethod
     def target_from_flags(cls, **given: Any) -> dict[str, Any]:

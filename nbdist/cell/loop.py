@@ -103,13 +103,15 @@ def cell_label(filename: str) -> Optional[str]:
 
 def pump(job: Submission, run: Run, view: RunView, coordinator: Optional[Coordinator] = None,
          carried: Sequence[Batch] = (), companions: Sequence[Companion] = (),
-         redraw: bool = True) -> None:
+         redraw: bool = True, release: bool = False) -> None:
     """Move the batches received so far, and those the results ``carried``, into the run's
-    record and onto the screen; the elastic coordinator and the companions read them too, and
-    what the coordinator decides goes into the record. The view is asked to redraw on every
-    pass, news or not: its clocks tick (its own rate limit says when it draws); not with
-    ``redraw`` False (the view is closed next, and draws the run's end)."""
-    batches = [*job.drain_events(), *carried]
+    record and onto the screen, each rank's in the order it sent them
+    (:meth:`~nbdist.telemetry.run.Run.in_order`; ``release``: the last pass, none waits); the
+    elastic coordinator and the companions read them too, and what the coordinator decides
+    goes into the record. The view is asked to redraw on every pass, news or not: its clocks
+    tick (its own rate limit says when it draws); not with ``redraw`` False (the view is
+    closed next, and draws the run's end)."""
+    batches = run.in_order([*job.drain_events(), *carried], release)
     news = False
     if coordinator is not None:
         # The coordinator reads them first: a replacement that joined is in the record (a row
@@ -346,10 +348,12 @@ class CellRun:
             # then each rank's last batch, after all it sent before it
             tails = [o.value["tail"] for o in returned
                      if o.value.get("tail") and o.worker not in self._folded]
-            pump(job, run, view, coordinator, tails, companions=self.companions, redraw=False)
+            pump(job, run, view, coordinator, tails, companions=self.companions, redraw=False,
+                 release=True)
             self._note_lost(job.outcomes())  # before the view draws the run's end
         else:
-            pump(job, run, view, coordinator, companions=self.companions, redraw=False)
+            pump(job, run, view, coordinator, companions=self.companions, redraw=False,
+                 release=True)
         run.finish()
         view.close(run.snapshot())
 

@@ -23,7 +23,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO, Union
 
 from ..telemetry.columns import pack, seal
 from ..telemetry.events import (
@@ -41,10 +41,14 @@ from ..telemetry.events import (
 )
 from . import fd_output
 
-Transport = Callable[[Batch], None]
+#: sends one batch, or a relay's list of its host's batches as one message
+Transport = Callable[[Union[Batch, list[Batch]]], None]
 
 #: seconds between the sending thread's ticks: urgent events wait at most this long
 TICK = 0.1
+#: seconds a relay's own batch may wait for its peers' (sent at the same moment as its own,
+#: they reach it within a tick or two), so that the host's batches go in one message
+RELAY_GRACE = 2 * TICK
 #: kinds sent at the next tick, whatever the interval
 URGENT = frozenset({ELASTIC, STACK, DEBUGGER, INPUT})
 #: kinds of the output the notebook shows, urgent from the shown rank
@@ -74,6 +78,16 @@ class EventSink:
         self._closed = False
         #: called by the sending thread before each flush (the hang doctor's look at the cell)
         self.on_tick: Optional[Callable[[], None]] = None
+        #: during a cell run by other ranks of this host too: the lowest of them relays their
+        #: batches with its own (``relay``, a :class:`~.node_relay.Relay`), the others hand their
+        #: batches to it (``peer``, a :class:`~.node_relay.Peer`); see :mod:`.node_relay`
+        self.relay: Any = None
+        self.peer: Any = None
+        self._last = time.monotonic()  # when the last batch went (or a cell began)
+        self._handed = 0  # the seq of the last batch handed to the relay in this cell
+        #: batches of peers this rank relayed, its own it handed a relay, and those it sent
+        #: itself when a relay could not take them, in cells that ended
+        self.relayed = self.handed = self.declined = 0
         self._thread = threading.Thread(target=self._loop, name="nbdist-events", daemon=True)
         self._thread.start()
 
@@ -105,13 +119,52 @@ class EventSink:
         return events
 
     def flush(self) -> int:
-        """Send what is pending now; return the sequence number of the last batch sent."""
+        """Send what is pending now (a relay: with its peers' batches it holds); return the
+        sequence number of the last batch sent. The next interval counts from now: the ranks
+        of a cell, which flush as it begins, send at the same moments."""
         with self._send_lock:
+            urgent = self._urgent
             events = self._take_pending()
+            self._last = time.monotonic()
+            out = []
             if events and self.transport is not None:
                 self.seq += 1
-                self.transport(self._batch(events))
+                out.append(self._batch(events))
+            relay = self.relay
+            if relay is not None and self.transport is not None:
+                relay.collect()
+                out += relay.take()
+            if not out:
+                return self.seq
+            assert self.transport is not None
+            peer = self.peer
+            if len(out) > 1:
+                self.transport(out)  # a host's batches, one message
+            elif peer is None:
+                self.transport(out[0])
+            elif peer.send(out[0], urgent):
+                self._handed = out[0]["seq"]
+            else:  # sent itself, maybe before the relay sends the one before it
+                if self._handed:
+                    out[0]["after"] = self._handed  # the notebook folds them in order
+                self.transport(out[0])
             return self.seq
+
+    def end_relay(self) -> None:
+        """A cell's relaying ends (its call returns): a peer sends its own batches from now
+        on; a relay stops taking any and sends those it held."""
+        with self._send_lock:
+            peer, relay, self.peer, self.relay = self.peer, self.relay, None, None
+            self._handed = 0
+            if peer is not None:
+                peer.close()
+                self.handed += peer.handed
+                self.declined += peer.declined
+            if relay is not None:
+                held = relay.close()
+                self.relayed += relay.relayed
+                if held and self.transport is not None:
+                    self.transport(held)
 
     def _batch(self, events: list[Event]) -> Batch:
         packed = pack(_coalesce(events))
@@ -121,7 +174,8 @@ class EventSink:
     def take(self) -> Optional[Batch]:
         """What is pending, as the next batch, for the caller to carry instead of sending it
         (a cell's last batch travels in its result: one message fewer, nothing to wait for).
-        Every earlier batch has been handed to the transport when this returns."""
+        Every earlier batch has been handed to the transport (or to the host's relay,
+        :mod:`.node_relay`) when this returns."""
         with self._send_lock:
             events = self._take_pending()
             if not events:
@@ -144,7 +198,6 @@ class EventSink:
         self.flush()
 
     def _loop(self) -> None:
-        last = time.monotonic()
         while not self._closed:
             # Ticks stay short whatever the interval: the hang doctor looks at the cell on
             # each, and urgent events go out on the next one.
@@ -156,10 +209,16 @@ class EventSink:
                 except Exception as exc:  # a diagnosis bug must not stop the events; once
                     sys.__stderr__.write(f"nbdist: hang doctor error: {exc!r}\n")
                     self.on_tick = None
-            now = time.monotonic()
-            if not (self._urgent or self._closed or now - last >= self.interval - 1e-3):
+            waited = time.monotonic() - self._last
+            relay = self.relay
+            if relay is None:
+                due = waited >= self.interval - 1e-3
+            else:  # its peers' batches, due together (or its own, a little late without them)
+                with self._send_lock:
+                    relay.collect()
+                    due = relay.due() or waited >= self.interval + RELAY_GRACE
+            if not (self._urgent or self._closed or due):
                 continue
-            last = now
             try:
                 self.flush()
             except Exception as exc:  # a broken channel must not kill training; say so once

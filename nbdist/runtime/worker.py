@@ -18,7 +18,7 @@ import types
 from typing import Any, Callable, Optional
 
 from ..telemetry.events import flush_interval
-from . import debugger, fd_output, packing, pulling, results, shared_copy
+from . import debugger, fd_output, node_relay, packing, pulling, results, shared_copy
 from .boot import preload
 from .capture import EventSink, Transport, captured_output
 from .end_marks import end_key
@@ -326,6 +326,8 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                 err = results.error_info(exc, filename, communication=True,
                                          evalue=f"could not re-form the process group: {exc}")
                 return results.cell_failed(err, group_alive=False, seq=_state.sink.flush())
+        if slot is None or slot == plan.rank:  # a replacement's host is not its slot's
+            _relay_batches(_state.sink, plan, cell_id, peers)
         out = results.cell_ok()
         measurements.begin_cell(_state.sink, measure)
         tuning.begin_cell(_state.sink, measure)
@@ -370,6 +372,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
                     group.teardown(sever=True)
         # The last batch (the end event, the last steps) rides in the result: the notebook
         # then waits for no event message after the results.
+        _state.sink.end_relay()
         seq, tail = _state.sink.end_call(seq0)
         _state.cell = None
         alive = group.generation() is not None and (group.generation() == gen
@@ -378,6 +381,25 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         out["rank"] = plan.rank if _state.plan is None else _state.plan.rank
         _state.elastic_gen = None
         return results.finish(out, seconds=seconds, group_alive=alive, seq=seq, tail=tail)
+
+
+def _relay_batches(sink: EventSink, plan: RankPlan, cell_id: str, peers: list[int]) -> None:
+    """During this cell, the ranks of this host that run it send their batches through the
+    lowest of them (:mod:`.node_relay`): one message per host for the notebook. A relay that
+    cannot bind leaves its peers sending their own, as they do when it is not there yet."""
+    sink.end_relay()  # a cell that ended before its own could
+    here = node_relay.host_ranks(plan.rank, plan.local_rank, plan.local_world_size, peers)
+    relay = node_relay.relay_for(here, plan.rank)
+    if relay is None or sink.transport is None:
+        return
+    try:
+        path = node_relay.relay_path(cell_id, relay)
+        if relay == plan.rank:
+            sink.relay = node_relay.Relay(path, len(here) - 1, sink.interval)
+        else:
+            sink.peer = node_relay.Peer(path)
+    except OSError as exc:  # no relay: every rank sends its own batches, as without one
+        sys.__stderr__.write(f"nbdist: rank {plan.rank} sends its own events: {exc}\n")
 
 
 def _debug_store() -> Any:

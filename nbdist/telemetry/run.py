@@ -15,12 +15,16 @@ from dataclasses import replace
 from typing import Callable, Optional, Union
 
 from .aggregate import RunState
-from .events import Batch, Event
+from .events import MAX_INTERVAL, Batch, Event
 from .recovery import Lost, Recovery
 from .snapshot import RunSnapshot
 from .stall.report import StallReport, Stranded
 from .trace import write_trace
 from .verdicts import NO_CONTEXT, Context, verdicts
+
+#: seconds a batch waits for the one its rank handed its host's relay before it
+#: (:meth:`Run.in_order`): two of the longest intervals between a rank's batches
+HOLD_S = 2 * MAX_INTERVAL
 
 
 class Run:
@@ -61,6 +65,9 @@ class Run:
         self._state = RunState(self.ranks, started=self.started, stall_after=stall_after,
                                trace=trace)
         self._seq: dict[int, int] = {}  # rank -> highest batch seq received
+        #: batches waiting for one their rank sent before them (see :meth:`in_order`), each
+        #: with when it came
+        self._held: list[tuple[Batch, float]] = []
         #: lines the session added (e.g. what elastic training survived), in order
         self.notes: list[str] = []
         self._stall_key: Optional[tuple] = None  # what the last stall verdict said
@@ -70,6 +77,38 @@ class Run:
         self.context: Callable[[], Context] = lambda: NO_CONTEXT
         self._context: Optional[Context] = None
         self._final: Optional[RunSnapshot] = None  # the snapshot once the run is over
+
+    def in_order(self, batches: Iterable[Batch], release: bool = False) -> list[Batch]:
+        """``batches`` that may be folded and shown now, with those held before that now may.
+
+        A rank whose host relays its batches (:mod:`nbdist.runtime.node_relay`) sends one
+        itself where the relay cannot take it, and says which one it handed the relay
+        before it (``after``): that one may reach the notebook later, and is waited for, at
+        most :data:`HOLD_S` seconds (a relay that died took it along). ``release``: nothing
+        waits (the run is ending).
+        """
+        batches = list(batches)
+        if not self._held and not any("after" in b for b in batches):
+            return batches  # as a rule
+        now = time.monotonic()
+        pending = [*self._held, *((b, now) for b in batches)]
+        seen = dict(self._seq)
+        out: list[Batch] = []
+        while pending:
+            rest = []
+            for b, since in pending:
+                after = b.get("after")
+                if (release or not after or seen.get(b["rank"], 0) >= after
+                        or now - since >= HOLD_S):
+                    out.append(b)
+                    seen[b["rank"]] = max(seen.get(b["rank"], 0), b["seq"])
+                else:
+                    rest.append((b, since))
+            if len(rest) == len(pending):
+                break
+            pending = rest
+        self._held = pending
+        return out
 
     def feed(self, batches: Iterable[Batch]) -> bool:
         """Take batches (any ranks, any order); True if any carried telemetry."""

@@ -26,7 +26,7 @@ import socket
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import distributed
 from distributed.comm.addressing import get_address_host_port
@@ -192,7 +192,11 @@ class DaskBackend(Backend[distributed.Client]):
                 blob = self._events.popleft()
             except IndexError:
                 return out
-            out.append(pickle.loads(blob))
+            batch = pickle.loads(blob)
+            if isinstance(batch, list):  # a node relay's: its host's batches
+                out += batch
+            else:
+                out.append(batch)
 
     def stop(self) -> None:
         try:
@@ -371,7 +375,7 @@ class DaskBackend(Backend[distributed.Client]):
         cluster.sync(cluster.scale_down, [info[a]["name"] for a in ids if a in info],
                      callback_timeout=timeout)
 
-    def transport(self) -> Callable[[Batch], None]:
+    def transport(self) -> Callable[[Union[Batch, list[Batch]]], None]:
         return functools.partial(publish, self._topic)
 
     def dask_client(self) -> distributed.Client:

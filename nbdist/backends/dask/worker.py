@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import traceback
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import distributed
 
@@ -68,8 +68,9 @@ class Runner:
                                           layout, buffers)
 
 
-def publish(topic: str, batch: Batch) -> None:
-    """Send one event batch to the notebook as a Dask event under ``topic``."""
+def publish(topic: str, batch: Union[Batch, list[Batch]]) -> None:
+    """Send one event batch to the notebook as a Dask event under ``topic`` (a list of them:
+    one event, a node relay's, :mod:`nbdist.runtime.node_relay`)."""
     worker = _worker
     if worker is None:
         worker = distributed.get_worker()

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from concurrent import futures
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 from urllib.parse import urlparse
 
 import ipyparallel as ipp
@@ -366,7 +366,7 @@ class IpyparallelBackend(Backend[ipp.Client]):
                     set_active(None)
                 template.close()
 
-    def transport(self) -> Callable[[Batch], None]:
+    def transport(self) -> Callable[[Union[Batch, list[Batch]]], None]:
         return publish
 
     def dask_client(self) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 if TYPE_CHECKING:
     from ...telemetry.events import Batch
@@ -19,10 +19,13 @@ if TYPE_CHECKING:
 KEY = "nbdist:"
 
 
-def publish(batch: Batch) -> None:
-    """Send one event batch over the engine's IOPub channel."""
+def publish(batch: Union[Batch, list[Batch]]) -> None:
+    """Send one event batch over the engine's IOPub channel (a list of them: one message, a
+    node relay's, :mod:`nbdist.runtime.node_relay`)."""
     from ...runtime.launched import shell
 
+    data = {f"{KEY}{b['rank']}:{b['seq']}": b
+            for b in (batch if isinstance(batch, list) else [batch])}
     # Unique keys, because the client merges data messages into one dict per request. The
     # engine's shell, found while a cell hides it: ipyparallel's publish_data would ask
     # ZMQInteractiveShell.instance(), which makes a second shell where the first is hidden.
@@ -30,9 +33,9 @@ def publish(batch: Batch) -> None:
     if engine is None:
         from ipyparallel.datapub import publish_data
 
-        publish_data({f"{KEY}{batch['rank']}:{batch['seq']}": batch})
+        publish_data(data)
         return
-    engine.data_pub.publish_data({f"{KEY}{batch['rank']}:{batch['seq']}": batch})
+    engine.data_pub.publish_data(data)
 
 
 class ByName:

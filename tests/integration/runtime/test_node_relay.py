@@ -1,0 +1,62 @@
+"""On both engines, three ranks on one host: during a cell, the two higher ranks hand their
+batches to rank 0, which sends them with its own (:mod:`nbdist.runtime.node_relay`); every
+step and every line of output arrives, each rank's in the order it was written, also when a
+batch too large for the relay went by itself while the relay held the one before it."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from clusters import ENGINES, start_session
+
+pytestmark = pytest.mark.timeout(300)
+
+STEPS = 40
+
+CELL = """\
+import time, nbdist
+import torch.distributed as dist
+me = dist.get_rank()
+for i in nbdist.progress(range({steps}), desc="steps"):
+    print(f"rank {{me}} line {{i}}")
+    if me == 2 and i == {steps} // 2:  # more than one datagram holds: sent by the rank itself
+        print("y" * 400_000)
+    time.sleep(0.04)
+"""
+
+COUNTS = """\
+from nbdist.runtime.worker import current
+counts = (current().sink.relayed, current().sink.handed, current().sink.declined)
+"""
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def session(request):
+    s = start_session(request.param, n=3)
+    yield s
+    s.stop()
+
+
+def test_a_hosts_ranks_send_through_its_lowest_and_nothing_is_lost_or_reordered(session,
+                                                                                 capsys):
+    session.run_cell(textwrap.dedent(CELL.format(steps=STEPS)), output="all")
+    out, _ = capsys.readouterr()
+    for r in (0, 1, 2):
+        mine = [line for line in out.splitlines() if line.startswith(f"[{r}] ")]
+        expected = [f"[{r}] rank {r} line {i}" for i in range(STEPS)]
+        if r == 2:
+            expected.insert(STEPS // 2 + 1, "[2] " + "y" * 400_000)
+        assert mine == expected
+    snap = session.runs[-1].snapshot()
+    assert [row.bar.n for row in snap.ranks] == [STEPS] * 3
+
+    session.run_cell(COUNTS, output="quiet")
+    relayed, handed, declined = zip(*(session.pull("counts", rank=r) for r in (0, 1, 2)))
+    # The cell lasted about 1.6 s, a batch every 0.25 s from each rank: rank 0 relayed most
+    # of its peers' (a peer's first may come before the relay is bound; its last rides in
+    # its result)
+    assert relayed[0] >= 4 and relayed[1:] == (0, 0)
+    assert handed[0] == 0 and min(handed[1:]) >= 2
+    assert relayed[0] == sum(handed)
+    assert declined[2] >= 1  # the large batch at least
