@@ -4,10 +4,10 @@ Synthetic event streams of ``--worlds`` ranks (``--rate`` steps/s per rank, ``--
 gradient buckets per step, memory sampled twice a second, ``nbdist.log`` once a second, and
 one rank that computes slower than the others) are fed through what the notebook process
 runs while a cell trains: the client's decoding of each message (ipyparallel's data
-publication: a signed Jupyter message with the pickled batch), the cell loop's pump (output,
-the run's fold, the hang doctor's check) and the dashboard, redrawn at its own rate on a
-simulated clock. The workers'
-side (building and encoding the events) is not timed.
+publication: a signed Jupyter message with the pickled batches; ranks on hosts of
+``--per-host``, whose batches their host's relay sends as one message), the cell loop's pump
+(output, the run's fold, the hang doctor's check) and the dashboard, redrawn at its own rate
+on a simulated clock. The workers' side (building and encoding the events) is not timed.
 
 Two views: ``widget`` (the run widget, each redraw's messages serialized to JSON as the
 kernel would send them) and ``text`` (the text dashboard: a line every 5 s). Reported, per
@@ -16,12 +16,12 @@ percentage of one core (median of ``--repeats``, with min and max), messages per
 the cost of one redraw (snapshot + drawing, median ms) and of the final summary.
 
 With ``--before REF`` the same streams also go through the code at git ``REF`` (extracted
-with ``git archive`` into a temporary folder), in the wire format it speaks (sealed batches,
-tables, or before them one message per rank every 0.1 s, one dict per event), and the two are
-printed side by side.
+with ``git archive`` into a temporary folder), in the wire format it speaks (a host's
+batches in one message, sealed batches, tables, or before them one message per rank every
+0.1 s, one dict per event), and the two are printed side by side.
 
     python benchmarks/bench_scale.py [--worlds 64 256 1024] [--seconds 6] [--repeats 3]
-                                     [--views widget text] [--before REF]
+                                     [--views widget text] [--per-host 8] [--before REF]
 
 The goal: under 10 % of one core at 1,024 ranks, and at 16,384 where ``--worlds`` has it.
 """
@@ -113,11 +113,13 @@ class Wire:
 
         self.session = Session(key=b"nbdist-bench-scale-key", username="bench")
 
-    def send(self, batch: dict[str, Any]) -> list[bytes]:
+    def send(self, batch: Any) -> list[bytes]:
+        """One batch, or a host's relayed batches (a list) as one message."""
         from ipyparallel.serialize import serialize_object
 
         s = self.session
-        data = {f"nbdist-ev:{batch['rank']}:{batch['seq']}": batch}
+        data = {f"nbdist-ev:{b['rank']}:{b['seq']}": b
+                for b in (batch if isinstance(batch, list) else [batch])}
         buffers = serialize_object(data, buffer_threshold=s.buffer_threshold,
                                    item_threshold=s.item_threshold)
         msg = s.msg("data_message", content={"keys": list(data)}, parent={})
@@ -132,8 +134,8 @@ class Wire:
         return list(data.values())
 
 
-def messages(job: Submission, seconds: float, wire: str, tick: float, transport: Wire
-             ) -> Iterator[list[list[bytes]]]:
+def messages(job: Submission, seconds: float, wire: str, tick: float, transport: Wire,
+             per_host: int = 1) -> Iterator[list[list[bytes]]]:
     """The messages the notebook receives in each ``tick`` of simulated time.
 
     ``wire="events"``: each rank sends what it has every 0.1 s, one dict per event (the
@@ -141,9 +143,13 @@ def messages(job: Submission, seconds: float, wire: str, tick: float, transport:
     seconds, its high-rate events packed as the worker's sink packed them before sealing;
     ``wire="sealed"``: the same, packed and sealed as a cell's rank sends them now
     (``EventSink(sealed=True)``). Ranks flush at staggered moments, as independent processes
-    do.
+    do. ``wire="relayed"``: sealed, and the ranks of each host of ``per_host`` flush together
+    (a cell's ranks flush as it begins, at the same interval) and their host's relay sends
+    their batches as one message (:mod:`nbdist.runtime.node_relay`); hosts at staggered
+    moments.
     """
-    if wire == "sealed":
+    group = per_host if wire == "relayed" else 1
+    if wire in ("sealed", "relayed"):
         from nbdist.telemetry.columns import pack as table_pack
         from nbdist.telemetry.columns import seal
         from nbdist.telemetry.events import flush_interval
@@ -164,7 +170,8 @@ def messages(job: Submission, seconds: float, wire: str, tick: float, transport:
             return events
     pending: list[list[dict[str, Any]]] = [[] for _ in range(job.world)]
     seq = [0] * job.world
-    offset = [interval * (r + 0.5) / job.world for r in range(job.world)]
+    hosts = -(-job.world // group)
+    offset = [interval * (r // group + 0.5) / hosts for r in range(job.world)]
     next_flush = offset[:]
     period = 1.0 / job.rate
     n = 0
@@ -176,15 +183,20 @@ def messages(job: Submission, seconds: float, wire: str, tick: float, transport:
                 pending[r].extend(evs)
             n += 1
         out = []
-        for r in range(job.world):
-            if next_flush[r] <= now + 1e-9:
-                while next_flush[r] <= now + 1e-9:
-                    next_flush[r] += interval
-                if pending[r]:
-                    seq[r] += 1
-                    out.append(transport.send({"rank": r, "seq": seq[r],
-                                               "events": pack(pending[r])}))
-                    pending[r] = []
+        for first in range(0, job.world, group):
+            host = []
+            for r in range(first, min(first + group, job.world)):
+                if next_flush[r] <= now + 1e-9:
+                    while next_flush[r] <= now + 1e-9:
+                        next_flush[r] += interval
+                    if pending[r]:
+                        seq[r] += 1
+                        host.append({"rank": r, "seq": seq[r], "events": pack(pending[r])})
+                        pending[r] = []
+            if group == 1:
+                out += [transport.send(b) for b in host]
+            elif host:
+                out.append(transport.send(host if len(host) > 1 else host[0]))
         yield out
 
 
@@ -252,7 +264,7 @@ class _WidgetDashboard:
 
 
 def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, rate: float,
-             buckets: int, seed: int) -> dict[str, Any]:
+             buckets: int, seed: int, per_host: int = 1) -> dict[str, Any]:
     """One run of the notebook's side; CPU and redraw costs of the timed part."""
     import io
 
@@ -305,7 +317,7 @@ def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, ra
     transport = Wire()
     # The workers' side, all of it before the timed part: its garbage must not be collected
     # on the notebook's time.
-    stream = list(messages(job, seconds + warmup, wire, tick, transport))
+    stream = list(messages(job, seconds + warmup, wire, tick, transport, per_host))
     first = round(warmup / tick)
     nmsg = sum(len(m) for m in stream[first:])
     nbytes = sum(len(f) for msgs in stream[first:] for m in msgs for f in m)
@@ -358,7 +370,7 @@ def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, ra
 
 def child(args: argparse.Namespace) -> int:
     runs = [simulate(args.world, args.view, args.wire, args.seconds, args.warmup, args.rate,
-                     args.buckets, seed=i) for i in range(args.repeats)]
+                     args.buckets, seed=i, per_host=args.per_host) for i in range(args.repeats)]
     print("RESULT " + json.dumps(runs))
     return 0
 
@@ -377,6 +389,8 @@ def _wire_of(code: str) -> str:
     """The newest wire format the ``nbdist`` in folder ``code`` speaks."""
     with open(os.path.join(code, "nbdist", "telemetry", "columns.py"), encoding="utf-8") as f:
         source = f.read()
+    if os.path.exists(os.path.join(code, "nbdist", "runtime", "node_relay.py")):
+        return "relayed"
     return "sealed" if "def seal(" in source else "tables" if "def pack(" in source else "events"
 
 
@@ -385,7 +399,8 @@ def measure(code: str, world: int, view: str, wire: str, args: argparse.Namespac
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--world", str(world),
            "--view", view, "--wire", wire, "--seconds", str(args.seconds),
            "--warmup", str(args.warmup), "--repeats", str(args.repeats),
-           "--rate", str(args.rate), "--buckets", str(args.buckets)]
+           "--rate", str(args.rate), "--buckets", str(args.buckets),
+           "--per-host", str(args.per_host)]
     env = dict(os.environ, PYTHONPATH=code + os.pathsep + c.HERE)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if proc.returncode != 0:
@@ -418,6 +433,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rate", type=float, default=10.0, help="steps per second per rank")
     ap.add_argument("--buckets", type=int, default=4, help="gradient buckets per step")
+    ap.add_argument("--per-host", type=int, default=8,
+                    help="ranks per host (one GPU each), whose batches a host's relay sends "
+                         "as one message where the code relays")
     ap.add_argument("--before", metavar="REF", default=None,
                     help="also measure the nbdist of this git commit (its own wire format)")
     ap.add_argument("--timeout", type=float, default=1800.0)
@@ -433,7 +451,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.child:
         return child(args)
 
-    codes = [("after", c.REPO, "sealed")]
+    codes = [("after", c.REPO, _wire_of(c.REPO))]
     before_dir = None
     if args.before:
         before_dir = extract(args.before)
@@ -497,6 +515,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"measured {worst:.1f} % (busiest view): "
               f"{'met' if worst < TARGET_PERCENT else 'missed'}")
     print("RESULT " + json.dumps({"benchmark": "scale", "rate": args.rate,
+                                  "per_host": args.per_host,
                                   "buckets": args.buckets, "seconds": args.seconds,
                                   "repeats": args.repeats, "before": args.before,
                                   "results": results, "machine": c.machine()}))
