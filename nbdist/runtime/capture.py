@@ -150,6 +150,15 @@ class EventSink:
                 self.transport(out[0])
             return self.seq
 
+    def stagger(self, share: float) -> None:
+        """Send the next batch ``share`` (0-1) of an interval sooner than the interval after
+        the last one: hosts given evenly spread shares send at evenly spread moments (the
+        notebook hears from some rank all the time, rather than from all of them at once
+        each interval), while a host's ranks, given the same share, send together for their
+        relay."""
+        with self._send_lock:
+            self._last -= (share % 1.0) * self.interval
+
     def end_relay(self) -> None:
         """A cell's relaying ends (its call returns): a peer sends its own batches from now
         on; a relay stops taking any and sends those it held."""

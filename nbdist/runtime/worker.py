@@ -309,6 +309,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
     with _state.lock:
         t0 = time.perf_counter()
         seq0 = _state.sink.flush()
+        _state.sink.stagger(plan.node_rank / max(1, plan.num_nodes))
         _state.sink.rank = me
         # The notebook shows the lowest rank's output: it goes out at the next tick, however
         # large the job (others wait for the rank's next batch)

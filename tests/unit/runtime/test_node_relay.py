@@ -201,3 +201,16 @@ def test_batches_in_one_drain_are_put_in_their_order():
     a, b, c = batch(1, 1), {**batch(1, 2), "after": 1}, {**batch(1, 3), "after": 2}
     assert run.in_order([c, b, a]) == [a, b, c]
     assert node_relay.URGENT_MARK != node_relay.PLAIN_MARK
+
+
+def test_hosts_given_spread_shares_send_at_spread_moments():
+    went = threading.Event()
+    sink = EventSink(0, lambda b: went.set(), interval=60)
+    try:
+        sink.flush()  # a cell begins: the next batch is due an interval from now ...
+        sink.emit(ev.stream("stdout", "hi\n"))
+        assert not went.wait(0.3)
+        sink.stagger(0.999)  # ... less this host's share of it: about now
+        assert went.wait(5)
+    finally:
+        sink.close()
