@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from operator import sub
 from typing import Any, Optional, Union
 
-from .columns import column, columns, row, summary, summary_column, table_rows, unseal
+from .columns import column, columns, numbers, summary, summary_column, table_rows, unseal
 from .events import (
     COMM,
     DDP,
@@ -75,6 +76,7 @@ from .snapshot import (
 )
 from .spread import ScalarSpread
 from .stall.report import StallReport, StallWatch, Stranded
+from .stall.thresholds import STALL_WINDOW
 from .states import RankState
 
 __all__ = ["STRAGGLER_MIN_S", "STRAGGLER_MIN_STEPS", "STRAGGLER_SCORE", "WINDOW",
@@ -173,8 +175,14 @@ class RunState:
         kind = e["kind"]
         if kind == SEALED:  # unpickled here, one batch at a time: they die young
             self.recorded.add_sealed(rank, e)
+            logged = []  # folded together: at 16,384 ranks, the most frequent event
             for inner in unseal(e):
-                self.apply(rank, inner, record=False)
+                if inner["kind"] == SCALARS:
+                    logged.append(inner)
+                else:
+                    self.apply(rank, inner, record=False)
+            if logged:
+                self._scalars(rank, self._rank(rank), logged)
             return
         if kind == TABLE:
             self._table(rank, e, record)
@@ -183,7 +191,7 @@ class RunState:
         if kind == SCALARS:  # straight there: at a thousand ranks, one a second per rank
             if record:
                 self.recorded.add(rank, e, 1)
-            self._scalars(rank, st, e)
+            self._scalars(rank, st, [e])
             return
         if kind == STACK:  # where the rank is: not a timed event, kept apart from the trace
             self.stall.stack(rank, e)
@@ -236,7 +244,7 @@ class RunState:
         elif kind == PROGRESS:
             st.progress(e)
         elif kind == SCALARS:
-            self._scalars(rank, st, e)
+            self._scalars(rank, st, [e])
         elif kind == MEMORY:
             self._memory(st, e)
         elif kind == END:
@@ -250,15 +258,14 @@ class RunState:
             self.stall.end(rank, e["t"], e["ok"], st.error)
             self._matcher.settle_all()  # steps this rank will never report no longer wait for it
 
-    def _scalars(self, rank: int, st: RankFold, e: Event) -> None:
-        """Logged values: what :meth:`_fold` does of them (they are not progress)."""
-        if (t := e.get("t")) is not None:
-            self._span(t, t)
+    def _scalars(self, rank: int, st: RankFold, logged: Sequence[Event]) -> None:
+        """Logged values (``scalars`` events of ``rank``, in order; they are not progress)."""
+        ts = [t for e in logged if (t := e.get("t")) is not None]
+        if ts:
+            self._span(min(ts), max(ts))
         if st.state == RankState.WAITING:
             st.state = RankState.RUNNING
-        add = self._spread.add
-        for name, x, v in st.log(e["values"], e.get("step")):
-            add(rank, name, x, v)
+        self._spread.add_all(rank, st.log(logged))
 
     @staticmethod
     def _memory(st: RankFold, e: Event) -> None:
@@ -306,7 +313,7 @@ class RunState:
                 self._step_columns(rank, st, part)
                 continue
             if kind == MEMORY:
-                self._memory_columns(st, part)
+                self._span(*st.memory_columns(part))
                 continue
             cols = columns(part)
             if kind == COMM:
@@ -330,41 +337,35 @@ class RunState:
         comm, step = comms[0], steps[0]
         if "comm_timed" in step["fields"] and not all(column(step, "comm_timed")):
             return None
-        ns = column(step, "step")
+        # Views of the columns: of a long batch, the fold reads the last WINDOW steps, the
+        # few matched ones, and the ends
+        ns = numbers(step, "step")
         told_ns = comm["steps"]["step"]  # the same packed bytes, as a rule: no need to decode
         if ((told_ns != step["columns"][step["fields"].index("step")]
-             and summary_column(comm, "step") != ns)
+             and list(numbers(comm, "step", summed=True)) != list(ns))
                 or (st.comm and any(n in st.comm for n in ns))):
             return None
         self._comm_totals(rank, comm)
-        t0s, t1s, lengths = self._step_times(rank, step)
-        job_ns = st.job_steps(ns)
-        every = self._matcher.every
-        keep = (range(len(ns)) if every <= 1
-                else [i for i, n in enumerate(job_ns) if not n % every])
-        told = [summary_column(comm, k) for k in ("bytes", "timed", "untimed", "busy")]
-        reports = st.add_summed_steps(ns, t0s, t1s, lengths, column(step, "samples"),
-                                      column(step, "comm_exposed_s"), told, keep)
-        self._matcher.steps(rank, [job_ns[i] for i in keep], reports)
-        return comm, step
-
-    def _memory_columns(self, st: RankFold, part: Event) -> None:
-        """What :meth:`_memory` would keep of the part's samples, one at a time: the last one
-        that holds anything, else the first when the rank had none."""
-        ts = column(part, "t")
-        self._span(min(ts), max(ts))
-        last = row(part, len(ts) - 1)
-        if last["params"] or last["grads"] or last["optimizer"]:  # as a rule: no more to read
-            keep: Optional[int] = len(ts) - 1
+        t0s, t1s = numbers(step, "t0"), numbers(step, "t1")
+        span = (step["t0"], step["t1"]) if "t1" in step else (min(t0s), max(t1s))
+        self._span(*span)
+        self.stall.progress(span[1], rank)
+        w = -max(WINDOW, STALL_WINDOW)
+        tail = (list(t0s[w:]), list(t1s[w:]))
+        lengths = list(map(sub, tail[1], tail[0]))  # of the tail: all the windows keep
+        self.stall.steps_all(lengths, tail[1], rank)
+        first, off, every = ns[0] + st.offset, st.offset, self._matcher.every
+        if every <= 1:
+            keep: Sequence[int] = range(len(ns))
+        elif ns[-1] - ns[0] == len(ns) - 1:  # consecutive, as a rule: no loop
+            keep = range(-first % every, len(ns), every)
         else:
-            held = [any(x) for x in zip(column(part, "params"), column(part, "grads"),
-                                        column(part, "optimizer"))]
-            keep = max((i for i, h in enumerate(held) if h), default=None)
-            if keep is None and st.memory is None:
-                keep = 0
-        if keep is not None:
-            st.memory = last if keep == len(ts) - 1 else row(part, keep)
-            st.memory_point = None
+            keep = [i for i, n in enumerate(ns) if not (n + off) % every]
+        told = [numbers(comm, k, summed=True) for k in ("bytes", "timed", "untimed", "busy")]
+        reports = st.add_summed_steps(ns, t0s, t1s, tail, lengths, numbers(step, "samples"),
+                                      numbers(step, "comm_exposed_s"), told, keep)
+        self._matcher.steps(rank, [ns[i] + off for i in keep], reports)
+        return comm, step
 
     def _comm_totals(self, rank: int, part: Event) -> None:
         """What a part of summed collectives adds to the run: its span, bytes and count, and
@@ -420,7 +421,7 @@ class RunState:
         t0s, t1s = column(part, "t0"), column(part, "t1")  # the columns the fold reads
         self._span(min(t0s), max(t1s))
         self.stall.progress_all(t1s, rank)
-        lengths = [b - a for a, b in zip(t0s, t1s)]
+        lengths = list(map(sub, t1s, t0s))
         self.stall.steps_all(lengths, t1s, rank)
         return t0s, t1s, lengths
 

@@ -40,10 +40,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from math import fsum
 from typing import Any
 
-from .events import COMM, SEALABLE, SEALED, TABLE, TABLED, Event
+from .events import COMM, SEALABLE, SEALED, STEP, TABLE, TABLED, Event
 from .intervals import merge
 
-__all__ = ["SUMMARY", "column", "columns", "pack", "row", "rows", "seal", "summary",
+__all__ = ["SUMMARY", "column", "columns", "numbers", "pack", "row", "rows", "seal", "summary",
            "summary_column", "table", "table_rows", "unpack", "unseal"]
 
 _BIG = sys.byteorder == "big"  # arrays travel little-endian
@@ -127,6 +127,22 @@ def column(part: Event, name: str) -> list[Any]:
     return _decode(part["columns"][part["fields"].index(name)])
 
 
+def numbers(part: Event, name: str, summed: bool = False) -> Sequence[Any]:
+    """One of a part's columns (``summed``: of its summary, :data:`SUMMARY`) without building
+    its list where it is a column of floats or integers: a view of its bytes, which the fold
+    slices and indexes for the few values it reads of a long column.
+
+    >>> from nbdist.telemetry import events as ev
+    >>> v = numbers(table([ev.step(0, 0.5, 1.0), ev.step(1, 1.0, 1.25)])["parts"][0], "t1")
+    >>> v[-1], list(v[-1:]), len(v)
+    (1.25, [1.25], 2)
+    """
+    col = part["steps"][name] if summed else part["columns"][part["fields"].index(name)]
+    if isinstance(col, (bytes, bytearray)) and col[:1] in (b"d", b"q") and not _BIG:
+        return memoryview(col)[1:].cast(chr(col[0]))
+    return _decode(col)
+
+
 def _summarized(e: Event) -> bool:
     """A collective the fold only needs in sum, per step (not one called outside a step, whose
     peers' calls are matched one by one, nor one of a mesh dimension, counted per dimension)."""
@@ -163,6 +179,9 @@ def table(events: Sequence[Event]) -> Event:
     for part in parts:
         if part.pop("summed"):
             _summarize(part)
+        elif part["of"] == STEP and "t0" in part["fields"] and "t1" in part["fields"]:
+            cols = dict(zip(part["fields"], part["columns"]))  # the steps' span, as above
+            part["t0"], part["t1"] = min(cols["t0"]), max(cols["t1"])
         part["columns"] = [_encode(c) for c in part["columns"]]
     return {"kind": TABLE, "parts": parts, "order": "".join(order)}
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import statistics
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from math import fsum
 from typing import Any, Optional
 
-from .columns import summary
+from .columns import column, numbers, row, summary
 from .events import Event
 from .intervals import bubble_fraction, rate, union_seconds
 from .snapshot import (
@@ -201,28 +201,49 @@ class RankFold:
         self.samples.extend(samples[w:])
 
     def add_summed_steps(self, ns: Sequence[int], t0s: Sequence[float], t1s: Sequence[float],
-                         lengths: Sequence[float], samples: Sequence[int],
-                         exposed: Sequence[float], told: Sequence[Sequence[Any]],
-                         keep: Iterable[int]) -> list[Report]:
+                         tail: tuple[list[float], list[float]], lengths: Sequence[float],
+                         samples: Sequence[int], exposed: Sequence[float],
+                         told: Sequence[Sequence[Any]], keep: Iterable[int]) -> list[Report]:
         """:meth:`add_steps` for steps whose collectives, all timed, one worker's summary told
         (``told``: its ``bytes``, ``timed``, ``untimed`` and ``busy`` columns, a value per
         step), none of them kept waiting in :attr:`comm`: the window takes only the last
-        :data:`WINDOW` steps, and reports are made only for the steps at indices ``keep``
-        (the ones matched across ranks). Returns those reports.
+        :data:`WINDOW` steps (``tail``: at least their starts and ends; ``lengths``: theirs),
+        and reports are made only for the steps at indices ``keep`` (the ones matched across
+        ranks). Returns those reports.
 
         The same window and reports as :meth:`add_steps` after
         :meth:`~.aggregate.RunState._comm_summary`, at a cost per matched step rather than
-        per step (at a thousand ranks, most of a batch's steps are in neither)."""
+        per step (at a thousand ranks, most of a batch's steps are in neither): the columns
+        may be views (:func:`~.columns.numbers`), of which only those steps are read."""
         nbytes, timed, untimed, busy = told
         w = -WINDOW
-        self._window(ns, t0s, t1s, lengths, samples)
-        self.exposed.extend([e if e < s else s for e, s in zip(exposed[w:], lengths[w:])])
+        self._window(ns, tail[0], tail[1], lengths, samples)
+        self.exposed.extend([e if e < s else s for e, s in zip(list(exposed[w:]), lengths[w:])])
         self.step_bytes.extend(nbytes[w:])
         out: list[Report] = []
         for i in keep:
-            s, e = lengths[i], exposed[i]
+            s, e = t1s[i] - t0s[i], exposed[i]
             out.append((s, e if e < s else s, busy[i], timed[i], not untimed[i]))
         return out
+
+    def memory_columns(self, part: Event) -> tuple[float, float]:
+        """What :meth:`~.aggregate.RunState._fold` would keep of a part of memory samples, one
+        at a time: the last one that holds anything, else the first when the rank had none.
+        Returns the samples' time span."""
+        ts = numbers(part, "t")
+        last = row(part, len(ts) - 1)
+        if last["params"] or last["grads"] or last["optimizer"]:  # as a rule: no more to read
+            keep: Optional[int] = len(ts) - 1
+        else:
+            held = [any(x) for x in zip(column(part, "params"), column(part, "grads"),
+                                        column(part, "optimizer"))]
+            keep = max((i for i, h in enumerate(held) if h), default=None)
+            if keep is None and self.memory is None:
+                keep = 0
+        if keep is not None:
+            self.memory = last if keep == len(ts) - 1 else row(part, keep)
+            self.memory_point = None
+        return min(ts), max(ts)
 
     def job_steps(self, ns: Sequence[int]) -> Sequence[int]:
         """Its step numbers ``ns`` as the job's (the ones the ranks' reports match by)."""
@@ -255,22 +276,29 @@ class RankFold:
             return self.bar["t"]
         return self.t1 if self.steps else None
 
-    def log(self, values: Mapping[str, float], step: Optional[int]
-            ) -> list[tuple[str, float, float]]:
-        """Take logged values; returns each as ``(name, step, value)``."""
-        if step is not None:
-            step += self.offset
-        self.scalars.update(values)
-        self.scalars_copy = None
+    def log(self, logged: Sequence[Event]) -> list[tuple[str, float, float]]:
+        """Take logged values (``scalars`` events, in order); returns each as
+        ``(name, step, value)``."""
+        off, points, scalars, history = self.offset, self.scalar_points, self.scalars, self.history
         out = []
-        for k, v in values.items():
-            pts = self.scalar_points.setdefault(k, [])
-            x = float(step) if step is not None else (pts[-1][0] + 1 if pts else 0.0)
-            pts.append((x, v))
-            if len(pts) > self.history:
-                del pts[0]
+        for e in logged:
+            values, step = e["values"], e.get("step")
+            if step is not None:
+                step += off
+            scalars.update(values)
+            for k, v in values.items():
+                pts = points.get(k)
+                if pts is None:
+                    pts = points[k] = []
+                x = float(step) if step is not None else (pts[-1][0] + 1 if pts else 0.0)
+                pts.append((x, v))
+                out.append((k, x, v))
+        self.scalars_copy = None
+        for k in {k for k, _, _ in out} if len(logged) > 1 else logged[0]["values"]:
+            pts = points[k]
+            if len(pts) > history:
+                del pts[:len(pts) - history]
             self.scalar_curves.pop(k, None)
-            out.append((k, x, v))
         return out
 
 

@@ -4,6 +4,7 @@ ranks). Part of the run's fold (:mod:`.aggregate`); pure."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 
 #: ``(step, min, median, max)``
 Spread = tuple[float, float, float, float]
@@ -32,6 +33,12 @@ class ScalarSpread:
                 self._spread.get(name, {}).pop(oldest, None)
         col[rank] = v
         self._dirty.add((name, x))
+
+    def add_all(self, rank: int, logged: Iterable[tuple[str, float, float]]) -> None:
+        """:meth:`add` for each ``(name, step, value)`` ``rank`` logged."""
+        add = self.add
+        for name, x, v in logged:
+            add(rank, name, x, v)
 
     def series(self) -> dict[str, tuple[Spread, ...]]:
         """name -> ``(step, min, median, max)`` per step, oldest first."""
