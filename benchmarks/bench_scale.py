@@ -346,12 +346,15 @@ def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, ra
             decode += c1 - c0
             pump += time.process_time() - c1
     gc.callbacks.remove(on_gc)
+    # the redraws of the timed part (the final snapshot and summary are counted apart)
+    redraw = sum(snaps) + sum(draws)
+    snaps_timed, draws_timed = snaps[:], draws[:]
     t = time.perf_counter()
     run.finish()
     rv.close(run.snapshot())
     close_s = time.perf_counter() - t
+    snaps, draws = snaps_timed, draws_timed
     shown = dashboard.summary if view == "widget" else dashboard._stream.getvalue()
-    redraw = sum(snaps) + sum(draws)
 
     def share(x: float) -> float:
         return 100 * x / seconds

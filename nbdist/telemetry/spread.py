@@ -35,10 +35,17 @@ class ScalarSpread:
         self._dirty.add((name, x))
 
     def add_all(self, rank: int, logged: Iterable[tuple[str, float, float]]) -> None:
-        """:meth:`add` for each ``(name, step, value)`` ``rank`` logged."""
-        add = self.add
+        """:meth:`add` for each ``(name, step, value)`` ``rank`` logged (inline: at 16,384
+        ranks, sixteen thousand values a second)."""
+        at_name, dirty, add = self._at, self._dirty, self.add
         for name, x, v in logged:
-            add(rank, name, x, v)
+            at = at_name.get(name)
+            col = at.get(x) if at is not None else None
+            if col is None:
+                add(rank, name, x, v)  # a new step: the window moves
+            else:
+                col[rank] = v
+                dirty.add((name, x))
 
     def series(self) -> dict[str, tuple[Spread, ...]]:
         """name -> ``(step, min, median, max)`` per step, oldest first."""
