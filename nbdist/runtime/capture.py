@@ -32,6 +32,7 @@ from ..telemetry.events import (
     ELASTIC,
     INPUT,
     MIN_INTERVAL,
+    SEALED,
     STACK,
     STREAM,
     Batch,
@@ -140,7 +141,9 @@ class EventSink:
             peer = self.peer
             if len(out) > 1:
                 self.transport(out)  # a host's batches, one message
-            elif peer is None:
+            elif peer is None or not _relayable(out[0]):
+                if self._handed:  # may come before the one the relay holds
+                    out[0]["after"] = self._handed
                 self.transport(out[0])
             elif peer.send(out[0], urgent):
                 self._handed = out[0]["seq"]
@@ -233,6 +236,14 @@ class EventSink:
             except Exception as exc:  # a broken channel must not kill training; say so once
                 sys.__stderr__.write(f"nbdist: could not send events: {exc!r}\n")
                 self._closed = True
+
+
+def _relayable(batch: Batch) -> bool:
+    """Whether a peer hands ``batch`` to its host's relay: only what the run's fold reads
+    (sealed), never output, a prompt or the hang doctor's report, which go straight to the
+    notebook: a relay that dies takes along at most an interval of its peers' figures, and
+    nothing a rank wrote."""
+    return all(e["kind"] == SEALED for e in batch["events"])
 
 
 def _coalesce(events: list[Event]) -> list[Event]:

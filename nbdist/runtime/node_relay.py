@@ -126,8 +126,9 @@ class Relay:
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
             self._sock.setblocking(False)
+            _sweep(os.path.dirname(path))
             try:
-                os.unlink(path)  # a socket left by a relay that died in this cell's namesake
+                os.unlink(path)  # left by a relay of this cell that died (a retried cell)
             except FileNotFoundError:
                 pass
             self._sock.bind(path)
@@ -190,6 +191,27 @@ class Relay:
         self._sock = None
         sock.close()
         return self.take()
+
+
+#: seconds after which a socket a relay left (it died, and did not unbind) is removed
+STALE_S = 86_400.0
+
+
+def _sweep(folder: str) -> None:
+    """Remove the sockets relays that died left in ``folder`` over :data:`STALE_S` ago (a
+    relay that lives unbinds its own as its call ends)."""
+    now = time.time()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            if now - os.lstat(path).st_mtime > STALE_S:
+                os.unlink(path)
+        except OSError:
+            continue
 
 
 class Peer:

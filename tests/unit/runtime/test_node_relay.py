@@ -114,26 +114,33 @@ def test_a_datagram_that_is_not_a_batch_is_counted_and_dropped(private_tmp):
 
 
 def sinks(private_tmp):
-    """A relay's sink and its peer's, each with its own list of what it sent the notebook."""
+    """A relay's sink and its peer's (a cell's: sealed), each with its own list of what it
+    sent the notebook."""
     sent: dict[int, list] = {0: [], 1: []}
-    relay, peer = EventSink(0, sent[0].append, interval=3600), \
-        EventSink(1, sent[1].append, interval=3600)
+    relay, peer = EventSink(0, sent[0].append, interval=3600, sealed=True), \
+        EventSink(1, sent[1].append, interval=3600, sealed=True)
     path = relay_path("cell", 0)
     relay.relay = Relay(path, peers=1, interval=3600)
     peer.peer = Peer(path)
     return relay, peer, sent
 
 
+def steps(sink, first):
+    """Two training steps into ``sink``: a batch of nothing but sealed telemetry."""
+    for n in (first, first + 1):
+        sink.emit(ev.step(n, float(n), n + 0.5))
+
+
 def test_a_relays_sink_sends_its_own_batch_and_its_peers_as_one_message(private_tmp):
     relay, peer, sent = sinks(private_tmp)
     try:
-        peer.emit(ev.stream("stdout", "from 1\n"))
+        steps(peer, 0)
         assert peer.flush() == 1 and sent[1] == []  # handed to the relay
         relay.emit(ev.stream("stdout", "from 0\n"))
         relay.flush()
         (message,) = sent[0]
         assert [(b["rank"], b["seq"]) for b in message] == [(0, 1), (1, 1)]
-        assert message[1]["events"] == [ev.stream("stdout", "from 1\n")]
+        assert [e["kind"] for e in message[1]["events"]] == ["sealed"]
     finally:
         peer.end_relay()
         relay.end_relay()
@@ -147,7 +154,7 @@ def test_the_relays_sending_thread_sends_once_every_peer_sent(private_tmp):
     went = threading.Event()
     relay.transport = lambda m: (sent[0].append(m), went.set())
     try:
-        peer.emit(ev.stream("stdout", "hi\n"))
+        steps(peer, 0)
         peer.flush()
         assert went.wait(5)  # its interval is an hour: the peer's batch made it due
         (message,) = sent[0]  # one batch: sent as one
@@ -163,10 +170,9 @@ def test_a_batch_sent_itself_after_one_the_relay_holds_says_so_and_waits_for_it(
     relay, peer, sent = sinks(private_tmp)
     run = Run("cell", [0, 1], world_size=2)
     try:
-        peer.emit(ev.stream("stdout", "first\n"))
+        steps(peer, 0)
         peer.flush()  # handed to the relay, which holds it
-        peer.peer.gone = True  # the relay can take no more: the next goes straight
-        peer.emit(ev.stream("stdout", "second\n"))
+        peer.emit(ev.stream("stdout", "output\n"))  # never handed over: it goes straight
         peer.flush()
         (direct,) = sent[1]
         assert direct["seq"] == 2 and direct["after"] == 1
@@ -214,3 +220,36 @@ def test_hosts_given_spread_shares_send_at_spread_moments():
         assert went.wait(5)
     finally:
         sink.close()
+
+
+def test_output_and_reports_never_go_through_the_relay(private_tmp):
+    relay, peer, sent = sinks(private_tmp)
+    try:
+        peer.emit(ev.stream("stdout", "a line\n"))
+        steps(peer, 0)  # with the output: the batch goes straight, steps and all
+        peer.flush()
+        (direct,) = sent[1]
+        assert "after" not in direct and {e["kind"] for e in direct["events"]} >= {"stream"}
+        steps(peer, 2)
+        peer.flush()
+        assert len(sent[1]) == 1 and peer.peer.handed == 1
+        peer.peer.gone = True  # a relay that died: the rank's figures go straight again
+        steps(peer, 4)
+        peer.flush()
+        assert sent[1][-1]["seq"] == 3 and sent[1][-1]["after"] == 2
+    finally:
+        peer.end_relay()
+        relay.end_relay()
+        peer.close()
+        relay.close()
+
+
+def test_a_socket_a_dead_relay_left_a_day_ago_is_removed_by_the_next_relay(private_tmp):
+    stale, fresh = relay_path("old-cell", 0), relay_path("recent-cell", 0)
+    for path in (stale, fresh):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.bind(path)  # bound, never unbound: what a relay that died leaves
+    day_ago = os.stat(stale).st_mtime - node_relay.STALE_S - 60
+    os.utime(stale, (day_ago, day_ago), follow_symlinks=False)
+    Relay(relay_path("cell", 0), peers=1, interval=1).close()
+    assert not os.path.exists(stale) and os.path.exists(fresh)
