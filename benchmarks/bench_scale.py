@@ -134,6 +134,16 @@ class Wire:
         return list(data.values())
 
 
+def batch_interval(world: int, wire: str) -> float:
+    """Seconds between a rank's batches in the code measured: those of a stream of figures
+    only (``figures_interval``, where the code has it), else all of them."""
+    if wire == "events":
+        return 0.1
+    from nbdist.telemetry import events
+
+    return getattr(events, "figures_interval", events.flush_interval)(world)
+
+
 def messages(job: Submission, seconds: float, wire: str, tick: float, transport: Wire,
              per_host: int = 1) -> Iterator[list[list[bytes]]]:
     """The messages the notebook receives in each ``tick`` of simulated time.
@@ -146,26 +156,19 @@ def messages(job: Submission, seconds: float, wire: str, tick: float, transport:
     do. ``wire="relayed"``: sealed, and the ranks of each host of ``per_host`` flush together
     (a cell's ranks flush as it begins, at the same interval) and their host's relay sends
     their batches as one message (:mod:`nbdist.runtime.node_relay`); hosts at staggered
-    moments.
+    moments. A batch interval is :func:`batch_interval`'s (a stream of figures: no output).
     """
     group = per_host if wire == "relayed" else 1
+    interval = batch_interval(job.world, wire)
     if wire in ("sealed", "relayed"):
         from nbdist.telemetry.columns import pack as table_pack
         from nbdist.telemetry.columns import seal
-        from nbdist.telemetry.events import flush_interval
-
-        interval = flush_interval(job.world)
 
         def pack(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return seal(table_pack(events))
     elif wire == "tables":
         from nbdist.telemetry.columns import pack
-        from nbdist.telemetry.events import flush_interval
-
-        interval = flush_interval(job.world)
     else:
-        interval = 0.1
-
         def pack(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return events
     pending: list[list[dict[str, Any]]] = [[] for _ in range(job.world)]
@@ -315,6 +318,9 @@ def simulate(world: int, view: str, wire: str, seconds: float, warmup: float, ra
     run.snapshot = timed_snapshot  # type: ignore[method-assign]
 
     transport = Wire()
+    # Every rank has sent a batch before the timed part (at 16,384 ranks a rank's figures
+    # come every 16 s)
+    warmup = max(warmup, batch_interval(world, wire) + tick)
     # The workers' side, all of it before the timed part: its garbage must not be collected
     # on the notebook's time.
     stream = list(messages(job, seconds + warmup, wire, tick, transport, per_host))
@@ -431,8 +437,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--views", nargs="+", choices=("widget", "text"), default=["widget", "text"])
     ap.add_argument("--seconds", type=float, default=6.0, help="simulated training timed")
     ap.add_argument("--warmup", type=float, default=5.0,
-                    help="simulated seconds not timed (longer than the flush interval, so "
-                         "every rank has sent a batch)")
+                    help="simulated seconds not timed (at least a rank's interval between "
+                         "batches and a tick, so every rank has sent a batch)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rate", type=float, default=10.0, help="steps per second per rank")
     ap.add_argument("--buckets", type=int, default=4, help="gradient buckets per step")

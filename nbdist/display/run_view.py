@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
-from ..telemetry.events import Batch, flush_interval
+from ..telemetry.events import Batch, figures_interval
 from .refresh import Throttle
 from .text import NoteLines, StreamView
 
@@ -39,9 +39,10 @@ class RunView:
     whether events arrive or not), and :meth:`close` once.
 
     The dashboard redraws no more often than a rank of a run of ``world_size`` ranks sends
-    its news (:func:`~nbdist.telemetry.events.flush_interval`: every 4 s at a thousand
-    ranks), and a redraw may take at most :attr:`MAX_BUSY_SHARE` of the kernel's time: when
-    one costs more (a run of a thousand ranks on a slow machine), the next waits longer.
+    its figures (:func:`~nbdist.telemetry.events.figures_interval`: every 4 s at a thousand
+    ranks, 16 s at sixteen thousand), and a redraw may take at most :attr:`MAX_BUSY_SHARE`
+    of the kernel's time: when one costs more (a run of a thousand ranks on a slow machine),
+    the next waits longer.
     """
 
     MAX_BUSY_SHARE = 0.03
@@ -52,7 +53,7 @@ class RunView:
         self.dashboard = dashboard
         #: seconds between redraws at least: its own interval, or the ranks' if longer
         self.interval = max(dashboard.interval if dashboard is not None else 1.0,
-                            flush_interval(world_size) if world_size else 0.0)
+                            figures_interval(world_size) if world_size else 0.0)
         self._throttle = Throttle(self.interval)
         #: CPU seconds the last redraw took (snapshot and drawing)
         self.last_cost = 0.0

@@ -32,6 +32,7 @@ from ..telemetry.events import (
     ELASTIC,
     INPUT,
     MIN_INTERVAL,
+    SEALABLE,
     SEALED,
     STACK,
     STREAM,
@@ -63,10 +64,15 @@ class EventSink:
     it sends anyway)."""
 
     def __init__(self, rank: int, transport: Optional[Transport],
-                 interval: float = MIN_INTERVAL, sealed: bool = False):
+                 interval: float = MIN_INTERVAL, sealed: bool = False,
+                 figures_interval: Optional[float] = None):
         self.rank = rank
         self.transport = transport
         self.interval = interval
+        #: seconds between batches of nothing but figures, at least ``interval``
+        #: (:func:`~nbdist.telemetry.events.figures_interval`)
+        self.figures_interval = figures_interval or interval
+        self._words = False  # a pending event is not a figure: it goes at ``interval``
         self.sealed = sealed
         self.seq = 0  # batches sent so far
         self._pending: list[Any] = []  # events, and (build, args) from defer()
@@ -95,6 +101,8 @@ class EventSink:
     def emit(self, event: Event) -> None:
         with self._lock:
             self._pending.append(event)
+            if event["kind"] not in SEALABLE:
+                self._words = True
             if event["kind"] in URGENT or (self.prompt_output and event["kind"] in SHOWN):
                 self._urgent = True
 
@@ -108,6 +116,7 @@ class EventSink:
     def _take_pending(self) -> list[Event]:
         with self._lock:
             pending, self._pending, self._urgent = self._pending, [], False
+            self._words = False
         events: list[Event] = []
         for e in pending:
             if type(e) is tuple:
@@ -160,7 +169,7 @@ class EventSink:
         each interval), while a host's ranks, given the same share, send together for their
         relay."""
         with self._send_lock:
-            self._last -= (share % 1.0) * self.interval
+            self._last -= (share % 1.0) * max(self.interval, self.figures_interval)
 
     def end_relay(self) -> None:
         """A cell's relaying ends (its call returns): a peer sends its own batches from now
@@ -222,13 +231,15 @@ class EventSink:
                     sys.__stderr__.write(f"nbdist: hang doctor error: {exc!r}\n")
                     self.on_tick = None
             waited = time.monotonic() - self._last
+            # figures alone wait longer in a large job (output, warnings and news do not)
+            every = self.interval if self._words else max(self.interval, self.figures_interval)
             relay = self.relay
             if relay is None:
-                due = waited >= self.interval - 1e-3
+                due = waited >= every - 1e-3
             else:  # its peers' batches, due together (or its own, a little late without them)
                 with self._send_lock:
                     relay.collect()
-                    due = relay.due() or waited >= self.interval + RELAY_GRACE
+                    due = relay.due() or waited >= every + RELAY_GRACE
             if not (self._urgent or self._closed or due):
                 continue
             try:

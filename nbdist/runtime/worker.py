@@ -17,7 +17,7 @@ import time
 import types
 from typing import Any, Callable, Optional
 
-from ..telemetry.events import flush_interval
+from ..telemetry.events import figures_interval, flush_interval
 from . import debugger, fd_output, node_relay, packing, pulling, results, shared_copy
 from .boot import preload
 from .capture import EventSink, Transport, captured_output
@@ -178,6 +178,7 @@ def join(plan: RankPlan, port: int, device: str, dist_backend: str, timeout: flo
         _state.sink = EventSink(plan.rank, _state.transport, sealed=True)
     _state.sink.rank = plan.rank
     _state.sink.interval = flush_interval(plan.world_size)  # fewer batches from big jobs
+    _state.sink.figures_interval = figures_interval(plan.world_size)
     group.install_guard()
     from .measure import ddp_hooks, parallel_hooks, tqdm_bars
 
@@ -396,7 +397,8 @@ def _relay_batches(sink: EventSink, plan: RankPlan, cell_id: str, peers: list[in
     try:
         path = node_relay.relay_path(cell_id, relay)
         if relay == plan.rank:
-            sink.relay = node_relay.Relay(path, len(here) - 1, sink.interval)
+            sink.relay = node_relay.Relay(path, len(here) - 1,
+                                          max(sink.interval, sink.figures_interval))
         else:
             sink.peer = node_relay.Peer(path)
     except OSError as exc:  # no relay: every rank sends its own batches, as without one

@@ -80,6 +80,31 @@ def flush_interval(world: int) -> float:
     return min(MAX_INTERVAL, max(MIN_INTERVAL, world / NOTEBOOK_BATCHES_PER_S))
 
 
+#: batches of figures per second the notebook folds from all ranks together, at most: each
+#: costs it some 50 µs ...
+NOTEBOOK_FOLDS_PER_S = 1024
+#: ... unless that would hold a rank's figures back longer than this (seconds): at 16,384
+#: ranks, where the dashboard redraws about every 30 s (its redraws may take 3 % of the kernel)
+MAX_FIGURES_INTERVAL = 16.0
+
+
+def figures_interval(world: int) -> float:
+    """Seconds between one rank's batches that hold nothing but figures (steps, collectives,
+    memory, logged values, bars: the :data:`SEALABLE` kinds, which only the run's fold reads)
+    in a job of ``world`` ranks: :func:`flush_interval` up to 4,096 ranks, then growing so
+    the notebook folds about :data:`NOTEBOOK_FOLDS_PER_S` of them a second, at most
+    :data:`MAX_FIGURES_INTERVAL`. A batch with anything else (output, a warning, elastic
+    training's news) goes at :func:`flush_interval`, carrying the figures with it.
+
+    >>> figures_interval(2), figures_interval(4096), figures_interval(8192)
+    (0.25, 4.0, 8.0)
+    >>> figures_interval(16384), figures_interval(10**6)
+    (16.0, 16.0)
+    """
+    return min(MAX_FIGURES_INTERVAL,
+               max(flush_interval(world), world / NOTEBOOK_FOLDS_PER_S))
+
+
 def stream(name: str, text: str) -> Event:
     return {"kind": STREAM, "name": name, "text": text}
 

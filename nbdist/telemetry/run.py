@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Callable, Optional, Union
 
 from .aggregate import RunState
-from .events import MAX_INTERVAL, Batch, Event
+from .events import MAX_FIGURES_INTERVAL, Batch, Event
 from .recovery import Lost, Recovery
 from .snapshot import RunSnapshot
 from .stall.report import StallReport, Stranded
@@ -24,7 +24,7 @@ from .verdicts import NO_CONTEXT, Context, verdicts
 
 #: seconds a batch waits for the one its rank handed its host's relay before it
 #: (:meth:`Run.in_order`): two of the longest intervals between a rank's batches
-HOLD_S = 2 * MAX_INTERVAL
+HOLD_S = 2 * MAX_FIGURES_INTERVAL
 
 
 class Run:

@@ -14,7 +14,13 @@ from nbdist.backends.base import poll_until
 from nbdist.runtime.capture import TICK, EventSink, _coalesce, captured_output
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.columns import rows
-from nbdist.telemetry.events import MAX_INTERVAL, MIN_INTERVAL, flush_interval, stream
+from nbdist.telemetry.events import (
+    MAX_INTERVAL,
+    MIN_INTERVAL,
+    figures_interval,
+    flush_interval,
+    stream,
+)
 
 
 def test_a_rank_sends_less_often_the_larger_the_job():
@@ -48,6 +54,27 @@ def test_the_sink_packs_tables_and_sends_what_cannot_wait_at_the_next_tick():
         assert sent[1]["events"] == [ev.stream("stdout", "epoch 1\n")]
     finally:
         sink.close()
+
+
+def test_in_a_large_job_figures_alone_wait_longer_than_output():
+    """At 16,384 ranks a rank's figures go every 16 s, its output at the usual 4 s: here
+    ticks of 0.1 s, an interval of one tick, and figures every hour."""
+    sent: list[dict] = []
+    ticks = threading.Semaphore(0)
+    sink = EventSink(0, sent.append, interval=TICK, sealed=True, figures_interval=3600)
+    sink.on_tick = ticks.release
+    try:
+        for e in ddp_job({0: 0.01}, steps=3)[0]:
+            sink.emit(e)
+        for _ in range(5):  # five intervals pass: figures alone stay
+            assert ticks.acquire(timeout=5)
+        assert sent == []
+        sink.emit(ev.stream("stdout", "epoch 1\n"))  # output: at the next interval, with them
+        assert poll_until(lambda: sent, 5, interval=0.01)
+        assert sorted(e["kind"] for e in sent[0]["events"]) == ["sealed", "stream"]
+    finally:
+        sink.close()
+    assert flush_interval(16384) == MAX_INTERVAL < figures_interval(16384)
 
 
 def test_a_cells_sink_seals_what_only_the_fold_reads_and_the_fold_reads_it_back():
