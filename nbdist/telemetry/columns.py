@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from math import fsum
 from typing import Any
 
-from .events import COMM, SEALABLE, SEALED, STEP, TABLE, TABLED, Event
+from .events import COMM, MEMORY, SEALABLE, SEALED, STEP, TABLE, TABLED, Event
 from .intervals import merge
 
 __all__ = ["SUMMARY", "column", "columns", "numbers", "pack", "row", "rows", "seal", "summary",
@@ -182,6 +182,9 @@ def table(events: Sequence[Event]) -> Event:
         elif part["of"] == STEP and "t0" in part["fields"] and "t1" in part["fields"]:
             cols = dict(zip(part["fields"], part["columns"]))  # the steps' span, as above
             part["t0"], part["t1"] = min(cols["t0"]), max(cols["t1"])
+        elif part["of"] == MEMORY and "t" in part["fields"]:  # the samples' span
+            ts = part["columns"][part["fields"].index("t")]
+            part["t0"], part["t1"] = min(ts), max(ts)
         part["columns"] = [_encode(c) for c in part["columns"]]
     return {"kind": TABLE, "parts": parts, "order": "".join(order)}
 

@@ -231,8 +231,8 @@ class RankFold:
         at a time: the last one that holds anything, else the first when the rank had none.
         Returns the samples' time span."""
         ts = numbers(part, "t")
-        last = row(part, len(ts) - 1)
-        if last["params"] or last["grads"] or last["optimizer"]:  # as a rule: no more to read
+        held = [numbers(part, k)[-1] for k in ("params", "grads", "optimizer")]
+        if any(held):  # as a rule: the last sample is kept, and no more to read
             keep: Optional[int] = len(ts) - 1
         else:
             held = [any(x) for x in zip(column(part, "params"), column(part, "grads"),
@@ -241,9 +241,9 @@ class RankFold:
             if keep is None and self.memory is None:
                 keep = 0
         if keep is not None:
-            self.memory = last if keep == len(ts) - 1 else row(part, keep)
+            self.memory = row(part, keep)
             self.memory_point = None
-        return min(ts), max(ts)
+        return (part["t0"], part["t1"]) if "t1" in part else (min(ts), max(ts))
 
     def job_steps(self, ns: Sequence[int]) -> Sequence[int]:
         """Its step numbers ``ns`` as the job's (the ones the ranks' reports match by)."""
