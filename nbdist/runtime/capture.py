@@ -150,15 +150,11 @@ class EventSink:
             peer = self.peer
             if len(out) > 1:
                 self.transport(out)  # a host's batches, one message
-            elif peer is None or not _relayable(out[0]):
-                if self._handed:  # may come before the one the relay holds
-                    out[0]["after"] = self._handed
-                self.transport(out[0])
-            elif peer.send(out[0], urgent):
+            elif peer is not None and _relayable(out[0]) and peer.send(out[0], urgent):
                 self._handed = out[0]["seq"]
-            else:  # sent itself, maybe before the relay sends the one before it
-                if self._handed:
-                    out[0]["after"] = self._handed  # the notebook folds them in order
+            else:
+                if self._handed:  # it may arrive before the one the relay holds: the
+                    out[0]["after"] = self._handed  # notebook folds them in order
                 self.transport(out[0])
             return self.seq
 

@@ -7,13 +7,14 @@ the lowest of them (the *relay*), which sends them on with its own as one messag
 notebook's cost per message is paid per host, not per rank.
 
 How: the relay binds a Unix datagram socket in a directory only this user can enter
-(:func:`relay_path`); a peer sends each batch to it as one datagram, without blocking
-(:class:`Peer`). The relay drains its socket on each tick of its sending thread, and sends
-what it holds with its own batch once every peer has sent one since its last message (the
-ranks of a cell flush at the same pace, :func:`~nbdist.telemetry.events.flush_interval`), or
-at once when a peer's batch holds an event that cannot wait (the hang doctor's report, the
-debugger's prompt: :data:`~nbdist.runtime.capture.URGENT`), and at the latest one interval
-after the oldest it holds arrived.
+(:func:`relay_path`); a peer sends it each batch that holds nothing but figures (what only the
+run's fold reads: sealed) as one datagram, without blocking (:class:`Peer`); output, prompts
+and the hang doctor's reports go straight to the notebook, so a relay that dies takes none of
+them along. The relay drains its socket on each tick of its sending thread, and sends what it
+holds with its own batch once every peer has sent one since its last message (a host's ranks
+flush together as the cell begins, at the same pace:
+:func:`~nbdist.telemetry.events.figures_interval`), at once when a peer marked its batch as
+one that cannot wait, and at the latest one interval after the oldest it holds arrived.
 
 Nothing waits on the relay. A peer whose datagram cannot go (no relay bound yet, its socket
 full, a batch larger than a datagram, the relay gone) sends that batch itself, as it would
