@@ -29,6 +29,10 @@ _group_fds: set[int] = set()  # sockets the group opened to its peers (gloo)
 # until the group's timeout. Every rank re-forms together, so their counts agree.
 _formed: dict[int, int] = {}
 _original_init = dist.init_process_group
+_original_destroy = dist.destroy_process_group
+#: process groups a cell destroyed, kept alive until the next cell begins (see
+#: :func:`guarded_destroy_process_group`)
+_destroyed: list[Any] = []
 
 
 def open_store(host: str, purpose: str, timeout: float) -> int:
@@ -209,8 +213,33 @@ def guarded_init_process_group(*args: Any, **kwargs: Any) -> None:
     return _original_init(*args, **kwargs)
 
 
+def guarded_destroy_process_group(group: Any = None) -> None:
+    """``destroy_process_group`` that keeps the groups it destroys alive until the next cell
+    begins (:func:`release_destroyed`).
+
+    torch's gloo group joins its worker threads in its destructor while holding the GIL, and a
+    worker thread that is just letting go of a finished collective (a barrier holding an
+    all-gather's tensors) needs the GIL to free them: when a library destroys the group right
+    after a collective and the last reference goes at once (Accelerate's
+    ``wait_for_everyone()`` then ``end_training()``, and the DDP model freed as the function
+    returns), the rank waits for good. By the next cell its threads are idle.
+    """
+    try:
+        world = dist.distributed_c10d._world
+        _destroyed.extend(list(world.pg_map) if group is None else [group])
+    except Exception:  # torch's registry moved: the groups go as torch frees them
+        pass
+    _original_destroy(group)
+
+
+def release_destroyed() -> None:
+    """Let go of the groups cells destroyed (as a cell begins: their threads are idle)."""
+    _destroyed.clear()
+
+
 def install_guard() -> None:
     dist.init_process_group = guarded_init_process_group
+    dist.destroy_process_group = guarded_destroy_process_group
 
 
 def resolved_backend(choice: str, device: torch.device) -> str:

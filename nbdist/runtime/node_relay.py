@@ -41,6 +41,9 @@ from typing import Any, Optional
 #: bytes of batches a relay's socket holds for it between two ticks (the kernel caps it at
 #: ``net.core.rmem_max``); a peer whose datagram does not fit sends that batch itself
 RECEIVE_BUFFER = 4 << 20
+#: bytes of the largest datagram a peer sends (its socket's send buffer caps it, at most
+#: ``net.core.wmem_max``); a larger one fails to send, and the peer sends that batch itself
+DATAGRAM_MAX = 4 << 20
 #: the first byte of a peer's datagram: its batch holds an event that cannot wait
 URGENT_MARK, PLAIN_MARK = b"!", b"."
 
@@ -123,6 +126,8 @@ class Relay:
         #: batches relayed so far, and datagrams that could not be read as one
         self.relayed = 0
         self.unreadable = 0
+        #: where each datagram is read: as large as the largest a peer's socket sends
+        self._buf = bytearray(DATAGRAM_MAX)
         self._sock: Optional[socket.socket] = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
@@ -143,13 +148,13 @@ class Relay:
         sock = self._sock
         if sock is None:
             return
+        buf = self._buf
         while True:
             try:
-                data = sock.recv(1 << 24)
-            except (BlockingIOError, InterruptedError):
+                n = sock.recv_into(buf)
+            except OSError:  # nothing more now (or the socket is gone)
                 return
-            except OSError:
-                return
+            data = bytes(memoryview(buf)[:n])
             try:
                 batch = pickle.loads(memoryview(data)[1:])
                 rank = batch["rank"]

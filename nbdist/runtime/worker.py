@@ -319,6 +319,7 @@ def run_cell(source: str, filename: str, cell_id: str, gen: int, peers: list[int
         if not keep_cell or _state.cell is None:
             _state.cell = {"cell_id": cell_id, "filename": filename, "source": source,
                            "elastic_calls": 0}
+        group.release_destroyed()
         if full and group.generation() != gen:
             # A failure or a user's destroy_process_group() left the group gone or stale.
             try:

@@ -70,3 +70,32 @@ def test_a_group_destroyed_in_a_cell_forms_again_under_its_generation(tmp_path):
                 p.wait()
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and "sum 2.0" in out, f"rank {r}:\n{out}"
+
+
+KEEP = '''
+import sys
+import torch, torch.distributed as dist
+sys.path.insert(0, {root!r})
+from nbdist.runtime import group
+group.install_guard()
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+pg = dist.distributed_c10d._get_default_group()
+dist.barrier()
+dist.destroy_process_group()  # as a library's end_training() does in a cell
+assert not dist.is_initialized()
+assert group._destroyed == [pg], group._destroyed  # alive until the next cell begins
+group.release_destroyed()
+assert group._destroyed == []
+print("ok")
+'''
+
+
+def test_a_group_a_cell_destroys_is_freed_only_as_the_next_cell_begins(tmp_path):
+    """torch joins a gloo group's threads in its destructor holding the GIL, while a thread
+    letting go of a collective's tensors needs it: freed at once after a barrier, a rank can
+    hang for good. The guard keeps the group until the next cell."""
+    script = tmp_path / "keep.py"
+    script.write_text(KEEP.format(root=str(ROOT)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
