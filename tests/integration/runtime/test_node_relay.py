@@ -87,4 +87,4 @@ def test_when_the_relay_dies_its_peers_output_and_steps_still_arrive(session, ca
         assert mine == [f"[{r}] rank {r} line {i}" for i in range(9, STEPS, 10)]
     snap = session.runs[-1].snapshot()
     assert [row.bar.n for row in snap.ranks[1:]] == [STEPS] * 2
-    session.restart()
+    # the module's last test for its engine: the fixture stops the job with its dead rank
