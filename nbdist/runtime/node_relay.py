@@ -154,9 +154,8 @@ class Relay:
                 n = sock.recv_into(buf)
             except OSError:  # nothing more now (or the socket is gone)
                 return
-            data = bytes(memoryview(buf)[:n])
             try:
-                batch = pickle.loads(memoryview(data)[1:])
+                batch = pickle.loads(memoryview(buf)[1:n])
                 rank = batch["rank"]
             except Exception:  # not a peer's batch: nothing to relay
                 self.unreadable += 1
@@ -165,7 +164,7 @@ class Relay:
                 self._since = time.monotonic()
             self._held.append(batch)
             self._from.add(rank)
-            self._urgent = self._urgent or data[:1] == URGENT_MARK
+            self._urgent = self._urgent or buf[:1] == URGENT_MARK
 
     def due(self) -> bool:
         """Whether what it holds should go now: every peer sent since the last message, a

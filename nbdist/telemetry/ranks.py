@@ -294,7 +294,7 @@ class RankFold:
                 pts.append((x, v))
                 out.append((k, x, v))
         self.scalars_copy = None
-        for k in {k for k, _, _ in out} if len(logged) > 1 else logged[0]["values"]:
+        for k in {k for k, _, _ in out}:
             pts = points[k]
             if len(pts) > history:
                 del pts[:len(pts) - history]
