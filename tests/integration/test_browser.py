@@ -857,7 +857,14 @@ STDIN = ".jp-OutputArea-stdin-item:not(.jp-OutputArea-stdin-hiding) .jp-Stdin"
 def input_box(out, timeout: float = 60):
     """The cell's input box, once a prompt of rank 1's pdb is shown in it."""
     box = out.locator(f"{STDIN} .jp-Stdin-input:not([readonly])")  # answered: read-only
-    wait_for(lambda: box.count() == 1, timeout, "an input box")
+    try:
+        wait_for(lambda: box.count() == 1, timeout, "an input box")
+    except AssertionError as exc:  # what the cell showed instead, for the failure's report
+        boxes = out.locator(".jp-OutputArea-stdin-item")
+        hiding = out.locator(".jp-OutputArea-stdin-hiding")
+        raise AssertionError(f"{exc}: {boxes.count()} input item(s), {hiding.count()} hiding, "
+                             f"{box.count()} open; the output reads:\n"
+                             f"{out.inner_text()[-3000:]}") from None
     assert out.locator(f"{STDIN} .jp-Stdin-prompt").inner_text().strip() == "(Pdb rank 1)"
     return box
 
