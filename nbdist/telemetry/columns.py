@@ -17,7 +17,10 @@ built on the worker:
   one had no time, the time any of them was running (:func:`~.intervals.union_seconds`) and
   that union as disjoint intervals (:func:`~.intervals.merge`, to join a step whose
   collectives came in two batches), with the part's total bytes and time span. The fold
-  reads that summary, never the part's rows.
+  reads that summary, never the part's rows;
+* a part of steps or of memory samples carries its time span, and one of memory samples the
+  sample the fold keeps (``held``: the last that holds any parameters, gradients or optimizer
+  state, as a dict; None where none does), so the fold decodes none of their rows.
 
 From a cell's rank, :func:`seal` then pickles the table with the batch's other events that only
 the run's fold reads (logged values, bars) into one bytes object. A thousand ranks' batches
@@ -183,10 +186,18 @@ def table(events: Sequence[Event]) -> Event:
             cols = dict(zip(part["fields"], part["columns"]))  # the steps' span, as above
             part["t0"], part["t1"] = min(cols["t0"]), max(cols["t1"])
         elif part["of"] == MEMORY and "t" in part["fields"]:  # the samples' span
-            ts = part["columns"][part["fields"].index("t")]
-            part["t0"], part["t1"] = min(ts), max(ts)
+            cols = dict(zip(part["fields"], part["columns"]))
+            part["t0"], part["t1"] = min(cols["t"]), max(cols["t"])
+            # and the one sample the fold keeps of them, where one holds anything
+            held = [i for i, h in enumerate(zip(*(cols.get(k, ()) for k in _HELD))) if any(h)]
+            part["held"] = ({"kind": MEMORY, **{f: c[held[-1]] for f, c in cols.items()}}
+                            if held else None)
         part["columns"] = [_encode(c) for c in part["columns"]]
     return {"kind": TABLE, "parts": parts, "order": "".join(order)}
+
+
+#: what a memory sample holds of the model: the fold keeps a rank's last sample holding any
+_HELD = ("params", "grads", "optimizer")
 
 
 #: a summary's columns, one value per step (``spans``: each step's ``intervals`` disjoint

@@ -230,16 +230,18 @@ class RankFold:
         """What :meth:`~.aggregate.RunState._fold` would keep of a part of memory samples, one
         at a time: the last one that holds anything, else the first when the rank had none.
         Returns the samples' time span."""
+        kept = part.get("held", False)  # the worker found it (False: a table made without)
+        if kept:  # as a rule: that sample, already a dict; nothing to decode
+            self.memory, self.memory_point = kept, None
+            return part["t0"], part["t1"]
         ts = numbers(part, "t")
-        held = [numbers(part, k)[-1] for k in ("params", "grads", "optimizer")]
-        if any(held):  # as a rule: the last sample is kept, and no more to read
-            keep: Optional[int] = len(ts) - 1
-        else:
+        keep: Optional[int] = None
+        if kept is False:
             held = [any(x) for x in zip(column(part, "params"), column(part, "grads"),
                                         column(part, "optimizer"))]
             keep = max((i for i, h in enumerate(held) if h), default=None)
-            if keep is None and self.memory is None:
-                keep = 0
+        if keep is None and self.memory is None:
+            keep = 0
         if keep is not None:
             self.memory = row(part, keep)
             self.memory_point = None

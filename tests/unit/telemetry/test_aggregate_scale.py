@@ -20,8 +20,9 @@ from nbdist.telemetry.stall.words import where_lines
 
 def job(world: int = 6, steps: int = 12) -> dict[int, list[dict]]:
     """What ``world`` ranks send: DDP steps (rank 2 computes slower), a collective called
-    outside the steps, one of a mesh dimension, memory, logged values, a progress bar and a
-    pipeline stage; rank 1 fails at the end, the others finish."""
+    outside the steps, one of a mesh dimension, memory (samples that hold the model and
+    ones that hold nothing), logged values, a progress bar and a pipeline stage; rank 1 fails
+    at the end, the others finish."""
     compute = {r: 0.010 for r in range(world)}
     compute[2] = 0.016
     out = ddp_job(compute, steps=steps, bucket_bytes=(300, 500, 700))
@@ -33,6 +34,11 @@ def job(world: int = 6, steps: int = 12) -> dict[int, list[dict]]:
         evs.insert(20, ev.memory(T0 + 0.05, params=10, grads=10, optimizer=20 + r, rss=1000,
                                  peak=2000, step=2))
         evs.insert(21, ev.stage("forward", 0, 0, T0 + 0.05, T0 + 0.06))
+        # samples holding nothing: the first is kept until one holds something, the last
+        # (a cell's end, its locals gone) never replaces one that did
+        evs.insert(2, ev.memory(T0, params=0, grads=0, optimizer=0, rss=900, peak=900))
+        evs.insert(24, ev.memory(T0 + 0.07, params=0, grads=0, optimizer=0, rss=1100,
+                                 peak=2100, step=3))
         evs.append(ev.scalars({"loss": 0.5 + 0.1 * r}, T0 + 1, 10))
         evs.append(ev.end(r != 1, T0 + 2, "ValueError: boom" if r == 1 else None))
     return out
