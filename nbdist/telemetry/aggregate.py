@@ -21,12 +21,22 @@ from collections.abc import Iterable, Sequence
 from operator import sub
 from typing import Any, Optional, Union
 
-from .columns import column, columns, numbers, summary, summary_column, table_rows, unseal
+from .columns import (
+    column,
+    columns,
+    logged_columns,
+    numbers,
+    summary,
+    summary_column,
+    table_rows,
+    unseal,
+)
 from .events import (
     COMM,
     DDP,
     DEBUGGER,
     END,
+    LOGGED,
     MEMORY,
     PIPELINE,
     PROGRESS,
@@ -177,7 +187,10 @@ class RunState:
             self.recorded.add_sealed(rank, e)
             logged = []  # folded together: at 16,384 ranks, the most frequent event
             for inner in unseal(e):
-                if inner["kind"] == SCALARS:
+                kind = inner["kind"]
+                if kind == LOGGED:  # as a rule: a column per name
+                    self._logged(rank, self._rank(rank), inner)
+                elif kind == SCALARS:
                     logged.append(inner)
                 else:
                     self.apply(rank, inner, record=False)
@@ -266,6 +279,16 @@ class RunState:
         if st.state == RankState.WAITING:
             st.state = RankState.RUNNING
         self._spread.add_all(rank, st.log(logged))
+
+    def _logged(self, rank: int, st: RankFold, e: Event) -> None:
+        """:meth:`_scalars` for logged values as columns (:func:`~.columns.logged`)."""
+        ts, steps, values = logged_columns(e)
+        self._span(min(ts), max(ts))
+        if st.state == RankState.WAITING:
+            st.state = RankState.RUNNING
+        add = self._spread.add_columns
+        for name, xs, vs in st.log_columns(e["names"], steps, values):
+            add(rank, name, xs, vs)
 
     @staticmethod
     def _memory(st: RankFold, e: Event) -> None:

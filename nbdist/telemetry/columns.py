@@ -41,13 +41,14 @@ import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from math import fsum
-from typing import Any
+from typing import Any, Optional
 
-from .events import COMM, MEMORY, SEALABLE, SEALED, STEP, TABLE, TABLED, Event
+from .events import COMM, LOGGED, MEMORY, SCALARS, SEALABLE, SEALED, STEP, TABLE, TABLED, Event
 from .intervals import merge
 
-__all__ = ["SUMMARY", "column", "columns", "numbers", "pack", "row", "rows", "seal", "summary",
-           "summary_column", "table", "table_rows", "unpack", "unseal"]
+__all__ = ["SUMMARY", "column", "columns", "logged", "logged_columns", "numbers", "pack", "row",
+           "rows", "seal", "summary", "summary_column", "table", "table_rows", "unlogged",
+           "unpack", "unseal"]
 
 _BIG = sys.byteorder == "big"  # arrays travel little-endian
 
@@ -140,7 +141,10 @@ def numbers(part: Event, name: str, summed: bool = False) -> Sequence[Any]:
     >>> v[-1], list(v[-1:]), len(v)
     (1.25, [1.25], 2)
     """
-    col = part["steps"][name] if summed else part["columns"][part["fields"].index(name)]
+    return _view(part["steps"][name] if summed else part["columns"][part["fields"].index(name)])
+
+
+def _view(col: Any) -> Sequence[Any]:
     if isinstance(col, (bytes, bytearray)) and col[:1] in (b"d", b"q") and not _BIG:
         return memoryview(col)[1:].cast(chr(col[0]))
     return _decode(col)
@@ -288,15 +292,60 @@ def pack(events: Iterable[Event]) -> list[Event]:
 
 
 def unpack(events: Iterable[Event]) -> Iterator[Event]:
-    """A batch's events with every table (sealed or not) expanded back into its events."""
+    """A batch's events with every table (sealed or not, and a sealed batch's logged values)
+    expanded back into its events."""
     for e in events:
         kind = e.get("kind")
         if kind == SEALED:
-            yield from unpack(unseal(e))
+            yield from unpack(unseal(e, whole=True))
         elif kind == TABLE:
             yield from rows(e)
+        elif kind == LOGGED:
+            yield from unlogged(e)
         else:
             yield e
+
+
+_SCALARS_KEYS = frozenset({"kind", "values", "t", "step"})
+
+
+def logged(events: Sequence[Event]) -> Optional[Event]:
+    """Logged values (``scalars`` events, in order) as one ``logged`` event, a column per name
+    (``names``; ``values``: their columns; ``t``, ``step``: a column each), where there are
+    several and each logs the same names in the same order (the rule: a training loop logs
+    the same values each time); None otherwise. :func:`unlogged` gives them back exactly.
+
+    >>> from nbdist.telemetry import events as ev
+    >>> evs = [ev.scalars({"loss": 0.5, "lr": 0.1}, 10.0, 1),
+    ...        ev.scalars({"loss": 0.25, "lr": 0.1}, 11.0, 2)]
+    >>> e = logged(evs); e["names"], unlogged(e) == evs
+    (['loss', 'lr'], True)
+    >>> logged([evs[0], ev.scalars({"acc": 1.0}, 12.0, 3)]) is None
+    True
+    """
+    if len(events) < 2:
+        return None
+    names = list(events[0]["values"])
+    if any(e.keys() != _SCALARS_KEYS or list(e["values"]) != names for e in events):
+        return None
+    return {"kind": LOGGED, "names": names, "t": _encode([e["t"] for e in events]),
+            "step": _encode([e["step"] for e in events]),
+            "values": [_encode([e["values"][k] for e in events]) for k in names]}
+
+
+def logged_columns(e: Event) -> tuple[Sequence[float], Sequence[Optional[int]],
+                                      list[Sequence[Any]]]:
+    """A ``logged`` event's times, steps and values (a column per name), as
+    :func:`numbers` gives columns."""
+    return _view(e["t"]), _view(e["step"]), [_view(c) for c in e["values"]]
+
+
+def unlogged(e: Event) -> list[Event]:
+    """The ``scalars`` events a ``logged`` event (:func:`logged`) holds, in their order."""
+    names = e["names"]
+    return [{"kind": SCALARS, "values": dict(zip(names, values)), "t": t, "step": step}
+            for t, step, values in zip(_decode(e["t"]), _decode(e["step"]),
+                                       zip(*(_decode(c) for c in e["values"])))]
 
 
 def seal(events: Sequence[Event]) -> list[Event]:
@@ -304,7 +353,9 @@ def seal(events: Sequence[Event]) -> list[Event]:
     pickled together into one ``sealed`` event, where the last of them was (as :func:`pack`
     places its table; a lone one stays as it is, unless it is a table, whose parts and columns
     are the lists and dicts sealing is for). ``n`` counts the events it holds, a table's rows
-    each.
+    each. Logged values go as columns (:func:`logged`). The rows of a table's summed
+    collectives, which only a trace reads (the fold reads their summary), are pickled apart
+    (``rows``): the fold does not unpickle them.
 
     For the notebook's own workers only: the notebook unpickles what they send anyway (their
     channel is authenticated), which a job watched from outside is not trusted with.
@@ -314,6 +365,11 @@ def seal(events: Sequence[Event]) -> list[Event]:
     ...                ev.scalars({"loss": 1.0}, 1.5, 1), ev.stream("stdout", "hi")]))
     >>> [e["kind"] for e in s], s[0]["n"], [e["kind"] for e in unseal(s[0])]
     (['sealed', 'stream'], 3, ['table', 'scalars'])
+    >>> s = seal(pack([ev.comm("all_reduce", 0.6, 0.8, 8, step=0), ev.step(0, 0.5, 1.0)]))
+    >>> [p["columns"] is None for p in unseal(s[0])[0]["parts"]]
+    [True, False]
+    >>> list(unpack(s)) == [ev.comm("all_reduce", 0.6, 0.8, 8, step=0), ev.step(0, 0.5, 1.0)]
+    True
     >>> [e["kind"] for e in seal(pack([ev.step(0, 0.5, 1.0), ev.step(1, 1.0, 1.5)]))]
     ['sealed']
     >>> [e["kind"] for e in seal([ev.scalars({"loss": 1.0}, 1.5, 1)])]
@@ -325,11 +381,33 @@ def seal(events: Sequence[Event]) -> list[Event]:
     keep = set(low)
     inner = [events[i] for i in low]
     n = sum(table_rows(e) if e["kind"] == TABLE else 1 for e in inner)
+    # logged values as columns, after the rest (the fold takes them after it, together)
+    values = logged([e for e in inner if e["kind"] == SCALARS])
+    if values is not None:
+        inner = [e for e in inner if e["kind"] != SCALARS] + [values]
+    rows: list[Any] = []
+    for i, e in enumerate(inner):
+        if e["kind"] == TABLE and any("steps" in p for p in e["parts"]):
+            rows += [p["columns"] for p in e["parts"] if "steps" in p]
+            inner[i] = {**e, "parts": [{**p, "columns": None} if "steps" in p else p
+                                       for p in e["parts"]]}
     sealed = {"kind": SEALED, "events": pickle.dumps(inner, 5), "n": n}
+    if rows:
+        sealed["rows"] = pickle.dumps(rows, 5)
     return ([e for i, e in enumerate(events[:low[-1]]) if i not in keep] + [sealed]
             + list(events[low[-1] + 1:]))
 
 
-def unseal(e: Event) -> list[Event]:
-    """The events a ``sealed`` event (:func:`seal`) holds, in their order."""
-    return pickle.loads(e["events"])
+def unseal(e: Event, whole: bool = False) -> list[Event]:
+    """The events a ``sealed`` event (:func:`seal`) holds, in their order, as the fold reads
+    them: a part of summed collectives without its rows (``columns`` None) unless ``whole``
+    (a trace's reading)."""
+    inner = pickle.loads(e["events"])
+    if whole and "rows" in e:
+        rows = iter(pickle.loads(e["rows"]))
+        for x in inner:
+            if x["kind"] == TABLE:
+                for p in x["parts"]:
+                    if "steps" in p and p["columns"] is None:
+                        p["columns"] = next(rows)
+    return inner

@@ -45,6 +45,9 @@ TRIAL = "trial"  # a tuning trial ended on this rank: its optimizer steps; see t
 # Events only the run's fold reads, as one pickle: {"events": bytes, "n": events}; see
 # columns.seal()
 SEALED = "sealed"
+# A sealed batch's logged values (SCALARS events logging the same names), a column per name;
+# only ever inside a sealed event; see columns.seal()
+LOGGED = "logged"
 TELEMETRY = frozenset({STEP, COMM, PROGRESS, SCALARS, MEMORY, STAGE, PIPELINE, END, STACK,
                        TABLE, DEBUGGER, DDP, TRIAL, SEALED})
 #: what a run's record keeps apart from its trace: where ranks were, and what they ran with

@@ -303,6 +303,36 @@ class RankFold:
             self.scalar_curves.pop(k, None)
         return out
 
+    def log_columns(self, names: Sequence[str], steps: Sequence[Optional[int]],
+                    values: Sequence[Sequence[float]]
+                    ) -> list[tuple[str, list[float], Sequence[float]]]:
+        """:meth:`log` for logged values as columns (:func:`~.columns.logged`): ``names``,
+        the ``steps`` they were logged at and a column of ``values`` per name. Returns
+        ``(name, steps, values)`` per name, the steps as the run's (floats)."""
+        off, points, history = self.offset, self.scalar_points, self.history
+        out = []
+        numbered = None not in steps
+        for k, vs in zip(names, values):
+            pts = points.get(k)
+            if pts is None:
+                pts = points[k] = []
+            if numbered:  # as a rule
+                xs = list(map(float, steps)) if not off else [float(s + off) for s in steps]
+            else:  # a value logged without a step goes one after the name's last
+                xs, last = [], pts[-1][0] if pts else None
+                for s in steps:
+                    last = float(s + off) if s is not None else (
+                        last + 1 if last is not None else 0.0)
+                    xs.append(last)
+            pts.extend(zip(xs, vs))
+            if len(pts) > history:
+                del pts[:len(pts) - history]
+            self.scalars[k] = vs[-1]
+            self.scalar_curves.pop(k, None)
+            out.append((k, xs, vs))
+        self.scalars_copy = None
+        return out
+
 
 def common_moment(folds: Iterable[RankFold]) -> Optional[float]:
     """The moment running ranks' counts are read at, so that none looks ahead of another by

@@ -10,8 +10,8 @@ import pickle
 from collections import deque
 from typing import Any
 
-from .columns import rows
-from .events import TABLE, Event
+from .columns import rows, unlogged, unseal
+from .events import LOGGED, TABLE, Event
 
 __all__ = ["MAX_RECORDED", "Recorded"]
 
@@ -33,8 +33,9 @@ class Recorded:
         #: events folded and not kept (``trace=False``)
         self.untraced = 0
         #: rank -> what it sent, as ``(events, pickle)`` of each event, table or list of
-        #: them (a sealed event's)
-        self.kept: dict[int, deque[tuple[int, bytes]]] = {}
+        #: them (a sealed event's; the sealed event itself where its tables' rows are
+        #: pickled apart)
+        self.kept: dict[int, deque[tuple[int, Any]]] = {}
         #: events dropped because the run recorded more than :data:`MAX_RECORDED`
         self.dropped = 0
         self._held = 0  # events in ``kept``
@@ -60,9 +61,10 @@ class Recorded:
         if not self.trace:
             self.untraced += e["n"]
             return
-        self._keep(self.kept.setdefault(rank, deque()), e["n"], e["events"])
+        self._keep(self.kept.setdefault(rank, deque()), e["n"],
+                   e["events"] if "rows" not in e else e)
 
-    def _keep(self, rec: deque[tuple[int, bytes]], n: int, blob: bytes) -> None:
+    def _keep(self, rec: deque[tuple[int, Any]], n: int, blob: Any) -> None:
         rec.append((n, blob))
         self._held += n
         while self._held > MAX_RECORDED and rec:
@@ -84,8 +86,11 @@ class Recorded:
         """The kept events per rank, tables expanded, in the order they came."""
         out: dict[int, list[Any]] = {}
         for r, kept in self.kept.items():
-            evs = [x for _, blob in kept for x in _listed(pickle.loads(blob))]
-            out[r] = [x for e in evs for x in (rows(e) if e["kind"] == TABLE else (e,))]
+            evs = [x for _, blob in kept for x in (
+                unseal(blob, whole=True) if isinstance(blob, dict) else
+                _listed(pickle.loads(blob)))]
+            out[r] = [x for e in evs for x in (rows(e) if e["kind"] == TABLE else
+                                               unlogged(e) if e["kind"] == LOGGED else (e,))]
         return out
 
 

@@ -4,7 +4,8 @@ ranks). Part of the run's fold (:mod:`.aggregate`); pure."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 #: ``(step, min, median, max)``
 Spread = tuple[float, float, float, float]
@@ -46,6 +47,21 @@ class ScalarSpread:
             else:
                 col[rank] = v
                 dirty.add((name, x))
+
+    def add_columns(self, rank: int, name: str, xs: Sequence[float], vs: Sequence[float]
+                    ) -> None:
+        """:meth:`add` for the values ``vs`` ``rank`` logged as ``name`` at steps ``xs``."""
+        at = self._at.get(name)
+        if at is not None:
+            try:  # as a rule, another rank logged these steps first: no new step, no window
+                for x, v in zip(xs, vs):
+                    at[x][rank] = v
+                self._dirty.update(zip(repeat(name), xs))
+                return
+            except KeyError:  # a new step: the window moves (what was set is set again)
+                pass
+        for x, v in zip(xs, vs):
+            self.add(rank, name, x, v)
 
     def series(self) -> dict[str, tuple[Spread, ...]]:
         """name -> ``(step, min, median, max)`` per step, oldest first."""

@@ -14,7 +14,7 @@ from nbdist.display.tables import MAX_OUTLIERS, failure_lines, memory_table, run
 from nbdist.display.text import format_line, format_summary
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
-from nbdist.telemetry.columns import pack, rows, seal
+from nbdist.telemetry.columns import pack, rows, seal, unseal
 from nbdist.telemetry.stall.words import where_lines
 
 
@@ -30,6 +30,8 @@ def job(world: int = 6, steps: int = 12) -> dict[int, list[dict]]:
         evs.insert(5, ev.comm("broadcast", T0 + 0.01, T0 + 0.012 + 0.001 * r, 64))
         evs.insert(7, ev.comm("all_gather", T0 + 0.02, T0 + 0.025, 128, step=1, dim="tp"))
         evs.insert(12, ev.scalars({"loss": 1.0 + 0.1 * r}, T0 + 0.03, 1))
+        evs.insert(13, ev.scalars({"loss": 0.9 + 0.1 * r}, T0 + 0.031, 2))
+        evs.insert(14, ev.scalars({"loss": 0.8 + 0.1 * r}, T0 + 0.032))  # no step: the next
         evs.insert(14, ev.progress(1, "train", 2, 12, T0 + 0.04))
         evs.insert(20, ev.memory(T0 + 0.05, params=10, grads=10, optimizer=20 + r, rss=1000,
                                  peak=2000, step=2))
@@ -93,7 +95,10 @@ def test_folding_in_pieces_gives_what_folding_at_once_gives():
         packed = fold(in_pieces(evs, rng, tables=True), len(evs))
         pieces = in_pieces(evs, random.Random(seed), tables=True, sealed=True)
         sealed = fold(pieces, len(evs))
-        assert any(e["kind"] == ev.SEALED for call in pieces for b in call for e in b["events"])
+        sealed_events = [x for call in pieces for b in call for e in b["events"]
+                         if e["kind"] == ev.SEALED for x in unseal(e)]
+        # logged values went as columns where a batch held several, as dicts where one
+        assert {ev.LOGGED, ev.SCALARS} <= {e["kind"] for e in sealed_events}
         assert plain.snapshot() == snap
         assert packed.snapshot() == snap
         assert sealed.snapshot() == snap
@@ -287,3 +292,19 @@ def test_the_widget_builds_again_only_what_changed(monkeypatch, thousand):
     assert built == ["details", "charts"]
     w.show(replace(thousand, series=thousand.series[:-1]))  # a step less: new charts only
     assert built == ["details", "charts", "charts"]
+
+
+def test_logged_values_sent_as_columns_fold_as_they_do_one_by_one():
+    evs = [ev.scalars({"loss": 1.0, "acc": 0.5}, T0, 0),
+           ev.scalars({"loss": 0.5, "acc": 0.75}, T0 + 1, 1),
+           ev.scalars({"loss": 0.25, "acc": 0.8}, T0 + 2)]  # no step: the one after
+    sealed = seal(pack(evs))
+    assert [e["kind"] for e in unseal(sealed[0])] == [ev.LOGGED]
+    one_by_one, columns = RunState(range(2)), RunState(range(2))
+    for r in range(2):
+        one_by_one.feed([{"rank": r, "seq": 1, "events": evs}])
+        columns.feed([{"rank": r, "seq": 1, "events": sealed}])
+    snap = one_by_one.snapshot()
+    assert snap.ranks[0].scalars == {"loss": 0.25, "acc": 0.8}
+    assert columns.snapshot() == snap
+    assert columns.events() == one_by_one.events()
