@@ -26,6 +26,7 @@ from .columns import (
     columns,
     logged_columns,
     numbers,
+    row,
     summary,
     summary_column,
     table_rows,
@@ -84,7 +85,7 @@ from .snapshot import (
     StepPoint,
     TrialPoint,
 )
-from .spread import ScalarSpread
+from .spread import ScalarSpread, scalar_curves
 from .stall.report import StallReport, StallWatch, Stranded
 from .stall.thresholds import STALL_WINDOW
 from .states import RankState
@@ -338,12 +339,11 @@ class RunState:
             if kind == MEMORY:
                 self._span(*st.memory_columns(part))
                 continue
-            cols = columns(part)
             if kind == COMM:
-                self._comm_columns(rank, st, cols)
+                self._comm_columns(rank, st, columns(part))
             else:  # rarer kinds: one event at a time
-                for e in _part_rows(kind, cols):
-                    self._fold(rank, st, e)
+                for i in range(part["n"]):
+                    self._fold(rank, st, row(part, i))
 
     def _summed_steps(self, rank: int, st: RankFold, parts: Sequence[Event]
                       ) -> Optional[tuple[Event, Event]]:
@@ -552,16 +552,7 @@ class RunState:
         former = tuple(rank_snapshot(r, st, figures(st, cutoff), now, False, 0.0, None)
                        for r, st in self._former)
         elapsed = (self._t1 - self._t0) if self._t0 is not None and self._t1 is not None else 0.0
-        curves: dict[str, dict[int, tuple[tuple[float, float], ...]]] = {}
-        for r in ranks:
-            st = self._ranks[r]
-            for name, pts in st.scalar_points.items():
-                curve = st.scalar_curves.get(name)
-                if curve is None:  # a replacement's curve goes on from its predecessors'
-                    before = [p for q, old in self._former if q == r
-                              for p in old.scalar_points.get(name, ())]
-                    curve = st.scalar_curves[name] = tuple(before + pts)
-                curves.setdefault(name, {})[r] = curve
+        curves = scalar_curves(self._ranks, self._former)
         dims = tuple(DimPoint(dim, tuple(sorted(d[0])), d[1], d[2], d[3] / 1e9)
                      for dim, d in sorted(self._dims.items()))
         stall = self.stall_report(at) if at is not None else None
@@ -594,14 +585,6 @@ class RunState:
     def events(self) -> dict[int, list[Event]]:
         """The recorded telemetry events per rank (for a trace file), tables expanded."""
         return self.recorded.events()
-
-
-def _part_rows(kind: str, cols: dict[str, list[Any]]) -> Iterable[Event]:
-    fields = list(cols)
-    for values in zip(*cols.values()):
-        e = {"kind": kind}
-        e.update(zip(fields, values))
-        yield e
 
 
 def aggregate(batches: Iterable[Batch], ranks: Iterable[int] = ()) -> RunSnapshot:

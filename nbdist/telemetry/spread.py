@@ -1,11 +1,13 @@
-"""Logged values over many ranks: per step, their min, median and max (the chart above a few
-ranks). Part of the run's fold (:mod:`.aggregate`); pure."""
+"""Logged values: each rank's curves, and over many ranks, per step, their min, median and
+max (the chart above a few ranks). Part of the run's fold (:mod:`.aggregate`); pure."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
+
+from .ranks import RankFold
 
 #: ``(step, min, median, max)``
 Spread = tuple[float, float, float, float]
@@ -78,3 +80,26 @@ class ScalarSpread:
             by_x = self._spread[name]
             self._series[name] = tuple(by_x[x] for x in sorted(by_x))
         return dict(self._series)
+
+
+#: a rank's curve of one logged name: ``(step, value)`` points, oldest first
+Curve = tuple[tuple[float, float], ...]
+
+
+def scalar_curves(folds: Mapping[int, RankFold], former: Sequence[tuple[int, RankFold]]
+                  ) -> dict[str, dict[int, Curve]]:
+    """name -> rank -> its curve, from the ranks' ``folds`` (in rank order), made again only
+    where the rank logged since (:attr:`.RankFold.scalar_curves` keeps them); a replacement's
+    curve goes on from its predecessors' (``former``: ``(rank, fold)`` of the workers
+    replacements took over from)."""
+    curves: dict[str, dict[int, Curve]] = {}
+    for r in sorted(folds):
+        st = folds[r]
+        for name, pts in st.scalar_points.items():
+            curve = st.scalar_curves.get(name)
+            if curve is None:
+                before = [p for q, old in former if q == r
+                          for p in old.scalar_points.get(name, ())]
+                curve = st.scalar_curves[name] = tuple(before + pts)
+            curves.setdefault(name, {})[r] = curve
+    return curves
