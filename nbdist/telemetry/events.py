@@ -42,7 +42,8 @@ INPUT = "input"  # a rank waits for a line typed in the notebook; see input_requ
 TABLE = "table"  # consecutive high-rate events of one rank, as columns; see columns.table()
 DDP = "ddp"  # a DDP model the cell built, and the communication setting it runs with
 TRIAL = "trial"  # a tuning trial ended on this rank: its optimizer steps; see trial()
-# Events only the run's fold reads, as one pickle: {"events": bytes, "n": events}; see
+# Events only the run's fold reads, as one pickle: {"events": bytes, "n": events, and "rows":
+# bytes, the rows of summed collectives that only a trace reads, pickled apart}; see
 # columns.seal()
 SEALED = "sealed"
 # A sealed batch's logged values (SCALARS events logging the same names), a column per name;
