@@ -187,7 +187,8 @@ class RunState:
         if kind == SEALED:  # unpickled here, one batch at a time: they die young
             self.recorded.add_sealed(rank, e)
             logged = []  # folded together: at 16,384 ranks, the most frequent event
-            for inner in unseal(e):
+            # after an interrupt, collectives are progress only up to it: read one by one
+            for inner in unseal(e, whole=self.stall.interrupted(rank)):
                 kind = inner["kind"]
                 if kind == LOGGED:  # as a rule: a column per name
                     self._logged(rank, self._rank(rank), inner)

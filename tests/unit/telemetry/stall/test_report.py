@@ -17,6 +17,7 @@ from nbdist.options import CellOptions
 from nbdist.session import Session
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
+from nbdist.telemetry.columns import pack, seal
 from nbdist.telemetry.run import Run
 from nbdist.telemetry.stall.report import (
     ELSEWHERE,
@@ -335,3 +336,26 @@ def test_what_a_rank_sends_while_an_interrupt_unwinds_it_is_not_progress():
     v = state.where(T0 + 6)
     assert v is not None and v.missing == (1,) and v.idle_s == pytest.approx(5.5)
     assert state.snapshot(at=T0 + 11).stall is not None  # the final view keeps the verdict
+
+
+def test_a_sealed_batch_sent_while_an_interrupt_unwinds_folds_as_its_events_do():
+    # the step the interrupt cut short, its collectives summed on the worker (as a cell's
+    # rank seals them): what came after the interrupt is read one by one, as plain events
+    tail = [ev.comm("all_reduce", T0 + 0.6, T0 + 4.0, 64, step=1),
+            ev.comm("all_reduce", T0 + 5.5, T0 + 5.9, 64, step=1),
+            ev.step(1, T0 + 0.5, T0 + 6), ev.end(False, T0 + 6, "KeyboardInterrupt: ")]
+    sealed = seal(pack(tail))
+    assert [e["kind"] for e in sealed] == [ev.SEALED, ev.END] and "rows" in sealed[0]
+
+    def fold(events: list[dict]) -> RunState:
+        state = RunState([0], started=T0)
+        feed(state, 0, ev.step(0, T0, T0 + 0.5), seq=1)
+        feed(state, 0, stack_waiting(T0 + 5, reason="interrupt"), seq=2)
+        state.feed([{"rank": 0, "seq": 3, "events": events}])
+        state.finish()
+        return state
+
+    plain, folded = fold(tail), fold(sealed)
+    assert folded.where(T0 + 6) == plain.where(T0 + 6)
+    assert folded.where(T0 + 6).idle_s == pytest.approx(2.0)  # progress until T0 + 4 only
+    assert folded.snapshot(at=T0 + 11) == plain.snapshot(at=T0 + 11)
