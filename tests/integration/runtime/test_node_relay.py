@@ -35,7 +35,7 @@ counts = (current().sink.relayed, current().sink.handed, current().sink.declined
 
 @pytest.fixture(scope="module", params=ENGINES)
 def session(request):
-    s = start_session(request.param, n=3)
+    s = start_session(request.param, n=3, timeout=120)  # three engines, under the suite's load
     yield s
     s.stop()
 
