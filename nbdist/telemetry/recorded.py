@@ -10,8 +10,8 @@ import pickle
 from collections import deque
 from typing import Any
 
-from .columns import rows, unlogged, unseal
-from .events import LOGGED, TABLE, Event
+from .columns import unpack
+from .events import TABLE, Event
 
 __all__ = ["MAX_RECORDED", "Recorded"]
 
@@ -86,11 +86,8 @@ class Recorded:
         """The kept events per rank, tables expanded, in the order they came."""
         out: dict[int, list[Any]] = {}
         for r, kept in self.kept.items():
-            evs = [x for _, blob in kept for x in (
-                unseal(blob, whole=True) if isinstance(blob, dict) else
-                _listed(pickle.loads(blob)))]
-            out[r] = [x for e in evs for x in (rows(e) if e["kind"] == TABLE else
-                                               unlogged(e) if e["kind"] == LOGGED else (e,))]
+            out[r] = list(unpack(x for _, blob in kept for x in (
+                [blob] if isinstance(blob, dict) else _listed(pickle.loads(blob)))))
         return out
 
 
