@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import repeat
 
 from .ranks import RankFold
 
@@ -22,7 +21,8 @@ class ScalarSpread:
         self._at: dict[str, dict[float, dict[int, float]]] = {}  # name -> step -> rank -> value
         self._spread: dict[str, dict[float, Spread]] = {}
         self._series: dict[str, tuple[Spread, ...]] = {}
-        self._dirty: set[tuple[str, float]] = set()
+        #: name -> steps whose spread changed since the last :meth:`series`
+        self._dirty: dict[str, set[float]] = {}
 
     def add(self, rank: int, name: str, x: float, v: float) -> None:
         """``rank`` logged ``v`` as ``name`` at step ``x``."""
@@ -35,12 +35,18 @@ class ScalarSpread:
                 del at[oldest]
                 self._spread.get(name, {}).pop(oldest, None)
         col[rank] = v
-        self._dirty.add((name, x))
+        self._changed(name).add(x)
+
+    def _changed(self, name: str) -> set[float]:
+        steps = self._dirty.get(name)
+        if steps is None:
+            steps = self._dirty[name] = set()
+        return steps
 
     def add_all(self, rank: int, logged: Iterable[tuple[str, float, float]]) -> None:
         """:meth:`add` for each ``(name, step, value)`` ``rank`` logged (inline: at 16,384
         ranks, sixteen thousand values a second)."""
-        at_name, dirty, add = self._at, self._dirty, self.add
+        at_name, add = self._at, self.add
         for name, x, v in logged:
             at = at_name.get(name)
             col = at.get(x) if at is not None else None
@@ -48,7 +54,7 @@ class ScalarSpread:
                 add(rank, name, x, v)  # a new step: the window moves
             else:
                 col[rank] = v
-                dirty.add((name, x))
+                self._changed(name).add(x)
 
     def add_columns(self, rank: int, name: str, xs: Sequence[float], vs: Sequence[float]
                     ) -> None:
@@ -58,7 +64,7 @@ class ScalarSpread:
             try:  # as a rule, another rank logged these steps first: no new step, no window
                 for x, v in zip(xs, vs):
                     at[x][rank] = v
-                self._dirty.update(zip(repeat(name), xs))
+                self._changed(name).update(xs)
                 return
             except KeyError:  # a new step: the window moves (what was set is set again)
                 pass
@@ -68,13 +74,15 @@ class ScalarSpread:
     def series(self) -> dict[str, tuple[Spread, ...]]:
         """name -> ``(step, min, median, max)`` per step, oldest first."""
         changed = set()
-        for name, x in self._dirty:
-            col = self._at[name].get(x)
-            if col is not None:
-                vals = sorted(col.values())
-                self._spread.setdefault(name, {})[x] = (x, vals[0], statistics.median(vals),
-                                                        vals[-1])
-                changed.add(name)
+        for name, xs in self._dirty.items():
+            at = self._at[name]
+            for x in xs:
+                col = at.get(x)
+                if col is not None:
+                    vals = sorted(col.values())
+                    self._spread.setdefault(name, {})[x] = (x, vals[0], statistics.median(vals),
+                                                            vals[-1])
+                    changed.add(name)
         self._dirty.clear()
         for name in changed:
             by_x = self._spread[name]

@@ -3,6 +3,7 @@ tests/unit/runtime/test_capture.py)."""
 
 from __future__ import annotations
 
+import pickle
 import random
 from dataclasses import replace
 
@@ -14,7 +15,7 @@ from nbdist.display.tables import MAX_OUTLIERS, failure_lines, memory_table, run
 from nbdist.display.text import format_line, format_summary
 from nbdist.telemetry import events as ev
 from nbdist.telemetry.aggregate import RunState
-from nbdist.telemetry.columns import pack, rows, seal, unseal
+from nbdist.telemetry.columns import TRACE_ONLY, pack, rows, seal, unpack, unseal
 from nbdist.telemetry.stall.words import where_lines
 
 
@@ -308,3 +309,29 @@ def test_logged_values_sent_as_columns_fold_as_they_do_one_by_one():
     assert snap.ranks[0].scalars == {"loss": 0.25, "acc": 0.8}
     assert columns.snapshot() == snap
     assert columns.events() == one_by_one.events()
+
+
+def test_what_only_a_trace_reads_travels_apart_compressed_and_comes_back_in_place():
+    # steps with their forward and backward spans, and their bucketed collectives
+    evs = ddp_job({0: 0.010}, steps=50, bucket_bytes=(300, 500, 700))[0][:-1]
+    evs = [dict(e, fwd=[e["t0"], e["t0"] + 0.004], bwd=[e["t0"] + 0.004, e["t1"]], buckets=3)
+           if e["kind"] == ev.STEP else e for e in evs]
+    [sealed] = [e for e in seal(pack(evs)) if e["kind"] == ev.SEALED]
+    [table] = unseal(sealed)  # as the fold reads it
+    step_part = next(p for p in table["parts"] if p["of"] == ev.STEP)
+    assert not TRACE_ONLY & set(step_part["fields"])
+    assert len(step_part["fields"]) == len(step_part["columns"])
+    assert {"step", "t0", "t1", "samples", "comm_exposed_s", "comm_bytes",
+            "comm_timed"} <= set(step_part["fields"])
+    # compressed: fewer bytes than the same rows pickled
+    apart = [p["columns"] for p in unseal(sealed, whole=True)[0]["parts"] if "steps" in p]
+    assert len(sealed["rows"]) < len(pickle.dumps(apart, 5)) / 2
+    # read whole, every event comes back with its fields in their order
+    assert [list(e.items()) for e in unpack([sealed])] == \
+        [list(e.items()) for e in evs if e["kind"] in ev.TABLED]
+    # and the fold of the sealed batch is the fold of the events
+    plain, compact = RunState([0]), RunState([0])
+    plain.feed([{"rank": 0, "seq": 1, "events": evs}])
+    compact.feed([{"rank": 0, "seq": 1, "events": [sealed]}])
+    assert compact.snapshot() == plain.snapshot()
+    assert sorted(map(repr, compact.events()[0])) == sorted(map(repr, plain.events()[0]))
