@@ -13,7 +13,6 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Sequence
 from math import fsum
-from operator import add
 from typing import Any, Optional
 
 from .columns import column, numbers, row, summary
@@ -355,9 +354,7 @@ def _at(st: RankFold, moment: Optional[float]) -> tuple[int, Optional[int], Opti
         return st.steps, bar_n, None
     if latest < moment:
         return st.steps, bar_n, moment - latest
-    # the steps that ended after ``moment`` (each start plus its length), counted in C: this
-    # runs for every rank at every redraw
-    later = sum(map(float(moment).__lt__, map(add, st.t0s, st.step_s)))
+    later = sum(1 for a, s in zip(st.t0s, st.step_s) if a + s > moment)
     if st.bar is not None:
         before = [n for t, n in st.bar_points if t <= moment]
         bar_n = before[-1] if before else (st.bar_points[0][1] if st.bar_points else bar_n)
