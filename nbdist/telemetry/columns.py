@@ -366,9 +366,8 @@ def seal(events: Sequence[Event]) -> list[Event]:
     each. Logged values go as columns (:func:`logged`). What only a trace reads goes apart,
     pickled and compressed (``rows``; zlib at its fastest level): the rows of a table's summed
     collectives (the fold reads their summary) and the step columns in :data:`TRACE_ONLY`.
-    The fold neither unpickles nor decompresses them; the notebook receives a third fewer
-    bytes (at 16,384 ranks, the client's unpacking of sixty megabytes a second was a fifth
-    of the notebook's time).
+    The fold neither unpickles nor decompresses them (a rank's 16 s batch of 160 steps: the
+    fold unpickles 28 KB instead of 36, and 34 KB travel instead of 62).
 
     For the notebook's own workers only: the notebook unpickles what they send anyway (their
     channel is authenticated), which a job watched from outside is not trusted with.
