@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 #: how long one of the engine's waits for the next worker lasts while the start view counts
 _PROGRESS_STEP = 0.2
+#: the engine's last wait when the count already used the whole timeout: long enough for its
+#: own answer (which says why not), short enough not to add to the timeout
+_LAST_LOOK_S = 0.5
 
 
 @dataclass
@@ -297,9 +300,14 @@ class Backend(abc.ABC, Generic[ClientT]):
                        wait: Callable[..., Any]) -> None:
         """Tell :attr:`on_ready` how many of ``n`` workers are up (``len(ready())``) as they
         come, until all are or ``timeout`` passes; then the engine's own
-        ``wait(n, timeout=timeout)``, which says why not. Adapters call it in ``_start``."""
+        ``wait(n, ...)`` for the time left, which says why not: ``timeout`` bounds the whole.
+        Without :attr:`on_ready`, the engine's own wait alone. Adapters call it in
+        ``_start``."""
+        if self.on_ready is None:
+            wait(n, timeout=timeout)
+            return
         deadline, last = time.monotonic() + timeout, -1
-        while self.on_ready is not None:
+        while True:
             try:
                 k = len(ready())
             except Exception:  # the engine cannot say yet: its own wait will
@@ -313,7 +321,15 @@ class Backend(abc.ABC, Generic[ClientT]):
                 wait(k + 1, timeout=_PROGRESS_STEP)
             except TimeoutError:
                 pass
-        wait(n, timeout=timeout)
+        # The time left, not a second ``timeout``: a start told 120 s would otherwise wait 240
+        left = deadline - time.monotonic()
+        try:
+            wait(n, timeout=max(left, min(_LAST_LOOK_S, timeout)))
+        except TimeoutError as exc:
+            if left >= _LAST_LOOK_S:
+                raise
+            # the engine's own words would name the last look's half second, not the timeout
+            raise TimeoutError(f"{n} workers not ready in {timeout:g} s") from exc
 
     def start(self, n: int, timeout: float) -> None:
         """Start an embedded local cluster of ``n`` workers and connect to it."""

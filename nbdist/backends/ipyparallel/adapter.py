@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -41,6 +42,16 @@ _SIGNAL_REPLY_S = 10.0
 # replacement is confirmed within 0.2 s. More misses allowed keep the same 10 s tolerance for
 # an engine that stops answering (a ping is a few bytes; the controller's loop stays idle).
 _HEARTBEAT_ARGS = ["--HeartMonitor.period=100", "--HeartMonitor.max_heartmonitor_misses=100"]
+# The controller drops an engine's registration when its heart has not beaten within
+# IPController.registration_timeout (30 s by default): an engine starts its heart only after
+# its nanny and kernel, and one slower than that is ignored for good, its process running on
+# and never counted ("only 2 of 3 workers started" after any timeout). The registration is
+# held for as long as nbdist may wait for it: the start's timeout, and at least this long for
+# the engines a scale or a healing adds later.
+_REGISTRATION_S = 300
+# How long a failed start asks the engines that did register for their pids (to name the
+# processes that did not).
+_PIDS_S = 2.0
 
 
 def _returncode_text(code: Optional[int]) -> Optional[str]:
@@ -91,6 +102,16 @@ def _launcher_exit(launcher: Any) -> Optional[str]:
     if code is None:
         code = getattr(getattr(launcher, "process", None), "_exitcode", None)
     return _returncode_text(code) if isinstance(code, int) else None
+
+
+def _log_end(launcher: Any, lines: int = 3) -> str:
+    """``", its log ends: ..."`` with the last lines of a local engine's output file."""
+    try:
+        with open(launcher.output_file, encoding="utf-8", errors="replace") as f:
+            tail = [line.rstrip() for line in f.readlines()[-lines:] if line.strip()]
+    except (AttributeError, OSError):
+        return ""
+    return ", its log ends: " + " | ".join(tail) if tail else ""
 
 
 class _IppSubmission(Submission):
@@ -181,8 +202,11 @@ class IpyparallelBackend(Backend[ipp.Client]):
             set_active(self.template)
             cluster_kwargs["engine_launcher_class"] = TemplateEngineSetLauncher
             self._engine_kwargs = {**self._engine_kwargs, "template": self.template}
+        hold = ("--IPController.registration_timeout="  # whole seconds; an endless start's too
+                f"{max(math.ceil(min(timeout, 10**9)), _REGISTRATION_S)}")
         self.cluster = ipp.Cluster(n=n, controller_ip=ip, log_level=logging.WARNING,
-                                   controller_args=_HEARTBEAT_ARGS, **where, **cluster_kwargs)
+                                   controller_args=[*_HEARTBEAT_ARGS, hold], **where,
+                                   **cluster_kwargs)
         self.cluster.log.addFilter(_KilledEngineLog(self.cluster))
         if self.template is not None:
             # The controller starts while the template imports; the engines fork once it is
@@ -208,8 +232,12 @@ class IpyparallelBackend(Backend[ipp.Client]):
         self.client = self.cluster.connect_client_sync()
         if self.launch.local:
             # No progress bar of ipyparallel's: the session shows "k of n ready" its own way.
-            self._await_workers(lambda: self.client.ids, n, timeout,
-                                partial(self.client.wait_for_engines, interactive=False))
+            try:
+                self._await_workers(lambda: self.client.ids, n, timeout,
+                                    partial(self.client.wait_for_engines, interactive=False))
+            except TimeoutError as exc:
+                detail = self._unregistered()
+                raise TimeoutError(f"{exc}; {detail}" if detail else str(exc)) from exc
         else:
             self._wait_elsewhere(n, timeout)
         self.controller_ip = "127.0.0.1" if self.launch.local else _registration_host(
@@ -313,6 +341,25 @@ class IpyparallelBackend(Backend[ipp.Client]):
         return count + len([la for la in self._engine_launchers()
                             if getattr(la, "state", "running") == "running" and getattr(
                                 getattr(la, "_wait_thread", None), "is_alive", lambda: True)()])
+
+    def _unregistered(self) -> str:
+        """The local engine processes that have not registered, each with how it stands
+        (running, or how it ended) and its log's last lines: for the error of a start that
+        timed out. Empty where the engines that did register cannot say their pids."""
+        client = self._require()
+        try:
+            pids = set(client[:].apply_async(os.getpid).get(timeout=_PIDS_S)) \
+                if client.ids else set()
+        except Exception:  # noqa: BLE001 - the start's own error is the news
+            return ""
+        parts = []
+        for launcher in self._engine_launchers():
+            pid = getattr(launcher, "pid", None)
+            if pid in pids:
+                continue
+            how = _launcher_exit(launcher) or "still running, not registered"
+            parts.append(f"engine process {pid}: {how}{_log_end(launcher)}")
+        return "; ".join(parts)
 
     def _engine_launchers(self) -> list[Any]:
         """Every engine launcher this backend has seen, ended ones included: where the

@@ -212,7 +212,10 @@ def fork_nanny_from_template() -> None:
         try:
             return popen(connect(path, 5.0), args, env=kw.get("env"), text=False,
                          stderr=2, timeout=30.0)
-        except Refused:
+        except Refused as why:
+            # into the engine's log: the error of a start that timed out quotes its end
+            print(f"nbdist: the engine's nanny starts as a fresh process: {why}",
+                  file=sys.stderr, flush=True)
             return fresh(args, **kw)
 
     nanny.Popen = from_template

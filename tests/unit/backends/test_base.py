@@ -208,3 +208,30 @@ def test_wait_all_without_a_timeout_waits_without_one():
     a, b = _Waiter(1.0), _Waiter(2.0)
     assert wait_all([a, b], None)
     assert a.given == b.given == [None]
+
+
+def test_a_start_that_counts_workers_as_they_come_waits_its_timeout_once(monkeypatch):
+    """The start view's count and the engine's last wait share one deadline: a start told
+    120 s fails after 120 s, not 240 (the count used it all; the last look is brief)."""
+    import nbdist.backends.base as base
+
+    clock = [0.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    waits = []
+
+    def wait(k, timeout):  # the engine's own wait: no worker ever comes, the time passes
+        waits.append(timeout)
+        clock[0] += timeout
+        raise TimeoutError(f"{k} engines not ready in {timeout} seconds")
+
+    class NeverUp(MemoryBackend):
+        def _start(self, n, timeout):
+            self._await_workers(lambda: [], n, timeout, wait)
+
+    b = NeverUp()
+    b.on_ready = lambda k, n: None
+    with pytest.raises(WorkersDidNotStart) as info:
+        b.start(2, 10)
+    assert waits[-1] == base._LAST_LOOK_S
+    assert "2 workers not ready in 10 s" in str(info.value)
+    assert clock[0] <= 10 + base._PROGRESS_STEP + base._LAST_LOOK_S
